@@ -1,0 +1,3 @@
+from glm53ctl.cli import main
+
+main()

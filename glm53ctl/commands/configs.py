@@ -1,0 +1,264 @@
+"""`glm53ctl configs show | validate | diff | migrate`: the model and tuned-config files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from glm53ctl import tuned
+from glm53ctl.errors import ConfigError, Glm53Error
+from glm53ctl.output import Output, print_error
+from glm53ctl.paths import config_root
+
+app = typer.Typer(
+    name="configs",
+    help="Show, validate, diff and migrate the model and tuned-config files.",
+    no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output on stdout.")]
+
+
+def _model_row(spec) -> dict:
+    from glm53ctl.kernels.spec import TP_WIDTHS
+
+    kda = sum(1 for a, _ in spec.layers if a == "kda")
+    tps = []
+    for tp in TP_WIDTHS:
+        try:
+            spec.check_tp(tp)
+            tps.append(tp)
+        except Glm53Error:
+            pass
+    return {
+        "name": spec.name,
+        "hidden": spec.hidden,
+        "layers": spec.model.num_layers,
+        "kda_layers": kda,
+        "dsa_layers": spec.model.num_layers - kda,
+        "vocab": spec.model.vocab_size,
+        "experts": spec.moe.experts,
+        "top_k": spec.moe.top_k,
+        "tp": tps,
+        "description": spec.description,
+    }
+
+
+def _shard_rows(spec, tp: int) -> list[dict]:
+    shards = spec.shards(tp)
+    return [
+        {"part": part, "tensor": name, "shape": list(shape)}
+        for part, tensors in shards.weight_shapes().items()
+        for name, shape in tensors.items()
+    ]
+
+
+@app.command()
+def show(
+    model: Annotated[str | None, typer.Option("--model", "-m", help="One model: its dims and shards.")] = None,
+    tp: Annotated[int, typer.Option("--tp", help="TP width for --model's per-rank shapes.")] = 1,
+    as_json: JsonOpt = False,
+) -> None:
+    """The models, the tuned files, and with --model a model's per-rank shard shapes."""
+    from glm53ctl.kernels.spec import load_model, load_model_file, model_names
+
+    out = Output(as_json)
+    root = config_root()
+    if model is not None:
+        spec = load_model(model)
+        shards = _shard_rows(spec, tp)
+        entries = _tuned_entries(root, spec.name, tp)
+        out.json({"model": spec.model_dump(), "tp": tp, "shards": shards, "tuned": entries})
+        out.table(f"{spec.name} — {spec.description}", ["section", "dims"], _dims_rows(spec))
+        out.table(
+            f"{spec.name} per-rank shapes at TP{tp}",
+            ["part", "tensor", "shape"],
+            [(r["part"], r["tensor"], "×".join(map(str, r["shape"]))) for r in shards],
+        )
+        out.table(
+            f"tuned knobs at TP{tp}",
+            ["kind", "rows", "knobs", "evidence"],
+            [(e["kind"], e["rows"], e["knobs"], e["evidence"]) for e in entries],
+        )
+        if not entries:
+            out.text(f"no tuned entries for {spec.name} at TP{tp}: every kind runs its defaults")
+        return
+    models = [_model_row(load_model_file(root / "models" / f"{n}.toml")) for n in model_names()]
+    files = [_tuned_summary(p) for p in tuned.tuned_files(root)]
+    out.json({"config_root": str(root), "models": models, "tuned": files})
+    out.text(f"config root: {root}")
+    out.table(
+        "models",
+        ["model", "hidden", "layers (KDA+DSA)", "vocab", "MoE", "TP widths"],
+        [
+            (
+                m["name"],
+                m["hidden"],
+                f"{m['layers']} ({m['kda_layers']}+{m['dsa_layers']})",
+                m["vocab"],
+                f"{m['experts']} top-{m['top_k']} +1",
+                ",".join(map(str, m["tp"])),
+            )
+            for m in models
+        ],
+    )
+    out.table(
+        "tuned configs",
+        ["file", "model", "TP", "schema", "revision", "entries", "GPU", "date"],
+        [(f["file"], f["model"], f["tp"], f["schema_version"], f["revision"], f["entries"], f["gpu"], f["date"])
+         for f in files],
+    )
+    if not files:
+        out.text("no tuned configs yet: every kernel runs its defaults (`glm53ctl tune --write` adds them)")
+
+
+def _dims_rows(spec) -> list[tuple[str, str]]:
+    d = spec.model_dump()
+    return [
+        (section, ", ".join(f"{k}={v}" for k, v in vals.items()))
+        for section, vals in d.items()
+        if isinstance(vals, dict)
+    ]
+
+
+def _tuned_summary(path: Path) -> dict:
+    cfg = tuned.load(path)
+    return {
+        "file": str(path),
+        "model": cfg.model,
+        "tp": cfg.tp,
+        "schema_version": cfg.schema_version,
+        "revision": cfg.revision,
+        "entries": sum(len(v) for v in cfg.entries.values()),
+        "gpu": cfg.provenance.gpu_name,
+        "date": cfg.provenance.date,
+    }
+
+
+def _tuned_entries(root: Path, model: str, tp: int) -> list[dict]:
+    path = root / "tuned" / model / f"tp{tp}.json"
+    if not path.exists():
+        return []
+    cfg = tuned.load(path)
+    rows = []
+    for kind, per_rows in sorted(cfg.entries.items()):
+        for r, e in sorted(per_rows.items()):
+            ev = e.evidence
+            rows.append(
+                {
+                    "kind": kind,
+                    "rows": r,
+                    "knobs": ", ".join(f"{k}={v}" for k, v in sorted(e.knobs.items())) or "(defaults)",
+                    "evidence": f"{ev.default_us:.1f} → {ev.chosen_us:.1f} µs" if ev else "",
+                }
+            )
+    return rows
+
+
+def _all_files(root: Path) -> list[Path]:
+    return sorted((root / "models").glob("*.toml")) + tuned.tuned_files(root)
+
+
+def _validate_one(path: Path) -> None:
+    from glm53ctl.kernels.spec import load_model_file
+
+    if path.suffix == ".toml":
+        load_model_file(path)
+    elif path.suffix == ".json":
+        tuned.load(path)
+    else:
+        raise ConfigError(f"{path}: not a config file (expected .toml or .json)")
+
+
+@app.command()
+def validate(
+    paths: Annotated[list[Path] | None, typer.Argument(help="Files to check (default: every shipped file).")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Check model (.toml) and tuned (.json) files against their schema; exit 2 on any error."""
+    out = Output(as_json)
+    files = list(paths) if paths else _all_files(config_root())
+    results = []
+    for p in files:
+        try:
+            _validate_one(p)
+            results.append({"file": str(p), "ok": True, "error": None})
+        except ConfigError as e:
+            results.append({"file": str(p), "ok": False, "error": e.message})
+            print_error(e.message)
+    out.json({"files": results, "ok": all(r["ok"] for r in results)})
+    out.table("validate", ["file", "result"], [(r["file"], "ok" if r["ok"] else "INVALID") for r in results])
+    bad = sum(not r["ok"] for r in results)
+    if bad:
+        raise typer.Exit(2)
+    out.text(f"{len(results)} of {len(results)} files valid")
+
+
+@app.command()
+def diff(
+    a: Annotated[Path, typer.Argument(help="Tuned file A.")],
+    b: Annotated[Path, typer.Argument(help="Tuned file B.")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Knob by knob, what differs between two tuned files (and their provenance)."""
+    out = Output(as_json)
+    ca, cb = tuned.load(a), tuned.load(b)
+    changes = []
+    for field in ("model", "tp", "revision"):
+        if getattr(ca, field) != getattr(cb, field):
+            changes.append({"where": field, "knob": "", "a": getattr(ca, field), "b": getattr(cb, field)})
+    pa, pb = ca.provenance.model_dump(), cb.provenance.model_dump()
+    for k in sorted(pa):
+        if pa[k] != pb[k]:
+            changes.append({"where": "provenance", "knob": k, "a": pa[k], "b": pb[k]})
+    keys = sorted({(k, r) for c in (ca, cb) for k, rs in c.entries.items() for r in rs})
+    for kind, rows in keys:
+        ea, eb = ca.entry(kind, rows), cb.entry(kind, rows)
+        ka = ea.knobs if ea else {}
+        kb = eb.knobs if eb else {}
+        where = f"{kind} rows={rows}"
+        if ea is None or eb is None:
+            changes.append({"where": where, "knob": "(entry)", "a": "present" if ea else "absent",
+                            "b": "present" if eb else "absent"})
+        for knob in sorted(set(ka) | set(kb)):
+            if ka.get(knob) != kb.get(knob):
+                changes.append({"where": where, "knob": knob, "a": ka.get(knob), "b": kb.get(knob)})
+    out.json({"a": str(a), "b": str(b), "changes": changes, "equal": not changes})
+    if not changes:
+        out.text(f"{a} and {b} are equal")
+        return
+    out.table(f"{a} → {b}", ["where", "knob", "A", "B"],
+              [(c["where"], c["knob"], "—" if c["a"] is None else c["a"], "—" if c["b"] is None else c["b"])
+               for c in changes])
+
+
+@app.command()
+def migrate(
+    paths: Annotated[list[Path] | None, typer.Argument(help="Tuned files (default: every shipped one).")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would change; write nothing.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Bring tuned files to the current schema_version, one step at a time, rewriting them atomically."""
+    out = Output(as_json)
+    files = list(paths) if paths else tuned.tuned_files(config_root())
+    results = []
+    for p in files:
+        doc, start = tuned.migrate_document(p, tuned.read_document(p))
+        cfg = tuned.load_document(p, doc)
+        if start == tuned.SCHEMA_VERSION:
+            status = f"current (schema_version {start})"
+        elif dry_run:
+            status = f"would migrate schema_version {start} → {tuned.SCHEMA_VERSION}"
+        else:
+            tuned.save(p, cfg)
+            status = f"migrated schema_version {start} → {tuned.SCHEMA_VERSION}"
+        results.append({"file": str(p), "from": start, "to": tuned.SCHEMA_VERSION, "status": status})
+    out.json({"files": results, "schema_version": tuned.SCHEMA_VERSION})
+    for r in results:
+        out.text(f"{r['file']}: {r['status']}")
+    if not files:
+        out.text(f"no tuned files under {config_root() / 'tuned'}: nothing to migrate "
+                 f"(this glm53ctl reads schema_version {tuned.SCHEMA_VERSION})")

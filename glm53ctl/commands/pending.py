@@ -1,0 +1,34 @@
+"""Commands whose issue has not landed: each exits 2 with one line saying so, and never fakes output."""
+
+from __future__ import annotations
+
+import typer
+
+from glm53ctl.errors import NotImplementedCommand
+
+# command -> (what it will do, the issue that builds it)
+PENDING = {
+    "build": ("Compile every kernel per config ahead of time; resources and what changed.", 5),
+    "check": ("Accuracy, determinism, invariants, and bitwise equality against a git ref.", 6),
+    "fault": ("Stick each guarded wait on purpose; prove the guard names it.", 6),
+    "tune": ("Search per-width knobs with Optuna; keep a knob only where it measures faster.", None),
+    "bench": ("Time launches against the bandwidth floor and another git ref.", None),
+}
+
+
+def register(app: typer.Typer) -> None:
+    for name, (help_text, issue) in PENDING.items():
+        app.command(
+            name=name,
+            help=f"{help_text} (not implemented yet)",
+            context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+        )(_pending(name, issue))
+
+
+def _pending(name: str, issue: int | None):
+    def command(ctx: typer.Context) -> None:
+        where = f" (issue {issue})" if issue else ""
+        raise NotImplementedCommand(f"`glm53ctl {name}` is not implemented yet{where}")
+
+    command.__name__ = name
+    return command

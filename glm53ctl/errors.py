@@ -1,0 +1,37 @@
+"""Expected failures. `cli.main` is the only place that turns them into `Error:` + `Hint:` and an exit code."""
+
+from __future__ import annotations
+
+# Exit codes (DESIGN.md §7)
+EXIT_OK = 0
+EXIT_FAILED = 1  # a check, fault test or regression failed
+EXIT_USAGE = 2  # usage or configuration error
+
+
+class Glm53Error(Exception):
+    """A user-facing error: a message, an optional hint, an exit code."""
+
+    exit_code = EXIT_USAGE
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+class UsageError(Glm53Error):
+    """A wrong flag or value."""
+
+
+class ConfigError(Glm53Error):
+    """A model or tuned-config file that cannot be read, validated or migrated."""
+
+
+class NotImplementedCommand(Glm53Error):
+    """A command whose issue has not landed: it exits 2 and never fakes output."""
+
+
+class CheckFailed(Glm53Error):
+    """A check, fault test or regression ran and failed."""
+
+    exit_code = EXIT_FAILED

@@ -1,0 +1,217 @@
+"""Tuned-config files, configs/tuned/<model>/tp<T>.json (DESIGN.md §6).
+
+The schema is validated at the file boundary (pydantic, unknown keys forbidden); older files migrate
+one version at a time (STYLE.md 9); a newer file is refused; writes are atomic.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from glm53ctl.errors import ConfigError
+
+SCHEMA_VERSION = 1
+KINDS = ("embed", "dense", "kda", "sparse", "tail", "model")
+Kind = Literal["embed", "dense", "kda", "sparse", "tail", "model"]
+KnobValue = bool | int | str
+Rows = Annotated[int, Field(ge=1, le=8)]
+
+# schema_version N -> function turning a version-N document into a version-(N+1) one.
+# Empty at version 1; a bump adds `migrate_v1_to_v2` here and a CHANGELOG "Changed" entry.
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Provenance(_Strict):
+    """Where the numbers were measured; a mismatch with this machine is warned about on lookup."""
+
+    glm53ctl: str
+    git_sha: str
+    git_dirty: bool
+    gpu_name: str
+    gpu_capability: str = Field(pattern=r"^\d+\.\d+$")
+    driver: str
+    cuda: str
+    torch: str
+    triton: str
+    date: str  # ISO 8601
+    command: str  # the exact `glm53ctl tune ...` that wrote the entry
+    study: str | None = None
+    seed: int | None = None
+
+
+class Evidence(_Strict):
+    default_us: float = Field(gt=0)
+    chosen_us: float = Field(gt=0)
+    ratio: float = Field(gt=0)  # chosen / default, median of alternating rounds
+    ratio_ci: tuple[float, float]  # bootstrap confidence interval of the ratio
+    delta: float = Field(ge=0)  # the keep threshold in force: kept only if ratio_ci[1] < 1 - delta
+    samples: int = Field(ge=1)
+
+
+class DroppedKnob(_Strict):
+    knob: str
+    value: KnobValue
+    reason: str  # e.g. "1.8% slower at TP2"
+
+
+class Entry(_Strict):
+    """The knobs kept for one (kind, rows), why, and what was dropped."""
+
+    knobs: dict[str, KnobValue] = {}
+    evidence: Evidence | None = None
+    dropped: list[DroppedKnob] = []
+
+
+class TunedConfig(_Strict):
+    schema_version: Literal[1]
+    model: str
+    tp: Literal[1, 2, 4, 8]
+    revision: int = Field(ge=1)
+    provenance: Provenance
+    # kind -> rows -> entry
+    entries: dict[Kind, dict[Rows, Entry]] = {}
+
+    def entry(self, kind: str, rows: int) -> Entry | None:
+        return self.entries.get(kind, {}).get(rows)  # type: ignore[call-overload]
+
+
+def _render(path: Path, err: ValidationError) -> str:
+    from glm53ctl.kernels.spec import format_validation_error
+
+    return format_validation_error(path, err)
+
+
+def read_document(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: not valid JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}: (top level): expected a JSON object, found {type(doc).__name__}")
+    return doc
+
+
+def schema_version_of(path: Path, doc: dict[str, Any]) -> int:
+    v = doc.get("schema_version")
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise ConfigError(f"{path}: schema_version: expected a positive integer, found {v!r}")
+    if v > SCHEMA_VERSION:
+        raise ConfigError(
+            f"{path}: schema_version {v} is newer than this glm53ctl reads (up to {SCHEMA_VERSION})",
+            hint="upgrade glm53ctl to read this file",
+        )
+    return v
+
+
+def migrate_document(path: Path, doc: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """The document at SCHEMA_VERSION and the version it started at."""
+    start = version = schema_version_of(path, doc)
+    while version < SCHEMA_VERSION:
+        step = MIGRATIONS.get(version)
+        if step is None:
+            raise ConfigError(f"{path}: no migration from schema_version {version}")
+        try:
+            doc = step(dict(doc))
+        except KeyError as e:
+            raise ConfigError(f"{path}: migrating from schema_version {version}: missing key {e}") from None
+        version += 1
+        doc["schema_version"] = version
+    return doc, start
+
+
+def load(path: Path) -> TunedConfig:
+    doc, _ = migrate_document(path, read_document(path))
+    return load_document(path, doc)
+
+
+def load_document(path: Path, doc: dict[str, Any]) -> TunedConfig:
+    """Validate a current-version document read from `path` (named in every error)."""
+    try:
+        cfg = TunedConfig.model_validate(doc)
+    except ValidationError as e:
+        raise ConfigError(_render(path, e), hint="`glm53ctl configs validate` checks every file") from None
+    _check_location(path, cfg)
+    return cfg
+
+
+def _check_location(path: Path, cfg: TunedConfig) -> None:
+    """configs/tuned/<model>/tp<T>.json: the name is the lookup key, so it must agree with the body."""
+    if path.parent.parent.name == "tuned":
+        if path.name != f"tp{cfg.tp}.json":
+            raise ConfigError(f"{path}: tp: {cfg.tp} does not match the file name {path.name!r}")
+        if path.parent.name != cfg.model:
+            raise ConfigError(f"{path}: model: {cfg.model!r} does not match the folder {path.parent.name!r}")
+
+
+def dump(cfg: TunedConfig) -> str:
+    doc = cfg.model_dump(mode="json")
+    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Temp file in the same folder, fsync, rename: a reader sees the old file or the new, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save(path: Path, cfg: TunedConfig) -> None:
+    write_atomic(path, dump(cfg))
+
+
+def tuned_files(root: Path) -> list[Path]:
+    return sorted((root / "tuned").glob("*/tp*.json"))
+
+
+def lookup(
+    cfg: TunedConfig | None,
+    kind: str,
+    rows: int,
+    defaults: dict[str, KnobValue],
+    gpu_capability: str | None = None,
+    triton_version: str | None = None,
+) -> tuple[dict[str, KnobValue], str, list[str]]:
+    """The knobs in force for (kind, rows): tuned entry over the defaults, its source, and warnings.
+
+    An entry measured on another GPU capability or another Triton minor version is still used,
+    with a warning (DESIGN.md §6).
+    """
+    entry = cfg.entry(kind, rows) if cfg else None
+    if cfg is None or entry is None:
+        return dict(defaults), "defaults", []
+    warnings = []
+    p = cfg.provenance
+    if gpu_capability and p.gpu_capability != gpu_capability:
+        warnings.append(f"tuned on capability {p.gpu_capability}, this GPU is {gpu_capability}")
+    if triton_version and _minor(p.triton) != _minor(triton_version):
+        warnings.append(f"tuned with Triton {p.triton}, this is Triton {triton_version}")
+    if warnings:
+        warnings.append(f"re-run `glm53ctl tune --tp {cfg.tp} --rows {rows} --kind {kind}`")
+    return {**defaults, **entry.knobs}, f"tuned r{cfg.revision}", warnings
+
+
+def _minor(version: str) -> str:
+    return ".".join(version.split(".")[:2])

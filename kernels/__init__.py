@@ -1,0 +1,1 @@
+"""The Triton side: model spec, PyTorch references beside Triton bodies, the launch runtime."""

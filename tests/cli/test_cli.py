@@ -1,0 +1,83 @@
+import subprocess
+import sys
+
+import pytest
+
+from glm53ctl import __version__
+from glm53ctl.commands.pending import PENDING
+from tests.helpers import invoke
+
+
+def test_version(capsys):
+    code, out, _ = invoke(capsys, "--version")
+    assert code == 0 and out.strip() == f"glm53ctl {__version__}"
+
+
+@pytest.mark.parametrize("args", [["-h"], ["--help"], ["configs", "-h"]])
+def test_help(capsys, args):
+    code, out, _ = invoke(capsys, *args)
+    assert code == 0 and "Usage" in out
+
+
+def test_every_command_group_is_registered(capsys):
+    _, out, _ = invoke(capsys, "--help")
+    for name in ["build", "check", "fault", "tune", "bench", "configs", "run"]:
+        assert name in out
+
+
+@pytest.mark.parametrize("name", sorted(PENDING))
+def test_pending_command_exits_2_with_one_line(capsys, name):
+    code, out, err = invoke(capsys, name, "--tp", "4", "--rows", "2")
+    assert code == 2
+    assert out == ""
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error:") and "not implemented" in lines[0]
+
+
+def test_unknown_option_is_usage_error(capsys):
+    code, _, _ = invoke(capsys, "configs", "show", "--bogus")
+    assert code == 2
+
+
+def test_user_error_has_no_traceback(capsys):
+    code, out, err = invoke(capsys, "configs", "show", "--model", "nope")
+    assert code == 2 and out == ""
+    assert "Error: unknown model 'nope'" in err and "Hint:" in err and "Traceback" not in err
+
+
+def test_debug_variable_shows_traceback(capsys, monkeypatch):
+    monkeypatch.setenv("GLM53CTL_DEBUG", "1")
+    code, _, err = invoke(capsys, "configs", "show", "--model", "nope")
+    assert code == 2 and "Traceback" in err
+
+
+def _run(*code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", "\n".join(code)], capture_output=True, text=True, timeout=120)
+
+
+def test_help_imports_no_torch_triton_optuna():
+    p = _run(
+        "import sys",
+        "from glm53ctl.cli import run_cli",
+        "code = run_cli(['--help'])",
+        "code2 = run_cli(['configs', 'show', '--help'])",
+        "heavy = [m for m in ('torch', 'triton', 'optuna') if m in sys.modules]",
+        "print(code, code2, heavy)",
+    )
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip().endswith("0 0 []"), p.stdout
+
+
+def test_python_dash_m_and_console_script():
+    p = subprocess.run([sys.executable, "-m", "glm53ctl", "--version"], capture_output=True, text=True)
+    assert p.returncode == 0 and p.stdout.strip() == f"glm53ctl {__version__}"
+    p = subprocess.run([sys.executable, "-m", "glm53ctl", "build"], capture_output=True, text=True)
+    assert p.returncode == 2 and p.stderr.startswith("Error:") and "Traceback" not in p.stderr
+
+
+def test_readme_test_command_is_what_ci_runs():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    readme, ci = (root / "README.md").read_text(), (root / ".ci" / "run").read_text()
+    assert "python -m pytest -q" in readme and ci.rstrip().endswith("python -m pytest -q")

@@ -1,0 +1,201 @@
+import json
+import shutil
+
+import pytest
+
+from glm53ctl import tuned
+from glm53ctl.errors import ConfigError
+from glm53ctl.paths import config_root
+from tests.helpers import invoke, invoke_json, write
+
+PROVENANCE = {
+    "glm53ctl": "0.1.0",
+    "git_sha": "0123456789abcdef0123456789abcdef01234567",
+    "git_dirty": False,
+    "gpu_name": "NVIDIA H200",
+    "gpu_capability": "9.0",
+    "driver": "570.124.06",
+    "cuda": "12.8",
+    "torch": "2.11.0",
+    "triton": "3.6.0",
+    "date": "2026-11-30T01:00:00+00:00",
+    "command": "glm53ctl tune --tp 4 --rows 2 --write",
+    "study": "glm53_flash-tp4",
+    "seed": 0,
+}
+
+
+def doc(**over):
+    d = {
+        "schema_version": 1,
+        "model": "tiny",
+        "tp": 4,
+        "revision": 3,
+        "provenance": dict(PROVENANCE),
+        "entries": {
+            "dense": {
+                "2": {
+                    "knobs": {"oproj_first": True, "grid": 132},
+                    "evidence": {"default_us": 40.0, "chosen_us": 38.0, "ratio": 0.95,
+                                 "ratio_ci": [0.94, 0.96], "delta": 0.01, "samples": 30},
+                    "dropped": [{"knob": "box_lines", "value": 2, "reason": "0.4% faster, under delta 1%"}],
+                }
+            }
+        },
+    }
+    d.update(over)
+    return d
+
+
+@pytest.fixture
+def root(tmp_path, monkeypatch):
+    """A config root: the shipped models plus one tuned file."""
+    shutil.copytree(config_root() / "models", tmp_path / "models")
+    write(tmp_path / "tuned" / "tiny" / "tp4.json", json.dumps(doc()))
+    monkeypatch.setenv("GLM53CTL_CONFIG_DIR", str(tmp_path))
+    return tmp_path
+
+
+def test_round_trip(root):
+    path = root / "tuned" / "tiny" / "tp4.json"
+    cfg = tuned.load(path)
+    assert cfg.entry("dense", 2).knobs == {"oproj_first": True, "grid": 132}
+    assert cfg.entry("dense", 1) is None
+    out = root / "elsewhere" / "copy.json"
+    tuned.save(out, cfg)
+    assert tuned.load(out) == cfg
+    assert tuned.dump(tuned.load(out)) == tuned.dump(cfg)
+    assert out.read_text().endswith("}\n")
+
+
+def test_atomic_write_keeps_the_old_file_on_failure(tmp_path, monkeypatch):
+    path = write(tmp_path / "f.json", "old\n")
+
+    def boom(*a):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(tuned.os, "replace", boom)
+    with pytest.raises(OSError):
+        tuned.write_atomic(path, "new\n")
+    assert path.read_text() == "old\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["f.json"]  # no temp file left behind
+
+
+def _bad(root, text):
+    return write(root / "tuned" / "tiny" / "tp4.json", text)
+
+
+@pytest.mark.parametrize(
+    "mutate, expected",
+    [
+        (lambda d: d["entries"]["dense"]["2"].update(knobz={}), r"tp4.json: entries.dense.2.knobz: unknown key"),
+        (lambda d: d.update(revision="three"), r"tp4.json: revision: Input should be a valid integer"),
+        (lambda d: d["provenance"].pop("git_sha"), r"tp4.json: provenance.git_sha: required key is missing"),
+        (lambda d: d["entries"].update(warp={}), r"tp4.json: entries.warp.\[key\]: Input should be 'embed'"),
+        (lambda d: d["entries"]["dense"].update({"9": {}}), r"tp4.json: entries.dense.9.\[key\]: Input should be less"),
+        (lambda d: d["entries"]["dense"]["2"]["evidence"].update(ratio_ci=[1]), r"evidence.ratio_ci"),
+        (lambda d: d.update(tp=2), r"tp4.json: tp: 2 does not match the file name 'tp4.json'"),
+        (lambda d: d.update(model="glm53_flash"), r"model: 'glm53_flash' does not match the folder 'tiny'"),
+    ],
+)
+def test_bad_tuned_file_names_file_key_and_expectation(root, mutate, expected):
+    d = doc()
+    mutate(d)
+    with pytest.raises(ConfigError, match=expected):
+        tuned.load(_bad(root, json.dumps(d)))
+
+
+def test_malformed_json(root):
+    with pytest.raises(ConfigError, match=r"tp4.json: not valid JSON"):
+        tuned.load(_bad(root, '{"schema_version": 1,'))
+    with pytest.raises(ConfigError, match=r"tp4.json: \(top level\): expected a JSON object"):
+        tuned.load(_bad(root, "[1, 2]"))
+
+
+def test_newer_schema_is_refused_naming_what_this_reads(root):
+    with pytest.raises(ConfigError, match=r"schema_version 2 is newer than this glm53ctl reads \(up to 1\)"):
+        tuned.load(_bad(root, json.dumps(doc(schema_version=2))))
+    with pytest.raises(ConfigError, match=r"schema_version: expected a positive integer"):
+        tuned.load(_bad(root, json.dumps(doc(schema_version="1"))))
+
+
+def test_migration_chain_applies_steps_in_order(root, monkeypatch):
+    """A fake v0 -> v1 step shows the chain runs and records where the file started."""
+    monkeypatch.setitem(tuned.MIGRATIONS, 0, lambda d: {**d, "revision": d.pop("rev")})
+    monkeypatch.setattr(tuned, "schema_version_of", lambda p, d: d["schema_version"])
+    old = doc(schema_version=0)
+    old["rev"] = old.pop("revision")
+    migrated, start = tuned.migrate_document(root / "x.json", old)
+    assert start == 0 and migrated["schema_version"] == 1 and migrated["revision"] == 3
+    bad = doc(schema_version=0)
+    with pytest.raises(ConfigError, match="missing key 'rev'"):
+        tuned.migrate_document(root / "x.json", bad)
+
+
+def test_lookup_precedence_and_provenance_warning(root):
+    cfg = tuned.load(root / "tuned" / "tiny" / "tp4.json")
+    defaults = {"oproj_first": False, "grid": 0, "warps": 4}
+    knobs, source, warns = tuned.lookup(cfg, "dense", 2, defaults, "9.0", "3.6.1")
+    assert knobs == {"oproj_first": True, "grid": 132, "warps": 4} and source == "tuned r3" and warns == []
+    assert tuned.lookup(cfg, "dense", 1, defaults) == (defaults, "defaults", [])
+    assert tuned.lookup(None, "dense", 2, defaults)[1] == "defaults"
+    _, _, warns = tuned.lookup(cfg, "dense", 2, defaults, "10.0", "3.7.0")
+    assert any("capability 9.0" in w for w in warns) and any("Triton 3.6.0" in w for w in warns)
+
+
+# ---- the CLI on real files ---------------------------------------------------------------------
+
+
+def test_validate_passes_on_shipped_files(capsys):
+    doc_ = invoke_json(capsys, "configs", "validate")
+    assert doc_["ok"] and any(f["file"].endswith("glm53_flash.toml") for f in doc_["files"])
+
+
+def test_validate_fails_exit_2_on_a_broken_copy(root, capsys):
+    broken = root / "models" / "tiny.toml"
+    broken.write_text(broken.read_text().replace("[indexer]\nheads = 4", "[indexer]\nheads = -4"))
+    code, _, err = invoke(capsys, "configs", "validate")
+    assert code == 2
+    assert f"{broken}: indexer.heads: Input should be greater than 0" in err
+    code, out, _ = invoke(capsys, "configs", "validate", "--json")
+    assert code == 2 and json.loads(out)["ok"] is False
+
+
+def test_show_lists_models_and_tuned_files(root, capsys):
+    d = invoke_json(capsys, "configs", "show")
+    assert {m["name"] for m in d["models"]} == {"tiny", "glm53_flash"}
+    assert d["tuned"][0]["revision"] == 3 and d["tuned"][0]["tp"] == 4
+    d = invoke_json(capsys, "configs", "show", "--model", "tiny", "--tp", "4")
+    assert d["tuned"][0]["knobs"] == "grid=132, oproj_first=True"
+    assert {"part": "kda", "tensor": "q_proj.weight", "shape": [32, 128]} in d["shards"]
+    code, out, _ = invoke(capsys, "configs", "show")
+    assert code == 0 and "tiny" in out
+
+
+def test_show_refuses_a_tp_the_model_cannot_shard(capsys):
+    code, out, err = invoke(capsys, "configs", "show", "--model", "tiny", "--tp", "16")
+    assert code == 2 and out == "" and "TP 16 is not supported" in err
+
+
+def test_diff(root, capsys):
+    a = root / "tuned" / "tiny" / "tp4.json"
+    d = doc(revision=4)
+    d["entries"]["dense"]["2"]["knobs"]["grid"] = 66
+    d["entries"]["tail"] = {"1": {"knobs": {"warps": 8}}}
+    b = write(root / "b" / "tp4.json", json.dumps(d))
+    res = invoke_json(capsys, "configs", "diff", str(a), str(b))
+    changes = {(c["where"], c["knob"]): (c["a"], c["b"]) for c in res["changes"]}
+    assert changes[("dense rows=2", "grid")] == (132, 66)
+    assert changes[("revision", "")] == (3, 4)
+    assert changes[("tail rows=1", "warps")] == (None, 8)
+    assert invoke_json(capsys, "configs", "diff", str(a), str(a))["equal"] is True
+
+
+def test_migrate_says_current(root, capsys):
+    path = root / "tuned" / "tiny" / "tp4.json"
+    before = path.read_text()
+    res = invoke_json(capsys, "configs", "migrate")
+    assert res["files"][0]["status"] == "current (schema_version 1)"
+    assert path.read_text() == before
+    code, _, err = invoke(capsys, "configs", "migrate", str(_bad(root, json.dumps(doc(schema_version=7)))))
+    assert code == 2 and "schema_version 7 is newer than this glm53ctl reads (up to 1)" in err

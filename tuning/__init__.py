@@ -1,0 +1,1 @@
+"""Knob registry use, Optuna study, measurement, keep rule, config writer."""
