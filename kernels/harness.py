@@ -1,0 +1,163 @@
+"""Seeded inputs and the run of one launch kind: everything `glm53ctl run` saves and `check` compares.
+
+Inputs are fresh per seed: token ids, the 4-stream H a layer reads, and each row's history up to its
+context length (rows sit at different positions in one step). A layer kind brings its own layer's
+state to the context by a prefill over random normalized rows; `model` prefills the whole model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from glm53ctl.errors import UsageError
+from glm53ctl.kernels.numerics import FP32, Numerics
+from glm53ctl.kernels.reference import KINDS, LAYER_KINDS, DecodeState, Reference, empty_state, merge_rows
+from glm53ctl.kernels.spec import ModelSpec
+from glm53ctl.kernels.state import DsaCache, KdaState
+
+Tensors = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class RunKey:
+    kind: str
+    tp: int
+    rows: int
+    context: int = 0
+    steps: int = 1
+    seed: int = 0
+    layer: int | None = None
+
+
+def row_contexts(context: int, rows: int, kpool: int) -> list[int]:
+    """Row r sits `r * (kpool - 1)` tokens short of the context: different positions and pool phases."""
+    return [max(context - r * (kpool - 1), 0) for r in range(rows)]
+
+
+def layer_for(spec: ModelSpec, kind: str, layer: int | None) -> int:
+    want = LAYER_KINDS[kind]
+    if layer is None:
+        for i, shape in enumerate(spec.layers):
+            if shape == want:
+                return i
+        raise UsageError(f"model {spec.name!r} has no {kind} layer")
+    if not 0 <= layer < spec.model.num_layers:
+        raise UsageError(f"layer {layer} is out of range [0, {spec.model.num_layers})")
+    if spec.layers[layer] != want:
+        raise UsageError(f"layer {layer} of {spec.name!r} is {'+'.join(spec.layers[layer])}, not a {kind} layer")
+    return layer
+
+
+class Inputs:
+    """A seeded stream of inputs; the same seed gives the same tensors on any machine."""
+
+    def __init__(self, spec: ModelSpec, seed: int, num: Numerics) -> None:
+        self.spec, self.num = spec, num
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def tokens(self, n: int) -> torch.Tensor:
+        return torch.randint(0, self.spec.model.vocab_size, (n,), generator=self.gen)
+
+    def rows_normal(self, *shape: int) -> torch.Tensor:
+        return self.num.store(torch.randn(shape, generator=self.gen, dtype=torch.float64))
+
+    def H(self, rows: int) -> torch.Tensor:
+        """A layer's input streams: a shared row plus per-stream differences, as after a few layers."""
+        D, hc = self.spec.hidden, self.spec.mhc.streams
+        base = torch.randn((rows, 1, D), generator=self.gen, dtype=torch.float64)
+        return self.num.store(base + 0.5 * torch.randn((rows, hc, D), generator=self.gen, dtype=torch.float64))
+
+
+def layer_state(ref: Reference, i: int, contexts: list[int], inputs: Inputs, max_context: int) -> DecodeState:
+    """Layer i's state with row r at contexts[r], from a prefill over random normalized rows."""
+    rows = []
+    w = ref.weights.layer(i).sub("self_attn.")
+    from glm53ctl.kernels.dsa.naive import dsa_attention_prefill
+    from glm53ctl.kernels.kda.naive import kda_attention_prefill
+
+    for L in contexts:
+        st = empty_state(ref.spec, 1, max_context, ref.num)
+        st.kda = {k: v for k, v in st.kda.items() if k == i}
+        st.dsa = {k: v for k, v in st.dsa.items() if k == i}
+        if L:
+            x = inputs.rows_normal(L, ref.spec.hidden)
+            if i in st.kda:
+                _, st.kda[i] = kda_attention_prefill(x, w, ref.spec, ref.num)
+            else:
+                _, _, cache = dsa_attention_prefill(x, w, ref.spec, ref.num)
+                st.dsa[i] = cache
+        st.pos = torch.tensor([L])
+        rows.append(st)
+    return merge_rows(rows, max_context)
+
+
+def model_state(ref: Reference, contexts: list[int], inputs: Inputs, max_context: int) -> DecodeState:
+    states = []
+    for L in contexts:
+        if L:
+            _, st = ref.prefill(inputs.tokens(L))
+        else:
+            st = empty_state(ref.spec, 1, max_context, ref.num)
+        states.append(st)
+    return merge_rows(states, max_context)
+
+
+def run_reference(ref: Reference, key: RunKey) -> Tensors:
+    """Run `key.steps` steps of one kind; return inputs.*, outputs.* of the last step and writes.*."""
+    if key.kind not in KINDS:
+        raise UsageError(f"unknown kind {key.kind!r}", hint=f"one of {', '.join(KINDS)}")
+    if key.rows not in range(1, 9):
+        raise UsageError(f"rows {key.rows} is out of range 1..8")
+    if key.steps < 1 or key.context < 0:
+        raise UsageError("--steps must be >= 1 and --context >= 0")
+    spec, num = ref.spec, ref.num
+    inputs = Inputs(spec, key.seed, num)
+    contexts = row_contexts(key.context, key.rows, spec.indexer.kpool)
+    max_context = max(contexts) + key.steps
+    saved: Tensors = {"inputs.contexts": torch.tensor(contexts)}
+    if key.kind == "embed":
+        for _ in range(key.steps):
+            tokens = inputs.tokens(key.rows)
+            out = ref.embed(tokens)
+        return saved | {"inputs.tokens": tokens} | _prefixed("outputs.", out)
+    if key.kind == "tail":
+        for _ in range(key.steps):
+            H = inputs.H(key.rows)
+            out = ref.tail(H)
+        return saved | {"inputs.H": H} | _prefixed("outputs.", out)
+    if key.kind == "model":
+        state = model_state(ref, contexts, inputs, max_context)
+        for _ in range(key.steps):
+            tokens = inputs.tokens(key.rows)
+            before = state
+            out, state = ref.step(tokens, state)
+        return (
+            saved
+            | {"inputs.tokens": tokens, "inputs.pos": before.pos}
+            | _prefixed("inputs.state.", before.tensors())
+            | _prefixed("outputs.", out)
+            | _prefixed("writes.", state.tensors())
+        )
+    i = layer_for(spec, key.kind, key.layer)
+    state = layer_state(ref, i, contexts, inputs, max_context)
+    for _ in range(key.steps):
+        H = inputs.H(key.rows)
+        before = state
+        out, state = ref.layer(i, H, state)
+        state = DecodeState(state.pos + 1, state.max_context, state.kda, state.dsa)
+    return (
+        saved
+        | {"inputs.H": H, "inputs.pos": before.pos, "inputs.layer": torch.tensor(i)}
+        | _prefixed("inputs.state.", before.tensors([i]))
+        | _prefixed("outputs.", out)
+        | _prefixed("writes.", state.tensors([i]))
+    )
+
+
+def _prefixed(prefix: str, d: Tensors) -> Tensors:
+    return {prefix + k: v for k, v in d.items()}
+
+
+__all__ = ["FP32", "DsaCache", "Inputs", "KdaState", "RunKey", "layer_for", "row_contexts", "run_reference"]

@@ -1,0 +1,242 @@
+"""Model weights: seeded random (identical on any machine), sharded per rank (SPEC.md §8), safetensors I/O.
+
+Tensors are made lazily by checkpoint name, so one layer of glm53_flash, or only the routed experts,
+costs only what it touches. A tensor is generated in blocks of rows, each seeded from (seed, name,
+block), so a rank's row shard is generated without the rest and equals the same rows of the full tensor.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from glm53ctl.errors import ConfigError, UsageError
+from glm53ctl.kernels.spec import ModelSpec
+
+ROOT = "model.language_model."
+BLOCK_ROWS = 1024
+FP32 = torch.float32
+BF16 = torch.bfloat16
+
+
+@dataclass(frozen=True, slots=True)
+class TensorInfo:
+    shape: tuple[int, ...]  # full (TP1) shape
+    dtype: torch.dtype
+    std: float  # random init scale: keeps activations realistic through all layers
+    mean: float = 0.0
+    split: int | None = None  # dim TP splits (0 rows, 1 columns), None = replicated
+    kind: str = "normal"  # normal | log_uniform (A_log)
+
+
+def _layer_tensors(spec: ModelSpec, i: int) -> dict[str, TensorInfo]:
+    D, hc = spec.hidden, spec.mhc.streams
+    t: dict[str, TensorInfo] = {}
+    for site, norm in (("attn", "input_layernorm"), ("ffn", "post_attention_layernorm")):
+        n = (2 + hc) * hc
+        t[f"hc_{site}_fn"] = TensorInfo((n, hc * D), FP32, 0.5 / math.sqrt(hc * D))
+        t[f"hc_{site}_base"] = TensorInfo((n,), FP32, 0.3)
+        t[f"hc_{site}_scale"] = TensorInfo((3,), FP32, 0.1, mean=1.0)
+        t[f"{norm}.weight"] = TensorInfo((D,), BF16, 0.1, mean=1.0)
+    a = "self_attn."
+    if spec.layer_type(i) == "kda":
+        k = spec.kda
+        P, r, W = spec.kda_proj, k.gate_rank, k.conv_kernel
+        for p in ("q", "k", "v"):
+            t[f"{a}{p}_proj.weight"] = TensorInfo((P, D), BF16, 1 / math.sqrt(D), split=0)
+            t[f"{a}{p}_conv1d.weight"] = TensorInfo((P, 1, W), FP32, 0.5, split=0)
+        t[f"{a}b_proj.weight"] = TensorInfo((k.heads, D), BF16, 1 / math.sqrt(D), split=0)
+        for g in ("f", "g"):
+            t[f"{a}{g}_a_proj.weight"] = TensorInfo((r, D), BF16, 1 / math.sqrt(D))
+            t[f"{a}{g}_b_proj.weight"] = TensorInfo((P, r), BF16, 1 / math.sqrt(r), split=0)
+        t[f"{a}A_log"] = TensorInfo((k.heads,), FP32, 0.0, split=0, kind="log_uniform")
+        t[f"{a}dt_bias"] = TensorInfo((P,), FP32, 0.5, split=0)
+        t[f"{a}o_norm.weight"] = TensorInfo((k.head_dim,), BF16, 0.1, mean=1.0)
+        t[f"{a}o_proj.weight"] = TensorInfo((D, P), BF16, 1 / math.sqrt(P), split=1)
+    else:
+        m, ix = spec.mla, spec.indexer
+        H = m.heads
+        t[f"{a}q_a_proj.weight"] = TensorInfo((m.q_lora_rank, D), BF16, 1 / math.sqrt(D))
+        t[f"{a}q_a_layernorm.weight"] = TensorInfo((m.q_lora_rank,), BF16, 0.1, mean=1.0)
+        t[f"{a}kv_a_proj_with_mqa.weight"] = TensorInfo((m.kv_lora_rank, D), BF16, 1 / math.sqrt(D))
+        t[f"{a}kv_a_layernorm.weight"] = TensorInfo((m.kv_lora_rank,), BF16, 0.1, mean=1.0)
+        qk = m.qk_nope_head_dim
+        t[f"{a}q_b_proj.weight"] = TensorInfo((H * qk, m.q_lora_rank), BF16, 1 / math.sqrt(m.q_lora_rank), split=0)
+        t[f"{a}kv_b_proj.weight"] = TensorInfo(
+            (H * (qk + m.v_head_dim), m.kv_lora_rank), BF16, 1 / math.sqrt(m.kv_lora_rank), split=0
+        )
+        t[f"{a}o_proj.weight"] = TensorInfo((D, H * m.v_head_dim), BF16, 1 / math.sqrt(H * m.v_head_dim), split=1)
+        ia = f"{a}indexer."
+        t[f"{ia}wq_b.weight"] = TensorInfo((ix.heads * ix.head_dim, m.q_lora_rank), BF16, 1 / math.sqrt(m.q_lora_rank))
+        t[f"{ia}wk.weight"] = TensorInfo((ix.head_dim, D), BF16, 1 / math.sqrt(D))
+        t[f"{ia}k_norm.weight"] = TensorInfo((ix.head_dim,), BF16, 0.1, mean=1.0)
+        t[f"{ia}k_norm.bias"] = TensorInfo((ix.head_dim,), BF16, 0.1)
+        t[f"{ia}weights_proj.weight"] = TensorInfo((ix.heads, D), BF16, 1 / math.sqrt(D))
+        t[f"{ia}index_kpool_compress_gate.weight"] = TensorInfo((ix.head_dim, D), BF16, 1 / math.sqrt(D))
+        t[f"{ia}index_kpool_compress_ape"] = TensorInfo((ix.kpool, ix.head_dim), FP32, 0.5)
+    f = "mlp."
+    if spec.ffn_type(i) == "dense":
+        I = spec.moe.dense_intermediate_size
+        _mlp(t, f, I, D)
+    else:
+        E, I = spec.moe.experts, spec.moe.intermediate_size
+        t[f"{f}gate.weight"] = TensorInfo((E, D), BF16, 1 / math.sqrt(D))
+        t[f"{f}gate.e_score_correction_bias"] = TensorInfo((E,), FP32, 0.05)
+        for e in range(E):
+            _mlp(t, f"{f}experts.{e}.", I, D)
+        _mlp(t, f"{f}shared_experts.", I, D)
+    return {f"{ROOT}layers.{i}.{k}": v for k, v in t.items()}
+
+
+def _mlp(t: dict[str, TensorInfo], prefix: str, inter: int, D: int) -> None:
+    t[f"{prefix}gate_proj.weight"] = TensorInfo((inter, D), BF16, 1 / math.sqrt(D), split=0)
+    t[f"{prefix}up_proj.weight"] = TensorInfo((inter, D), BF16, 1 / math.sqrt(D), split=0)
+    t[f"{prefix}down_proj.weight"] = TensorInfo((D, inter), BF16, 1 / math.sqrt(inter), split=1)
+
+
+def tensor_table(spec: ModelSpec) -> dict[str, TensorInfo]:
+    """Every tensor of the checkpoint (SPEC.md §3–§7 names), with its full shape, dtype and init."""
+    D, V = spec.hidden, spec.model.vocab_size
+    t = {f"{ROOT}embed_tokens.weight": TensorInfo((V, D), BF16, 1.0, split=0)}
+    for i in range(spec.model.num_layers):
+        t.update(_layer_tensors(spec, i))
+    t[f"{ROOT}norm.weight"] = TensorInfo((D,), BF16, 0.1, mean=1.0)
+    t["lm_head.weight"] = TensorInfo((V, D), BF16, 1 / math.sqrt(D), split=0)
+    return t
+
+
+def _seed(seed: int, name: str, block: int) -> int:
+    h = hashlib.sha256(f"{seed}/{name}/{block}".encode()).digest()
+    return int.from_bytes(h[:8], "little") & ((1 << 63) - 1)
+
+
+def _generate(seed: int, name: str, info: TensorInfo, rows: range) -> torch.Tensor:
+    """Rows `rows` of the full tensor (dim 0), block by block."""
+    tail = info.shape[1:]
+    parts = []
+    for b in range(rows.start // BLOCK_ROWS, (rows.stop - 1) // BLOCK_ROWS + 1):
+        lo, hi = b * BLOCK_ROWS, min((b + 1) * BLOCK_ROWS, info.shape[0])
+        g = torch.Generator().manual_seed(_seed(seed, name, b))
+        if info.kind == "log_uniform":  # A_log: exp(A) spread over [1, 16]
+            x = torch.rand((hi - lo, *tail), generator=g) * math.log(16.0)
+        else:
+            x = torch.randn((hi - lo, *tail), generator=g) * info.std + info.mean
+        parts.append(x[max(rows.start, lo) - lo : min(rows.stop, hi) - lo])
+    return torch.cat(parts).to(info.dtype)
+
+
+@dataclass
+class Weights:
+    """The checkpoint of one model: seeded random tensors, or tensors loaded from a file (overrides)."""
+
+    spec: ModelSpec
+    seed: int = 0
+    loaded: dict[str, torch.Tensor] = field(default_factory=dict)
+    _cache: dict[tuple[str, int, int], torch.Tensor] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self.table = tensor_table(self.spec)
+
+    def info(self, name: str) -> TensorInfo:
+        try:
+            return self.table[name]
+        except KeyError:
+            raise ConfigError(f"no tensor {name!r} in model {self.spec.name!r}") from None
+
+    def shard(self, name: str, rank: int = 0, tp: int = 1) -> torch.Tensor:
+        """Rank `rank`'s shard of tensor `name` at TP `tp` (the whole tensor if replicated)."""
+        info = self.info(name)
+        split = info.split if tp > 1 else None
+        key = (name, rank if split is not None else 0, tp if split is not None else 1)
+        if key in self._cache:
+            return self._cache[key]
+        if name in self.loaded:
+            full = self.loaded[name]
+            out = full if split is None else full.chunk(tp, dim=split)[rank].contiguous()
+        elif split == 0:
+            n = info.shape[0] // tp
+            out = _generate(self.seed, name, info, range(rank * n, (rank + 1) * n))
+        else:
+            out = _generate(self.seed, name, info, range(info.shape[0]))
+            if split == 1:
+                out = out.chunk(tp, dim=1)[rank].contiguous()
+        self._cache[key] = out
+        return out
+
+    def part(self, prefix: str, rank: int = 0, tp: int = 1) -> PartView:
+        """A lazy mapping of suffix -> this rank's shard, for every tensor under `prefix`."""
+        return PartView(self, prefix, rank, tp)
+
+    def layer(self, i: int, rank: int = 0, tp: int = 1) -> PartView:
+        return self.part(f"{ROOT}layers.{i}.", rank, tp)
+
+    def drop_cache(self) -> None:
+        self._cache.clear()
+
+
+@dataclass(frozen=True)
+class PartView(Mapping[str, torch.Tensor]):
+    weights: Weights
+    prefix: str
+    rank: int
+    tp: int
+
+    def __getitem__(self, suffix: str) -> torch.Tensor:
+        return self.weights.shard(self.prefix + suffix, self.rank, self.tp)
+
+    def __iter__(self) -> Iterator[str]:
+        n = len(self.prefix)
+        return (k[n:] for k in self.weights.table if k.startswith(self.prefix))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def sub(self, prefix: str) -> PartView:
+        return PartView(self.weights, self.prefix + prefix, self.rank, self.tp)
+
+
+# ---- safetensors ---------------------------------------------------------------------------
+
+
+def save_weights(path: Path, weights: Weights, names: list[str] | None = None) -> None:
+    """Full (TP1) tensors under their checkpoint names and dtypes."""
+    from safetensors.torch import save_file
+
+    names = names if names is not None else list(weights.table)
+    save_file({n: weights.shard(n).contiguous() for n in names}, str(path))
+
+
+def load_weights(path: Path, spec: ModelSpec, seed: int = 0, partial: bool = False) -> Weights:
+    """Tensors from a safetensors file; every tensor must have its checkpoint shape and dtype.
+
+    partial=True lets the file hold a subset (the rest stays seeded-random), e.g. one layer.
+    """
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    if not Path(path).exists():
+        raise UsageError(f"{path}: no such weights file")
+    try:
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError) as e:
+        raise ConfigError(f"{path}: not a safetensors file: {e}") from None
+    table = tensor_table(spec)
+    for name, t in tensors.items():
+        info = table.get(name)
+        if info is None:
+            raise ConfigError(f"{path}: unexpected tensor {name!r} for model {spec.name!r}")
+        if tuple(t.shape) != info.shape or t.dtype != info.dtype:
+            raise ConfigError(
+                f"{path}: tensor {name!r} is {tuple(t.shape)} {t.dtype}, expected {info.shape} {info.dtype}"
+            )
+    if not partial:
+        missing = [n for n in table if n not in tensors]
+        if missing:
+            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+            raise ConfigError(f"{path}: missing tensor {missing[0]!r}{more}")
+    return Weights(spec, seed, loaded=tensors)
