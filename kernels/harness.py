@@ -12,8 +12,10 @@ from dataclasses import dataclass
 import torch
 
 from glm53ctl.errors import UsageError
+from glm53ctl.kernels.dsa.naive import dsa_attention_prefill
+from glm53ctl.kernels.kda.naive import kda_attention_prefill
 from glm53ctl.kernels.numerics import FP32, Numerics
-from glm53ctl.kernels.reference import KINDS, LAYER_KINDS, DecodeState, Reference, empty_state, merge_rows
+from glm53ctl.kernels.reference import KINDS, LAYER_KINDS, DecodeState, Reference, empty_state, merge_rows, pad_cache, room
 from glm53ctl.kernels.spec import ModelSpec
 from glm53ctl.kernels.state import DsaCache, KdaState
 
@@ -74,9 +76,6 @@ def layer_state(ref: Reference, i: int, contexts: list[int], inputs: Inputs, max
     """Layer i's state with row r at contexts[r], from a prefill over random normalized rows."""
     rows = []
     w = ref.weights.layer(i).sub("self_attn.")
-    from glm53ctl.kernels.dsa.naive import dsa_attention_prefill
-    from glm53ctl.kernels.kda.naive import kda_attention_prefill
-
     for L in contexts:
         st = empty_state(ref.spec, 1, max_context, ref.num)
         st.kda = {k: v for k, v in st.kda.items() if k == i}
@@ -87,21 +86,21 @@ def layer_state(ref: Reference, i: int, contexts: list[int], inputs: Inputs, max
                 _, st.kda[i] = kda_attention_prefill(x, w, ref.spec, ref.num)
             else:
                 _, _, cache = dsa_attention_prefill(x, w, ref.spec, ref.num)
-                st.dsa[i] = cache
+                st.dsa[i] = pad_cache(cache, st.max_context, ref.spec.indexer.kpool)
         st.pos = torch.tensor([L])
         rows.append(st)
-    return merge_rows(rows, max_context)
+    return merge_rows(rows)
 
 
 def model_state(ref: Reference, contexts: list[int], inputs: Inputs, max_context: int) -> DecodeState:
     states = []
     for L in contexts:
         if L:
-            _, st = ref.prefill(inputs.tokens(L))
+            _, st = ref.prefill(inputs.tokens(L), max_context)
         else:
             st = empty_state(ref.spec, 1, max_context, ref.num)
         states.append(st)
-    return merge_rows(states, max_context)
+    return merge_rows(states)
 
 
 def run_reference(ref: Reference, key: RunKey) -> Tensors:
@@ -115,7 +114,7 @@ def run_reference(ref: Reference, key: RunKey) -> Tensors:
     spec, num = ref.spec, ref.num
     inputs = Inputs(spec, key.seed, num)
     contexts = row_contexts(key.context, key.rows, spec.indexer.kpool)
-    max_context = max(contexts) + key.steps
+    max_context = room(spec, max(contexts) + key.steps)
     saved: Tensors = {"inputs.contexts": torch.tensor(contexts)}
     if key.kind == "embed":
         for _ in range(key.steps):

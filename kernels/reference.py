@@ -60,10 +60,15 @@ class DecodeState:
         return out
 
 
+def room(spec: ModelSpec, tokens: int) -> int:
+    """Cache slots for `tokens` tokens: whole pools."""
+    kp = spec.indexer.kpool
+    return max(-(-tokens // kp) * kp, kp)
+
+
 def empty_state(spec: ModelSpec, rows: int, max_context: int, num: Numerics = FP32) -> DecodeState:
-    """Zero states at position 0 for every row."""
-    if max_context % spec.indexer.kpool:
-        max_context += spec.indexer.kpool - max_context % spec.indexer.kpool
+    """Zero states at position 0 for every row, with room for max_context tokens."""
+    max_context = room(spec, max_context)
     st = spec.shards(1).state_shapes(rows, max_context)
     z = lambda k: torch.zeros(st[k], dtype=num.dtype)
     state = DecodeState(torch.zeros(rows, dtype=torch.long), max_context)
@@ -213,7 +218,7 @@ class Reference:
 
     # ---- prefill-shaped: independent formulation, and a way to reach a context length --------
 
-    def prefill(self, tokens: torch.Tensor) -> tuple[Tensors, DecodeState]:
+    def prefill(self, tokens: torch.Tensor, max_context: int | None = None) -> tuple[Tensors, DecodeState]:
         """One row's T tokens at once, from empty state, TP1 math: (per-position outputs, state at T).
 
         KDA as a whole-sequence conv and a recurrence from zero, DSA unabsorbed with pools recomputed
@@ -221,7 +226,7 @@ class Reference:
         """
         check_tokens(tokens, self.spec.model.vocab_size)
         T = tokens.shape[0]
-        state = empty_state(self.spec, 1, T, self.num)
+        state = empty_state(self.spec, 1, max(T, max_context or 0), self.num)
         H = self.embed(tokens)["H"]  # [T, hc, D]: positions play the role of rows
         out: Tensors = {}
         for i in range(self.spec.model.num_layers):
@@ -231,7 +236,7 @@ class Reference:
                 a, state.kda[i] = kda_attention_prefill(x_hat, w, self.spec, self.num)
             else:
                 a, idx, cache = dsa_attention_prefill(x_hat, w, self.spec, self.num)
-                state.dsa[i] = _pad_cache(cache, state.max_context, self.spec.indexer.kpool)
+                state.dsa[i] = pad_cache(cache, state.max_context, self.spec.indexer.kpool)
                 out[f"layers.{i}.dsa.idx"] = idx
             H = hc_post(a, H, post, comb, self.num)
             x_hat, post, comb = self._gate(i, "ffn", H)
@@ -247,7 +252,7 @@ def advance(state: DecodeState) -> DecodeState:
     return DecodeState(state.pos + 1, state.max_context, state.kda, state.dsa)
 
 
-def _pad_cache(c: DsaCache, max_context: int, kpool: int) -> DsaCache:
+def pad_cache(c: DsaCache, max_context: int, kpool: int) -> DsaCache:
     """A prefill's caches (length T) in a state's cache of max_context slots."""
 
     def pad(t: torch.Tensor, n: int) -> torch.Tensor:
@@ -263,16 +268,13 @@ def _pad_cache(c: DsaCache, max_context: int, kpool: int) -> DsaCache:
     )
 
 
-def merge_rows(states: list[DecodeState], max_context: int) -> DecodeState:
-    """Rows prefilled one by one (each R = 1), joined into one state with room for max_context tokens."""
-    kp = None
+def merge_rows(states: list[DecodeState]) -> DecodeState:
+    """Rows prefilled one by one (each R = 1, same cache room), joined into one state."""
+    max_context = states[0].max_context
+    assert all(s.max_context == max_context for s in states)
     out = DecodeState(torch.cat([s.pos for s in states]), max_context)
     for i in states[0].kda:
-        out.kda[i] = KdaState(
-            torch.cat([s.kda[i].conv for s in states]), torch.cat([s.kda[i].recurrent for s in states])
-        )
+        out.kda[i] = KdaState(*(torch.cat([getattr(s.kda[i], n) for s in states]) for n in ("conv", "recurrent")))
     for i in states[0].dsa:
-        kp = kp or states[0].dsa[i].latent.shape[1] // max(states[0].dsa[i].pooled_key.shape[1], 1)
-        parts = [_pad_cache(s.dsa[i], max_context, kp) for s in states]
-        out.dsa[i] = DsaCache(*(torch.cat([getattr(p, n) for p in parts]) for n in DsaCache.__dataclass_fields__))
+        out.dsa[i] = DsaCache(*(torch.cat([getattr(s.dsa[i], n) for s in states]) for n in DsaCache.__dataclass_fields__))
     return out

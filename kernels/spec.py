@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import tomllib
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
@@ -125,7 +124,7 @@ class ModelSpec(_Section):
     def ffn_type(self, layer: int) -> FfnType:
         return "dense" if layer < self.model.first_dense_layers else "moe"
 
-    @cached_property
+    @property
     def layers(self) -> tuple[tuple[LayerType, FfnType], ...]:
         return tuple((self.layer_type(i), self.ffn_type(i)) for i in range(self.model.num_layers))
 
