@@ -24,9 +24,7 @@ class Output:
         self.verbose = verbose
         self.out = Console(highlight=False, soft_wrap=True)
 
-    def table(
-        self, title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]], key: str | None = None
-    ) -> None:
+    def table(self, title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]], key: str | None = None) -> None:
         """A rich table; under --json the caller emits the document itself (see `json`)."""
         if self.as_json:
             return

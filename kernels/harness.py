@@ -15,7 +15,16 @@ from glm53ctl.errors import UsageError
 from glm53ctl.kernels.dsa.naive import dsa_attention_prefill
 from glm53ctl.kernels.kda.naive import kda_attention_prefill
 from glm53ctl.kernels.numerics import FP32, Numerics
-from glm53ctl.kernels.reference import KINDS, LAYER_KINDS, DecodeState, Reference, empty_state, merge_rows, pad_cache, room
+from glm53ctl.kernels.reference import (
+    KINDS,
+    LAYER_KINDS,
+    DecodeState,
+    Reference,
+    empty_state,
+    merge_rows,
+    pad_cache,
+    room,
+)
 from glm53ctl.kernels.spec import ModelSpec
 from glm53ctl.kernels.state import DsaCache, KdaState
 

@@ -124,7 +124,9 @@ class Reference:
 
     def tail(self, H: torch.Tensor) -> Tensors:
         h_hat = final_norm(H, self.weights.shard(f"{ROOT}norm.weight"), self.spec.model.rms_norm_eps, self.num)
-        shards = [logits_shard(h_hat, self.weights.shard("lm_head.weight", r, self.tp), self.num) for r in range(self.tp)]
+        shards = [
+            logits_shard(h_hat, self.weights.shard("lm_head.weight", r, self.tp), self.num) for r in range(self.tp)
+        ]
         return {"h_hat": h_hat, "logits": torch.cat(shards, dim=-1)}
 
     # ---- one layer -----------------------------------------------------------------------
@@ -140,7 +142,9 @@ class Reference:
         outs, convs, recs = [], [], []
         for r in range(self.tp):
             local = KdaState(_conv_slice(s.conv, r, self.tp), _head_slice(s.recurrent, r, self.tp))
-            out, new = kda_attention(x_hat, self.weights.layer(i, r, self.tp).sub("self_attn."), local, self.spec, self.num)
+            out, new = kda_attention(
+                x_hat, self.weights.layer(i, r, self.tp).sub("self_attn."), local, self.spec, self.num
+            )
             outs.append(out)
             convs.append(new.conv)
             recs.append(new.recurrent)
@@ -164,7 +168,9 @@ class Reference:
             parts = []
             for r in range(self.tp):
                 w = self.weights.layer(i, r, self.tp).sub("mlp.")
-                parts.append(swiglu_mlp(x_hat, w["gate_proj.weight"], w["up_proj.weight"], w["down_proj.weight"], lim, self.num))
+                parts.append(
+                    swiglu_mlp(x_hat, w["gate_proj.weight"], w["up_proj.weight"], w["down_proj.weight"], lim, self.num)
+                )
             return self._reduce(parts), {}
         parts, routing = [], None
         for r in range(self.tp):
@@ -276,5 +282,7 @@ def merge_rows(states: list[DecodeState]) -> DecodeState:
     for i in states[0].kda:
         out.kda[i] = KdaState(*(torch.cat([getattr(s.kda[i], n) for s in states]) for n in ("conv", "recurrent")))
     for i in states[0].dsa:
-        out.dsa[i] = DsaCache(*(torch.cat([getattr(s.dsa[i], n) for s in states]) for n in DsaCache.__dataclass_fields__))
+        out.dsa[i] = DsaCache(
+            *(torch.cat([getattr(s.dsa[i], n) for s in states]) for n in DsaCache.__dataclass_fields__)
+        )
     return out

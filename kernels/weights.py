@@ -137,6 +137,8 @@ class Weights:
     spec: ModelSpec
     seed: int = 0
     loaded: dict[str, torch.Tensor] = field(default_factory=dict)
+    source: Path | None = None  # a file: every tensor used must come from it
+    touched: set[str] = field(default_factory=set)
     _cache: dict[tuple[str, int, int], torch.Tensor] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -151,10 +153,13 @@ class Weights:
     def shard(self, name: str, rank: int = 0, tp: int = 1) -> torch.Tensor:
         """Rank `rank`'s shard of tensor `name` at TP `tp` (the whole tensor if replicated)."""
         info = self.info(name)
+        self.touched.add(name)
         split = info.split if tp > 1 else None
         key = (name, rank if split is not None else 0, tp if split is not None else 1)
         if key in self._cache:
             return self._cache[key]
+        if self.source is not None and name not in self.loaded:
+            raise ConfigError(f"{self.source}: missing tensor {name!r}", hint="the run needs it; add it to the file")
         if name in self.loaded:
             full = self.loaded[name]
             out = full if split is None else full.chunk(tp, dim=split)[rank].contiguous()
@@ -204,17 +209,18 @@ class PartView(Mapping[str, torch.Tensor]):
 
 
 def save_weights(path: Path, weights: Weights, names: list[str] | None = None) -> None:
-    """Full (TP1) tensors under their checkpoint names and dtypes."""
+    """Full (TP1) tensors under their checkpoint names and dtypes (default: those used so far)."""
     from safetensors.torch import save_file
 
-    names = names if names is not None else list(weights.table)
-    save_file({n: weights.shard(n).contiguous() for n in names}, str(path))
+    names = sorted(names if names is not None else weights.touched)
+    save_file({n: weights.shard(n).contiguous() for n in names}, str(path), metadata={"model": weights.spec.name})
 
 
-def load_weights(path: Path, spec: ModelSpec, seed: int = 0, partial: bool = False) -> Weights:
+def load_weights(path: Path, spec: ModelSpec, partial: bool = False) -> Weights:
     """Tensors from a safetensors file; every tensor must have its checkpoint shape and dtype.
 
-    partial=True lets the file hold a subset (the rest stays seeded-random), e.g. one layer.
+    partial=True lets the file hold a subset (e.g. one layer): a run that needs a tensor the file
+    lacks fails naming it.
     """
     from safetensors import SafetensorError
     from safetensors.torch import load_file
@@ -239,4 +245,4 @@ def load_weights(path: Path, spec: ModelSpec, seed: int = 0, partial: bool = Fal
         if missing:
             more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
             raise ConfigError(f"{path}: missing tensor {missing[0]!r}{more}")
-    return Weights(spec, seed, loaded=tensors)
+    return Weights(spec, loaded=tensors, source=Path(path))

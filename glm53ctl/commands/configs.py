@@ -108,8 +108,10 @@ def show(
     out.table(
         "tuned configs",
         ["file", "model", "TP", "schema", "revision", "entries", "GPU", "date"],
-        [(f["file"], f["model"], f["tp"], f["schema_version"], f["revision"], f["entries"], f["gpu"], f["date"])
-         for f in files],
+        [
+            (f["file"], f["model"], f["tp"], f["schema_version"], f["revision"], f["entries"], f["gpu"], f["date"])
+            for f in files
+        ],
     )
     if not files:
         out.text("no tuned configs yet: every kernel runs its defaults (`glm53ctl tune --write` adds them)")
@@ -221,8 +223,14 @@ def diff(
         kb = eb.knobs if eb else {}
         where = f"{kind} rows={rows}"
         if ea is None or eb is None:
-            changes.append({"where": where, "knob": "(entry)", "a": "present" if ea else "absent",
-                            "b": "present" if eb else "absent"})
+            changes.append(
+                {
+                    "where": where,
+                    "knob": "(entry)",
+                    "a": "present" if ea else "absent",
+                    "b": "present" if eb else "absent",
+                }
+            )
         for knob in sorted(set(ka) | set(kb)):
             if ka.get(knob) != kb.get(knob):
                 changes.append({"where": where, "knob": knob, "a": ka.get(knob), "b": kb.get(knob)})
@@ -230,9 +238,14 @@ def diff(
     if not changes:
         out.text(f"{a} and {b} are equal")
         return
-    out.table(f"{a} → {b}", ["where", "knob", "A", "B"],
-              [(c["where"], c["knob"], "—" if c["a"] is None else c["a"], "—" if c["b"] is None else c["b"])
-               for c in changes])
+    out.table(
+        f"{a} → {b}",
+        ["where", "knob", "A", "B"],
+        [
+            (c["where"], c["knob"], "—" if c["a"] is None else c["a"], "—" if c["b"] is None else c["b"])
+            for c in changes
+        ],
+    )
 
 
 @app.command()
@@ -260,5 +273,7 @@ def migrate(
     for r in results:
         out.text(f"{r['file']}: {r['status']}")
     if not files:
-        out.text(f"no tuned files under {config_root() / 'tuned'}: nothing to migrate "
-                 f"(this glm53ctl reads schema_version {tuned.SCHEMA_VERSION})")
+        out.text(
+            f"no tuned files under {config_root() / 'tuned'}: nothing to migrate "
+            f"(this glm53ctl reads schema_version {tuned.SCHEMA_VERSION})"
+        )

@@ -1,17 +1,121 @@
-"""`glm53ctl run`: one launch kind on the reference; every output and every write saved (issue 3)."""
+"""`glm53ctl run`: one launch kind; every output and every write saved with the inputs that reproduce it."""
 
 from __future__ import annotations
 
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
 import typer
 
-from glm53ctl.errors import NotImplementedCommand
+from glm53ctl.errors import UsageError
+from glm53ctl.output import Output
+
+
+class Backend(StrEnum):
+    reference = "reference"
+
+
+class Precision(StrEnum):
+    fp32 = "fp32"
+    fp64 = "fp64"
 
 
 def register(app: typer.Typer) -> None:
-    @app.command(
-        name="run",
-        help="Run one launch kind and save every output and every write. (not implemented yet)",
-        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    app.command(name="run")(run)
+
+
+def run(
+    kind: Annotated[str, typer.Option("--kind", "-k", help="embed, dense, kda, sparse, tail or model.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="safetensors file to write.")],
+    model: Annotated[str, typer.Option("--model", "-m", help="Model name or .toml path.")] = "tiny",
+    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel width (1, 2, 4, 8).")] = 1,
+    rows: Annotated[int, typer.Option("--rows", help="Rows per step (1-8).")] = 1,
+    context: Annotated[int, typer.Option("--context", help="Tokens cached before the step (row r: r*3 fewer).")] = 0,
+    steps: Annotated[int, typer.Option("--steps", help="Steps to run; the last one is saved.")] = 1,
+    layer: Annotated[int | None, typer.Option("--layer", help="Layer of a layer kind (default: its first).")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the inputs.")] = 0,
+    weights_file: Annotated[
+        Path | None, typer.Option("--weights", help="safetensors checkpoint (a subset is fine).")
+    ] = None,
+    weights_seed: Annotated[int, typer.Option("--weights-seed", help="Seed of the random weights.")] = 0,
+    save_weights_to: Annotated[
+        Path | None, typer.Option("--save-weights", help="Also save the weights the run used.")
+    ] = None,
+    backend: Annotated[Backend, typer.Option("--backend", help="What computes the step.")] = Backend.reference,
+    precision: Annotated[Precision, typer.Option("--precision", help="Reference compute dtype.")] = Precision.fp32,
+    as_json: Annotated[bool, typer.Option("--json", help="Summary as JSON on stdout.")] = False,
+) -> None:
+    """Run one launch kind and save every output and every write (plus its inputs) to a safetensors file."""
+    import time
+
+    import torch
+    from safetensors.torch import save_file
+
+    from glm53ctl import __version__
+    from glm53ctl.kernels.harness import RunKey, run_reference
+    from glm53ctl.kernels.numerics import FP32, FP64
+    from glm53ctl.kernels.reference import Reference
+    from glm53ctl.kernels.spec import load_model
+    from glm53ctl.kernels.weights import Weights, load_weights, save_weights
+
+    o = Output(as_json)
+    spec = load_model(model)
+    spec.check_tp(tp)
+    if out.suffix != ".safetensors":
+        raise UsageError(f"--out {out}: expected a .safetensors file")
+    if not out.parent.exists():
+        raise UsageError(f"--out {out}: folder {out.parent} does not exist")
+    weights = load_weights(weights_file, spec, partial=True) if weights_file else Weights(spec, weights_seed)
+    num = FP64 if precision is Precision.fp64 else FP32
+    key = RunKey(kind, tp, rows, context, steps, seed, layer)
+    what = f"{spec.name} {kind} TP{tp} rows {rows} context {context} steps {steps}"
+    o.log(f"run {what} ({backend.value}, {precision.value})")
+    t0 = time.perf_counter()
+    tensors = run_reference(Reference(weights, tp, num), key)
+    seconds = time.perf_counter() - t0
+    metadata = {
+        "glm53ctl": __version__,
+        "model": spec.name,
+        "kind": kind,
+        "tp": str(tp),
+        "rows": str(rows),
+        "context": str(context),
+        "steps": str(steps),
+        "seed": str(seed),
+        "layer": "" if layer is None else str(layer),
+        "weights": str(weights_file) if weights_file else f"seeded:{weights_seed}",
+        "backend": backend.value,
+        "precision": precision.value,
+    }
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out), metadata=metadata)
+    if save_weights_to is not None:
+        save_weights(save_weights_to, weights)
+    summary = []
+    for name, t in tensors.items():
+        finite = bool(torch.isfinite(t).all()) if t.is_floating_point() else True
+        rms = float(t.double().pow(2).mean().sqrt()) if t.is_floating_point() and t.numel() else None
+        summary.append(
+            {
+                "tensor": name,
+                "shape": list(t.shape),
+                "dtype": str(t.dtype).removeprefix("torch."),
+                "rms": rms,
+                "finite": finite,
+            }
+        )
+    o.json({"out": str(out), "seconds": round(seconds, 3), "metadata": metadata, "tensors": summary})
+    o.table(
+        f"{out} — {spec.name} {kind} TP{tp} rows {rows} ({seconds:.2f} s)",
+        ["tensor", "shape", "dtype", "rms", "finite"],
+        [
+            (
+                s["tensor"],
+                "×".join(map(str, s["shape"])),
+                s["dtype"],
+                "" if s["rms"] is None else f"{s['rms']:.4g}",
+                "yes" if s["finite"] else "NO",
+            )
+            for s in summary
+        ],
     )
-    def run(ctx: typer.Context) -> None:
-        raise NotImplementedCommand("`glm53ctl run` is not implemented yet (issue 3)")

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
+
 from glm53ctl.kernels.numerics import Numerics, linear, rms_norm
 from glm53ctl.kernels.spec import ModelSpec
 from glm53ctl.kernels.state import KdaState

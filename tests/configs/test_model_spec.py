@@ -1,7 +1,7 @@
 import pytest
-from glm53ctl.kernels.spec import TP_WIDTHS, load_model, load_model_file, models_dir
 
 from glm53ctl.errors import ConfigError, UsageError
+from glm53ctl.kernels.spec import TP_WIDTHS, load_model, load_model_file, models_dir
 from tests.helpers import write
 
 
@@ -18,17 +18,37 @@ def tiny():
 def test_glm53_flash_dims_are_spec_1_1(flash):
     assert (flash.hidden, flash.model.vocab_size, flash.model.num_layers) == (4096, 154880, 45)
     assert (flash.kda.heads, flash.kda.head_dim, flash.kda.conv_kernel, flash.kda.gate_lower_bound) == (
-        64, 128, 4, -5.0)
+        64,
+        128,
+        4,
+        -5.0,
+    )
     m = flash.mla
     assert (m.heads, m.q_lora_rank, m.kv_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim) == (
-        64, 1536, 512, 256, 0, 256)
+        64,
+        1536,
+        512,
+        256,
+        0,
+        256,
+    )
     ix = flash.indexer
     assert (ix.heads, ix.head_dim, ix.topk, ix.kpool, flash.index_width, flash.index_pools) == (
-        32, 128, 2048, 4, 2051, 512)
+        32,
+        128,
+        2048,
+        4,
+        2051,
+        512,
+    )
     moe = flash.moe
     assert (moe.experts, moe.top_k, moe.intermediate_size, moe.dense_intermediate_size) == (288, 8, 2048, 12288)
     assert (moe.routed_scaling_factor, moe.swiglu_limit, flash.mhc.streams, flash.mhc.sinkhorn_iters) == (
-        2.5, 10.0, 4, 20)
+        2.5,
+        10.0,
+        4,
+        20,
+    )
 
 
 def test_glm53_flash_layer_schedule(flash):

@@ -36,8 +36,14 @@ def doc(**over):
             "dense": {
                 "2": {
                     "knobs": {"oproj_first": True, "grid": 132},
-                    "evidence": {"default_us": 40.0, "chosen_us": 38.0, "ratio": 0.95,
-                                 "ratio_ci": [0.94, 0.96], "delta": 0.01, "samples": 30},
+                    "evidence": {
+                        "default_us": 40.0,
+                        "chosen_us": 38.0,
+                        "ratio": 0.95,
+                        "ratio_ci": [0.94, 0.96],
+                        "delta": 0.01,
+                        "samples": 30,
+                    },
                     "dropped": [{"knob": "box_lines", "value": 2, "reason": "0.4% faster, under delta 1%"}],
                 }
             }

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+
 from glm53ctl.kernels.dsa import (
     dsa_attention,
     dsa_attention_prefill,

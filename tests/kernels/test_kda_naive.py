@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+
 from glm53ctl.kernels.kda import (
     delta_rule_step,
     gated_rmsnorm,

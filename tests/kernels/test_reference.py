@@ -9,7 +9,7 @@ from glm53ctl.errors import UsageError
 from glm53ctl.kernels.ffn.naive import route, swiglu_mlp, topk_ordered
 from glm53ctl.kernels.harness import RunKey, row_contexts, run_reference
 from glm53ctl.kernels.mhc.naive import hc_post, hc_pre, sinkhorn
-from glm53ctl.kernels.numerics import FP32, FP64
+from glm53ctl.kernels.numerics import FP64
 from glm53ctl.kernels.reference import Reference, empty_state
 from glm53ctl.kernels.spec import load_model
 from glm53ctl.kernels.weights import ROOT, Weights
@@ -17,7 +17,9 @@ from glm53ctl.kernels.weights import ROOT, Weights
 
 def rel_rms(ref, out):
     assert not torch.isnan(out).any(), "NaN never passes"
-    return ((out.double() - ref.double()).pow(2).mean().sqrt() / ref.double().pow(2).mean().sqrt().clamp_min(1e-30)).item()
+    return (
+        (out.double() - ref.double()).pow(2).mean().sqrt() / ref.double().pow(2).mean().sqrt().clamp_min(1e-30)
+    ).item()
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +63,15 @@ def test_hc_pre_post_range_and_index_convention(spec, weights):
     w = weights.layer(0)
     H = torch.randn(3, 4, spec.hidden, dtype=torch.float64)
     x, post, comb = hc_pre(
-        H, w["hc_attn_fn"], w["hc_attn_base"], w["hc_attn_scale"], streams=4, iters=20, hc_eps=1e-6,
-        norm_eps=1e-5, num=FP64,
+        H,
+        w["hc_attn_fn"],
+        w["hc_attn_base"],
+        w["hc_attn_scale"],
+        streams=4,
+        iters=20,
+        hc_eps=1e-6,
+        norm_eps=1e-5,
+        num=FP64,
     )
     assert ((post > 0) & (post < 2)).all()
     # C[i, j] comes from mix[8 + 4 i + j]: recompute by hand for row 0
@@ -213,3 +222,22 @@ def test_run_reference_rejects_bad_keys(spec, weights):
         run_reference(ref, RunKey("tail", 1, 9))
     with pytest.raises(UsageError, match="layer 3 of 'tiny' is dsa\\+moe, not a kda layer"):
         run_reference(ref, RunKey("kda", 1, 1, layer=3))
+
+
+def test_moe_scales_routed_experts_only(spec, weights):
+    """Trap 9: y = sum_e w_e * Expert_e(x) + Shared(x), the shared expert unscaled."""
+    from glm53ctl.kernels.ffn.naive import moe
+
+    torch.manual_seed(42)
+    w = weights.layer(3).sub("mlp.")
+    x = torch.randn(2, spec.hidden, dtype=torch.float64)
+    y, ids, wts = moe(x, w, spec, FP64)
+    lim = spec.moe.swiglu_limit
+    mlp = lambda p, xr: swiglu_mlp(
+        xr, w[f"{p}gate_proj.weight"], w[f"{p}up_proj.weight"], w[f"{p}down_proj.weight"], lim, FP64
+    )
+    for r in range(2):
+        want = mlp("shared_experts.", x[r : r + 1])[0]
+        for slot, e in enumerate(ids[r].tolist()):
+            want = want + wts[r, slot] * mlp(f"experts.{e}.", x[r : r + 1])[0]
+        assert rel_rms(want, y[r]) < 1e-12

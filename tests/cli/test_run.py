@@ -1,0 +1,75 @@
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from glm53ctl.kernels.reference import KINDS
+from tests.helpers import invoke, invoke_json
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_run_every_kind_on_tiny(capsys, tmp_path, kind):
+    out = tmp_path / f"{kind}.safetensors"
+    doc = invoke_json(capsys, "run", "--kind", kind, "--tp", "2", "--rows", "2", "--context", "37", "--out", out)
+    assert all(t["finite"] for t in doc["tensors"])
+    tensors = load_file(str(out))
+    with safe_open(str(out), "pt") as f:
+        meta = f.metadata()
+    assert meta["kind"] == kind and meta["model"] == "tiny" and meta["tp"] == "2" and meta["backend"] == "reference"
+    assert any(k.startswith("outputs.") for k in tensors)
+    assert any(k.startswith("inputs.") for k in tensors)
+    if kind in ("dense", "kda", "sparse", "model"):
+        assert any(k.startswith("writes.") for k in tensors)
+        assert tensors["inputs.pos"].tolist() == [37, 34]
+    if kind == "sparse":
+        idx = tensors["outputs.dsa.idx"]
+        assert idx.shape == (2, 35) and int((idx >= 0).sum(1).max()) < 38  # pools dropped
+
+
+def test_run_is_reproducible_and_seeded(capsys, tmp_path):
+    a, b, c = (tmp_path / f"{n}.safetensors" for n in "abc")
+    for path, seed in ((a, "1"), (b, "1"), (c, "2")):
+        code, _, err = invoke(
+            capsys, "run", "--kind", "sparse", "--rows", "2", "--context", "9", "--seed", seed, "--out", path
+        )
+        assert code == 0, err
+    ta, tb, tc = load_file(str(a)), load_file(str(b)), load_file(str(c))
+    assert all(torch.equal(ta[k], tb[k]) for k in ta)
+    assert not torch.equal(ta["outputs.H"], tc["outputs.H"])
+
+
+def test_run_with_saved_weights_file(capsys, tmp_path):
+    w = tmp_path / "w.safetensors"
+    first, second = tmp_path / "1.safetensors", tmp_path / "2.safetensors"
+    code, _, err = invoke(capsys, "run", "--kind", "tail", "--weights-seed", "3", "--out", first, "--save-weights", w)
+    assert code == 0, err
+    code, _, err = invoke(capsys, "run", "--kind", "tail", "--weights", w, "--out", second)
+    assert code == 0, err
+    assert torch.equal(load_file(str(first))["outputs.logits"], load_file(str(second))["outputs.logits"])
+    code, _, err = invoke(capsys, "run", "--kind", "embed", "--weights", w, "--out", second)
+    assert code == 2 and "missing tensor 'model.language_model.embed_tokens.weight'" in err
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--kind", "attn"], "unknown kind 'attn'"),
+        (["--kind", "tail", "--tp", "3"], "TP 3 is not supported"),
+        (["--kind", "tail", "--rows", "9"], "rows 9 is out of range"),
+        (["--kind", "kda", "--layer", "3"], "not a kda layer"),
+        (["--kind", "tail", "--model", "nope"], "unknown model 'nope'"),
+        (["--kind", "tail", "--weights", "absent.safetensors"], "no such weights file"),
+    ],
+)
+def test_run_bad_input_is_a_clear_error(capsys, tmp_path, args, message):
+    out = tmp_path / "x.safetensors"
+    code, stdout, err = invoke(capsys, "run", *args, "--out", out)
+    assert code == 2 and stdout == "" and message in err and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_run_out_must_be_safetensors_in_an_existing_folder(capsys, tmp_path):
+    code, _, err = invoke(capsys, "run", "--kind", "tail", "--out", tmp_path / "x.pt")
+    assert code == 2 and "expected a .safetensors file" in err
+    code, _, err = invoke(capsys, "run", "--kind", "tail", "--out", tmp_path / "no" / "x.safetensors")
+    assert code == 2 and "does not exist" in err
