@@ -22,7 +22,8 @@ class Output:
     def __init__(self, as_json: bool = False, verbose: bool = False) -> None:
         self.as_json = as_json
         self.verbose = verbose
-        self.out = Console(highlight=False, soft_wrap=True)
+        # piped: wide enough that a table never cuts a path (the data itself)
+        self.out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 400)
 
     def table(self, title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]], key: str | None = None) -> None:
         """A rich table; under --json the caller emits the document itself (see `json`)."""

@@ -15,23 +15,50 @@ def checkout_root() -> Path | None:
     return root if (root / "pyproject.toml").exists() and (root / "configs" / "models").is_dir() else None
 
 
-def config_root() -> Path:
-    tried = []
+def shipped_root() -> Path:
+    """The configs/ of the checkout (editable install) or of the installed package."""
+    if (checkout := checkout_root()) is not None:
+        return checkout / "configs"
+    from importlib.resources import files
+
+    return Path(str(files("glm53ctl.configs_data")))
+
+
+def config_roots() -> list[Path]:
+    """Where to look, first match wins: $GLM53CTL_CONFIG_DIR (must exist), then the shipped configs."""
+    roots = []
     env = os.environ.get(ENV_CONFIG_DIR)
     if env:
-        tried.append(env)
-        root = Path(env)
-    elif (checkout := checkout_root()) is not None:
-        root = checkout / "configs"
-        tried.append(str(root))
-    else:
-        from importlib.resources import files
+        if not Path(env).is_dir():
+            from glm53ctl.errors import ConfigError
 
-        root = Path(str(files("glm53ctl.configs_data")))
-        tried.append(str(root))
+            raise ConfigError(f"{ENV_CONFIG_DIR}={env}: no such folder", hint=f"create it or unset {ENV_CONFIG_DIR}")
+        roots.append(Path(env))
+    roots.append(shipped_root())
     if os.environ.get("GLM53CTL_DEBUG_CONFIG"):
-        print(f"glm53ctl: config root {root} (tried: {', '.join(tried)})", file=sys.stderr)
-    return root
+        print(f"glm53ctl: config roots {', '.join(map(str, roots))}", file=sys.stderr)
+    return roots
+
+
+def config_root() -> Path:
+    """The root tuned files are read from and written to: the first of config_roots()."""
+    return config_roots()[0]
+
+
+def read_text(path: Path) -> str:
+    """A config file's text; anything that keeps it from being read is a ConfigError naming it."""
+    from glm53ctl.errors import ConfigError
+
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a folder, not a file") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot be read ({e.strerror})") from None
 
 
 def tuned_path(model: str, tp: int, root: Path | None = None) -> Path:

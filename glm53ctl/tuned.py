@@ -13,14 +13,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from glm53ctl.errors import ConfigError
 
 SCHEMA_VERSION = 1
 KINDS = ("embed", "dense", "kda", "sparse", "tail", "model")
 Kind = Literal["embed", "dense", "kda", "sparse", "tail", "model"]
-KnobValue = bool | int | str
+
+
+def _knob_value(v: object) -> object:
+    if not isinstance(v, bool | int | str):
+        raise ValueError("expected a bool, int or str")
+    return v
+
+
+KnobValue = Annotated[bool | int | str, BeforeValidator(_knob_value)]
 Rows = Annotated[int, Field(ge=1, le=8)]
 
 # schema_version N -> function turning a version-N document into a version-(N+1) one.
@@ -58,6 +66,13 @@ class Evidence(_Strict):
     delta: float = Field(ge=0)  # the keep threshold in force: kept only if ratio_ci[1] < 1 - delta
     samples: int = Field(ge=1)
 
+    @field_validator("ratio_ci")
+    @classmethod
+    def _ordered(cls, ci: tuple[float, float]) -> tuple[float, float]:
+        if not 0 < ci[0] <= ci[1]:
+            raise ValueError("expected [low, high] with 0 < low <= high")
+        return ci
+
 
 class DroppedKnob(_Strict):
     knob: str
@@ -76,7 +91,15 @@ class Entry(_Strict):
 class TunedConfig(_Strict):
     schema_version: Literal[1]
     model: str
-    tp: Literal[1, 2, 4, 8]
+    tp: int
+
+    @field_validator("tp")
+    @classmethod
+    def _width(cls, tp: int) -> int:
+        if tp not in (1, 2, 4, 8):
+            raise ValueError("expected one of 1, 2, 4, 8")
+        return tp
+
     revision: int = Field(ge=1)
     provenance: Provenance
     # kind -> rows -> entry
@@ -92,15 +115,24 @@ def _render(path: Path, err: ValidationError) -> str:
     return format_validation_error(path, err)
 
 
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    dup = next((k for k in keys if keys.count(k) > 1), None)
+    if dup is not None:
+        raise ValueError(f"duplicate key {dup!r}")
+    return dict(pairs)
+
+
 def read_document(path: Path) -> dict[str, Any]:
+    from glm53ctl.paths import read_text
+
+    text = read_text(path)
     try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file") from None
-    try:
-        doc = json.loads(text)
+        doc = json.loads(text, object_pairs_hook=_no_duplicates)
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path}: not valid JSON: {e}") from None
+    except ValueError as e:
+        raise ConfigError(f"{path}: {e}") from None
     if not isinstance(doc, dict):
         raise ConfigError(f"{path}: (top level): expected a JSON object, found {type(doc).__name__}")
     return doc
@@ -142,7 +174,8 @@ def load(path: Path) -> TunedConfig:
 def load_document(path: Path, doc: dict[str, Any]) -> TunedConfig:
     """Validate a current-version document read from `path` (named in every error)."""
     try:
-        cfg = TunedConfig.model_validate(doc)
+        # strict, in JSON mode: "2" is not an integer and 2.0 is not a TP width
+        cfg = TunedConfig.model_validate_json(json.dumps(doc), strict=True)
     except ValidationError as e:
         raise ConfigError(_render(path, e), hint="`glm53ctl configs validate` checks every file") from None
     _check_location(path, cfg)
@@ -166,8 +199,16 @@ def dump(cfg: TunedConfig) -> str:
 def write_atomic(path: Path, text: str) -> None:
     """Temp file in the same folder, fsync, rename: a reader sees the old file or the new, never half."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    # mkstemp makes 0600: keep the old file's mode, else the umask's
+    if path.exists():
+        mode = path.stat().st_mode & 0o777
+    else:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()

@@ -40,6 +40,7 @@ class RunKey:
     steps: int = 1
     seed: int = 0
     layer: int | None = None
+    tokens: tuple[int, ...] | None = None  # the last step's token ids (embed, model); else seeded
 
 
 def row_contexts(context: int, rows: int, kpool: int) -> list[int]:
@@ -68,8 +69,9 @@ class Inputs:
         self.spec, self.num = spec, num
         self.gen = torch.Generator().manual_seed(seed)
 
-    def tokens(self, n: int) -> torch.Tensor:
-        return torch.randint(0, self.spec.model.vocab_size, (n,), generator=self.gen)
+    def tokens(self, n: int, given: tuple[int, ...] | None = None) -> torch.Tensor:
+        drawn = torch.randint(0, self.spec.model.vocab_size, (n,), generator=self.gen)
+        return drawn if given is None else torch.tensor(given, dtype=torch.long)
 
     def rows_normal(self, *shape: int) -> torch.Tensor:
         return self.num.store(torch.randn(shape, generator=self.gen, dtype=torch.float64))
@@ -118,16 +120,25 @@ def run_reference(ref: Reference, key: RunKey) -> Tensors:
         raise UsageError(f"unknown kind {key.kind!r}", hint=f"one of {', '.join(KINDS)}")
     if key.rows not in range(1, 9):
         raise UsageError(f"rows {key.rows} is out of range 1..8")
-    if key.steps < 1 or key.context < 0:
-        raise UsageError("--steps must be >= 1 and --context >= 0")
+    if key.steps < 1:
+        raise UsageError(f"--steps {key.steps}: expected at least 1")
+    if key.context < 0:
+        raise UsageError(f"--context {key.context}: expected 0 or more")
+    if key.layer is not None and key.kind not in LAYER_KINDS:
+        raise UsageError(f"--layer applies to the layer kinds ({', '.join(LAYER_KINDS)}), not to {key.kind}")
+    if key.tokens is not None:
+        if key.kind not in ("embed", "model"):
+            raise UsageError(f"--tokens applies to embed and model, not to {key.kind}")
+        if len(key.tokens) != key.rows:
+            raise UsageError(f"--tokens has {len(key.tokens)} ids for {key.rows} rows")
     spec, num = ref.spec, ref.num
     inputs = Inputs(spec, key.seed, num)
     contexts = row_contexts(key.context, key.rows, spec.indexer.kpool)
     max_context = room(spec, max(contexts) + key.steps)
     saved: Tensors = {"inputs.contexts": torch.tensor(contexts)}
     if key.kind == "embed":
-        for _ in range(key.steps):
-            tokens = inputs.tokens(key.rows)
+        for step in range(key.steps):
+            tokens = inputs.tokens(key.rows, key.tokens if step == key.steps - 1 else None)
             out = ref.embed(tokens)
         return saved | {"inputs.tokens": tokens} | _prefixed("outputs.", out)
     if key.kind == "tail":
@@ -137,8 +148,8 @@ def run_reference(ref: Reference, key: RunKey) -> Tensors:
         return saved | {"inputs.H": H} | _prefixed("outputs.", out)
     if key.kind == "model":
         state = model_state(ref, contexts, inputs, max_context)
-        for _ in range(key.steps):
-            tokens = inputs.tokens(key.rows)
+        for step in range(key.steps):
+            tokens = inputs.tokens(key.rows, key.tokens if step == key.steps - 1 else None)
             before = state
             out, state = ref.step(tokens, state)
         return (

@@ -88,13 +88,20 @@ class ModelSpec(_Section):
     indexer: IndexerDims
     moe: MoeDims
 
-    def model_post_init(self, _context: object) -> None:
+    def cross_check(self) -> list[tuple[str, str]]:
+        """Facts that tie two keys together: (key path, what was expected)."""
+        bad = []
         if self.indexer.topk % self.indexer.kpool:
-            raise ValueError("indexer.topk must be a multiple of indexer.kpool")
+            bad.append(("indexer.topk", f"must be a multiple of indexer.kpool ({self.indexer.kpool})"))
         if self.moe.top_k > self.moe.experts:
-            raise ValueError("moe.top_k must not exceed moe.experts")
-        if self.moe.experts % self.moe.n_group or self.moe.topk_group > self.moe.n_group:
-            raise ValueError("moe.n_group must divide moe.experts and be >= moe.topk_group")
+            bad.append(("moe.top_k", f"must not exceed moe.experts ({self.moe.experts})"))
+        if self.moe.experts % self.moe.n_group:
+            bad.append(("moe.n_group", f"must divide moe.experts ({self.moe.experts})"))
+        if self.moe.topk_group > self.moe.n_group:
+            bad.append(("moe.topk_group", f"must not exceed moe.n_group ({self.moe.n_group})"))
+        if self.model.dsa_period < 2:
+            bad.append(("model.dsa_period", "must be at least 2 (KDA layers between the DSA ones)"))
+        return bad
 
     # ---- derived -------------------------------------------------------------------------
 
@@ -272,20 +279,36 @@ class Shards:
 
 
 def models_dir() -> Path:
-    from glm53ctl.paths import config_root
+    """The shipped models folder."""
+    from glm53ctl.paths import shipped_root
 
-    return config_root() / "models"
+    return shipped_root() / "models"
+
+
+def model_files() -> dict[str, Path]:
+    """Model name -> file; $GLM53CTL_CONFIG_DIR/models first, then the shipped ones."""
+    from glm53ctl.paths import config_roots
+
+    found: dict[str, Path] = {}
+    for root in config_roots():
+        for p in sorted((root / "models").glob("*.toml")):
+            found.setdefault(p.stem, p)
+    return dict(sorted(found.items()))
 
 
 def model_names() -> list[str]:
-    return sorted(p.stem for p in models_dir().glob("*.toml"))
+    return list(model_files())
 
 
 def format_validation_error(path: Path | str, err: ValidationError) -> str:
     """`file: key.path: what was expected`, one line per problem (STYLE.md 10)."""
     lines = []
+    seen = set()
     for e in err.errors():
         loc = ".".join(str(x) for x in e["loc"]) or "(top level)"
+        if loc in seen:
+            continue
+        seen.add(loc)
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
             msg = "unknown key"
@@ -296,16 +319,19 @@ def format_validation_error(path: Path | str, err: ValidationError) -> str:
 
 
 def load_model_file(path: Path) -> ModelSpec:
+    from glm53ctl.paths import read_text
+
     try:
-        doc = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file") from None
+        doc = tomllib.loads(read_text(path))
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
     try:
         spec = ModelSpec.model_validate(doc)
     except ValidationError as e:
         raise ConfigError(format_validation_error(path, e), hint="compare with configs/models/tiny.toml") from None
+    bad = spec.cross_check()
+    if bad:
+        raise ConfigError("\n".join(f"{path}: {loc}: {msg}" for loc, msg in bad))
     if spec.name != path.stem:
         raise ConfigError(f"{path}: name: {spec.name!r} does not match the file name {path.stem!r}")
     return spec
@@ -316,7 +342,7 @@ def load_model(name: str) -> ModelSpec:
     path = Path(name)
     if path.suffix == ".toml":
         return load_model_file(path)
-    path = models_dir() / f"{name}.toml"
-    if not path.exists():
-        raise UsageError(f"unknown model {name!r}", hint=f"known models: {', '.join(model_names())}")
-    return load_model_file(path)
+    files = model_files()
+    if name not in files:
+        raise UsageError(f"unknown model {name!r}", hint=f"known models: {', '.join(files) or '(none found)'}")
+    return load_model_file(files[name])

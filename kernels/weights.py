@@ -228,7 +228,9 @@ def load_weights(path: Path, spec: ModelSpec, partial: bool = False) -> Weights:
     if not Path(path).exists():
         raise UsageError(f"{path}: no such weights file")
     try:
-        tensors = load_file(str(path))
+        # cloned: mapped tensors can sit at unaligned addresses, where CPU kernels sum in another
+        # order, and a reloaded checkpoint must give the same bits as the one saved
+        tensors = {k: v.clone() for k, v in load_file(str(path)).items()}
     except (SafetensorError, OSError) as e:
         raise ConfigError(f"{path}: not a safetensors file: {e}") from None
     table = tensor_table(spec)

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from glm53ctl import tuned
-from glm53ctl.errors import ConfigError, Glm53Error
+from glm53ctl.errors import ConfigError, Glm53Error, UsageError
 from glm53ctl.output import Output, print_error
 from glm53ctl.paths import config_root
 
@@ -59,15 +59,18 @@ def _shard_rows(spec, tp: int) -> list[dict]:
 @app.command()
 def show(
     model: Annotated[str | None, typer.Option("--model", "-m", help="One model: its dims and shards.")] = None,
-    tp: Annotated[int, typer.Option("--tp", help="TP width for --model's per-rank shapes.")] = 1,
+    tp: Annotated[int | None, typer.Option("--tp", help="TP width for --model's per-rank shapes.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """The models, the tuned files, and with --model a model's per-rank shard shapes."""
-    from glm53ctl.kernels.spec import load_model, load_model_file, model_names
+    from glm53ctl.kernels.spec import load_model, load_model_file, model_files
 
     out = Output(as_json)
     root = config_root()
+    if model is None and tp is not None:
+        raise UsageError("--tp needs --model", hint="glm53ctl configs show --model tiny --tp 4")
     if model is not None:
+        tp = tp or 1
         spec = load_model(model)
         shards = _shard_rows(spec, tp)
         entries = _tuned_entries(root, spec.name, tp)
@@ -86,9 +89,20 @@ def show(
         if not entries:
             out.text(f"no tuned entries for {spec.name} at TP{tp}: every kind runs its defaults")
         return
-    models = [_model_row(load_model_file(root / "models" / f"{n}.toml")) for n in model_names()]
-    files = [_tuned_summary(p) for p in tuned.tuned_files(root)]
-    out.json({"config_root": str(root), "models": models, "tuned": files})
+    models, files, errors = [], [], []
+    for path in model_files().values():
+        try:
+            models.append(_model_row(load_model_file(path)))
+        except ConfigError as e:
+            errors.append(e.message)
+    for path in tuned.tuned_files(root):
+        try:
+            files.append(_tuned_summary(path))
+        except ConfigError as e:
+            errors.append(e.message)
+    for e in errors:
+        print_error(e)
+    out.json({"config_root": str(root), "models": models, "tuned": files, "errors": errors})
     out.text(f"config root: {root}")
     out.table(
         "models",
@@ -113,8 +127,10 @@ def show(
             for f in files
         ],
     )
-    if not files:
+    if not files and not errors:
         out.text("no tuned configs yet: every kernel runs its defaults (`glm53ctl tune --write` adds them)")
+    if errors:
+        raise typer.Exit(2)
 
 
 def _dims_rows(spec) -> list[tuple[str, str]]:
@@ -161,7 +177,9 @@ def _tuned_entries(root: Path, model: str, tp: int) -> list[dict]:
 
 
 def _all_files(root: Path) -> list[Path]:
-    return sorted((root / "models").glob("*.toml")) + tuned.tuned_files(root)
+    from glm53ctl.kernels.spec import model_files
+
+    return list(model_files().values()) + tuned.tuned_files(root)
 
 
 def _validate_one(path: Path) -> None:
@@ -234,6 +252,16 @@ def diff(
         for knob in sorted(set(ka) | set(kb)):
             if ka.get(knob) != kb.get(knob):
                 changes.append({"where": where, "knob": knob, "a": ka.get(knob), "b": kb.get(knob)})
+        if ea is not None and eb is not None:
+            va = ea.evidence.model_dump() if ea.evidence else {}
+            vb = eb.evidence.model_dump() if eb.evidence else {}
+            for k in sorted(set(va) | set(vb)):
+                if va.get(k) != vb.get(k):
+                    changes.append({"where": where, "knob": f"evidence.{k}", "a": va.get(k), "b": vb.get(k)})
+            da = sorted(f"{d.knob}={d.value}: {d.reason}" for d in ea.dropped)
+            db = sorted(f"{d.knob}={d.value}: {d.reason}" for d in eb.dropped)
+            if da != db:
+                changes.append({"where": where, "knob": "dropped", "a": "; ".join(da), "b": "; ".join(db)})
     out.json({"a": str(a), "b": str(b), "changes": changes, "equal": not changes})
     if not changes:
         out.text(f"{a} and {b} are equal")
@@ -258,9 +286,16 @@ def migrate(
     out = Output(as_json)
     files = list(paths) if paths else tuned.tuned_files(config_root())
     results = []
+    failed = 0
     for p in files:
-        doc, start = tuned.migrate_document(p, tuned.read_document(p))
-        cfg = tuned.load_document(p, doc)
+        try:
+            doc, start = tuned.migrate_document(p, tuned.read_document(p))
+            cfg = tuned.load_document(p, doc)
+        except ConfigError as e:
+            print_error(e.message)
+            results.append({"file": str(p), "from": None, "to": tuned.SCHEMA_VERSION, "status": "error"})
+            failed += 1
+            continue
         if start == tuned.SCHEMA_VERSION:
             status = f"current (schema_version {start})"
         elif dry_run:
@@ -277,3 +312,5 @@ def migrate(
             f"no tuned files under {config_root() / 'tuned'}: nothing to migrate "
             f"(this glm53ctl reads schema_version {tuned.SCHEMA_VERSION})"
         )
+    if failed:
+        raise typer.Exit(2)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
@@ -34,6 +35,9 @@ def run(
     context: Annotated[int, typer.Option("--context", help="Tokens cached before the step (row r: r*3 fewer).")] = 0,
     steps: Annotated[int, typer.Option("--steps", help="Steps to run; the last one is saved.")] = 1,
     layer: Annotated[int | None, typer.Option("--layer", help="Layer of a layer kind (default: its first).")] = None,
+    tokens: Annotated[
+        str | None, typer.Option("--tokens", help="Token ids of the last step, one per row: 1,2 (embed, model).")
+    ] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the inputs.")] = 0,
     weights_file: Annotated[
         Path | None, typer.Option("--weights", help="safetensors checkpoint (a subset is fine).")
@@ -50,6 +54,7 @@ def run(
     import time
 
     import torch
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     from glm53ctl import __version__
@@ -62,13 +67,13 @@ def run(
     o = Output(as_json)
     spec = load_model(model)
     spec.check_tp(tp)
-    if out.suffix != ".safetensors":
-        raise UsageError(f"--out {out}: expected a .safetensors file")
-    if not out.parent.exists():
-        raise UsageError(f"--out {out}: folder {out.parent} does not exist")
+    for flag, path in (("--out", out), ("--save-weights", save_weights_to)):
+        if path is not None:
+            check_writable(flag, path)
+    token_ids = parse_ids(tokens) if tokens is not None else None
     weights = load_weights(weights_file, spec, partial=True) if weights_file else Weights(spec, weights_seed)
     num = FP64 if precision is Precision.fp64 else FP32
-    key = RunKey(kind, tp, rows, context, steps, seed, layer)
+    key = RunKey(kind, tp, rows, context, steps, seed, layer, token_ids)
     what = f"{spec.name} {kind} TP{tp} rows {rows} context {context} steps {steps}"
     o.log(f"run {what} ({backend.value}, {precision.value})")
     t0 = time.perf_counter()
@@ -83,14 +88,22 @@ def run(
         "context": str(context),
         "steps": str(steps),
         "seed": str(seed),
-        "layer": "" if layer is None else str(layer),
+        "layer": str(int(tensors["inputs.layer"])) if "inputs.layer" in tensors else "",
+        "tokens": "" if tokens is None else tokens,
         "weights": str(weights_file) if weights_file else f"seeded:{weights_seed}",
         "backend": backend.value,
         "precision": precision.value,
     }
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out), metadata=metadata)
-    if save_weights_to is not None:
-        save_weights(save_weights_to, weights)
+    for path, write in (
+        (out, lambda: save_file({k: v.contiguous() for k, v in tensors.items()}, str(out), metadata=metadata)),
+        (save_weights_to, lambda: save_weights(save_weights_to, weights)),
+    ):
+        if path is None:
+            continue
+        try:
+            write()
+        except (OSError, SafetensorError) as e:
+            raise UsageError(f"cannot write {path}: {e}") from None
     summary = []
     for name, t in tensors.items():
         finite = bool(torch.isfinite(t).all()) if t.is_floating_point() else True
@@ -119,3 +132,22 @@ def run(
             for s in summary
         ],
     )
+
+
+def check_writable(flag: str, path: Path) -> None:
+    """Refuse an output path before any work is done."""
+    if path.suffix != ".safetensors":
+        raise UsageError(f"{flag} {path}: expected a .safetensors file")
+    if path.is_dir():
+        raise UsageError(f"{flag} {path}: is a folder")
+    if not path.parent.is_dir():
+        raise UsageError(f"{flag} {path}: folder {path.parent} does not exist")
+    if not os.access(path.parent, os.W_OK):
+        raise UsageError(f"{flag} {path}: folder {path.parent} is not writable")
+
+
+def parse_ids(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(t) for t in text.split(","))
+    except ValueError:
+        raise UsageError(f"--tokens {text!r}: expected comma-separated integers, e.g. 1,2") from None

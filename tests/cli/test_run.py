@@ -73,3 +73,48 @@ def test_run_out_must_be_safetensors_in_an_existing_folder(capsys, tmp_path):
     assert code == 2 and "expected a .safetensors file" in err
     code, _, err = invoke(capsys, "run", "--kind", "tail", "--out", tmp_path / "no" / "x.safetensors")
     assert code == 2 and "does not exist" in err
+
+
+def test_reloaded_weights_give_the_same_bits(capsys, tmp_path):
+    w, a, b = (tmp_path / f"{n}.safetensors" for n in ("w", "a", "b"))
+    assert invoke(capsys, "run", "--kind", "kda", "--rows", "2", "--out", a, "--save-weights", w)[0] == 0
+    assert invoke(capsys, "run", "--kind", "kda", "--rows", "2", "--weights", w, "--out", b)[0] == 0
+    ta, tb = load_file(str(a)), load_file(str(b))
+    assert all(torch.equal(ta[k], tb[k]) for k in ta)
+
+
+def test_run_tokens_are_used_and_checked(capsys, tmp_path):
+    out = tmp_path / "e.safetensors"
+    assert invoke(capsys, "run", "--kind", "embed", "--rows", "2", "--tokens", "5,9", "--out", out)[0] == 0
+    assert load_file(str(out))["inputs.tokens"].tolist() == [5, 9]
+    for args, msg in (
+        (["--tokens", "5,1024"], "token id 1024 is out of range [0, 1024)"),
+        (["--tokens", "5"], "--tokens has 1 ids for 2 rows"),
+        (["--tokens", "5,x"], "expected comma-separated integers"),
+    ):
+        code, _, err = invoke(capsys, "run", "--kind", "embed", "--rows", "2", *args, "--out", out)
+        assert code == 2 and msg in err, err
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--kind", "tail", "--layer", "1"], "--layer applies to the layer kinds"),
+        (["--kind", "kda", "--steps", "0"], "--steps 0: expected at least 1"),
+        (["--kind", "kda", "--context", "-1"], "--context -1: expected 0 or more"),
+        (["--kind", "tail", "--tokens", "1"], "--tokens applies to embed and model"),
+    ],
+)
+def test_run_option_misuse(capsys, tmp_path, args, message):
+    code, _, err = invoke(capsys, "run", *args, "--out", tmp_path / "x.safetensors")
+    assert code == 2 and message in err, err
+
+
+def test_run_refuses_unwritable_outputs_before_running(capsys, tmp_path):
+    (tmp_path / "d.safetensors").mkdir()
+    code, _, err = invoke(capsys, "run", "--kind", "tail", "--out", tmp_path / "d.safetensors")
+    assert code == 2 and "is a folder" in err
+    code, _, err = invoke(
+        capsys, "run", "--kind", "tail", "--out", tmp_path / "o.safetensors", "--save-weights", tmp_path / "w.txt"
+    )
+    assert code == 2 and "--save-weights" in err and not (tmp_path / "o.safetensors").exists()

@@ -134,3 +134,10 @@ def _broken(tmp_path, old, new):
 def test_bad_model_file_names_file_and_key(tmp_path, old, new, expected):
     with pytest.raises(ConfigError, match=expected):
         load_model_file(_broken(tmp_path, old, new))
+
+
+def test_cross_field_errors_name_the_key(tmp_path):
+    with pytest.raises(ConfigError, match=r"tiny.toml: indexer.topk: must be a multiple of indexer.kpool \(4\)"):
+        load_model_file(_broken(tmp_path, "topk = 32", "topk = 30"))
+    with pytest.raises(ConfigError, match=r"tiny.toml: moe.top_k: must not exceed moe.experts"):
+        load_model_file(_broken(tmp_path, "top_k = 4", "top_k = 40"))

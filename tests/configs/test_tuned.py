@@ -205,3 +205,72 @@ def test_migrate_says_current(root, capsys):
     assert path.read_text() == before
     code, _, err = invoke(capsys, "configs", "migrate", str(_bad(root, json.dumps(doc(schema_version=7)))))
     assert code == 2 and "schema_version 7 is newer than this glm53ctl reads (up to 1)" in err
+
+
+@pytest.mark.parametrize(
+    "mutate, expected",
+    [
+        (lambda d: d.update(revision="2"), r"revision: Input should be a valid integer"),
+        (lambda d: d.update(revision=2.0), r"revision: Input should be a valid integer"),
+        (lambda d: d.update(tp=4.0), r"tp: Input should be a valid integer"),
+        (lambda d: d.update(tp=3), r"tp: Value error, expected one of 1, 2, 4, 8"),
+        (lambda d: d["provenance"].update(git_dirty="off"), r"provenance.git_dirty: Input should be a valid boolean"),
+        (lambda d: d["entries"]["dense"]["2"]["knobs"].update(grid=1.5), r"knobs.grid: Value error, expected a bool"),
+        (lambda d: d["entries"]["dense"]["2"]["evidence"].update(ratio_ci=[0.96, 0.94]), r"expected \[low, high\]"),
+    ],
+)
+def test_wrong_types_are_refused_strictly(root, mutate, expected):
+    d = doc()
+    mutate(d)
+    with pytest.raises(ConfigError, match=expected) as e:
+        tuned.load(_bad(root, json.dumps(d)))
+    assert len(e.value.message.splitlines()) == 1  # one line per problem, not one per union member
+
+
+def test_unreadable_files_are_config_errors(root, capsys):
+    path = root / "tuned" / "tiny" / "tp4.json"
+    path.write_bytes(b'{"schema_version": 1, "model": "\xff"}')
+    with pytest.raises(ConfigError, match="tp4.json: not UTF-8 text"):
+        tuned.load(path)
+    path.unlink()
+    path.mkdir()
+    with pytest.raises(ConfigError, match="tp4.json: is a folder"):
+        tuned.load(path)
+    code, _, err = invoke(capsys, "configs", "show")
+    assert code == 2 and "is a folder" in err and "Traceback" not in err
+    _bad(root / "x", '{"a": 1, "a": 2}')
+    with pytest.raises(ConfigError, match="duplicate key 'a'"):
+        tuned.read_document(root / "x" / "tuned" / "tiny" / "tp4.json")
+
+
+def test_atomic_write_keeps_the_mode(tmp_path):
+    path = write(tmp_path / "f.json", "old\n")
+    path.chmod(0o644)
+    tuned.write_atomic(path, "new\n")
+    assert path.stat().st_mode & 0o777 == 0o644 and path.read_text() == "new\n"
+
+
+def test_diff_sees_evidence_and_dropped(root, capsys):
+    a = root / "tuned" / "tiny" / "tp4.json"
+    d = doc()
+    d["entries"]["dense"]["2"]["evidence"]["chosen_us"] = 37.0
+    d["entries"]["dense"]["2"]["dropped"] = []
+    b = write(root / "b" / "tp4.json", json.dumps(d))
+    res = invoke_json(capsys, "configs", "diff", str(a), str(b))
+    where = {c["knob"] for c in res["changes"]}
+    assert {"evidence.chosen_us", "dropped"} <= where and not res["equal"]
+
+
+def test_config_dir_must_exist_and_models_fall_back(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("GLM53CTL_CONFIG_DIR", str(tmp_path / "absent"))
+    code, _, err = invoke(capsys, "configs", "show")
+    assert code == 2 and "GLM53CTL_CONFIG_DIR" in err and "no such folder" in err
+    (tmp_path / "only_tuned" / "tuned").mkdir(parents=True)
+    monkeypatch.setenv("GLM53CTL_CONFIG_DIR", str(tmp_path / "only_tuned"))
+    names = {m["name"] for m in invoke_json(capsys, "configs", "show")["models"]}
+    assert names == {"tiny", "glm53_flash"}
+
+
+def test_show_tp_needs_model(capsys):
+    code, _, err = invoke(capsys, "configs", "show", "--tp", "4")
+    assert code == 2 and "--tp needs --model" in err
