@@ -1,0 +1,30 @@
+"""The GEMV task body every kind reuses: rows 1-8 padded to a 16-row `tl.dot` tile, fp32 accumulation
+over K in a fixed order (so the result depends on neither grid nor schedule)."""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def gemv_tile(
+    x, stride_x, w, n0, R,
+    N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    """acc[m, n] = sum_k x[m, k] * w[n0 + n, k] for m < R: [16, BLOCK_N] fp32 (rows >= R are zero).
+
+    x: [R, K] bf16 rows with stride stride_x; w: [N, K] bf16, row-major (K contiguous)."""
+    o_m = tl.arange(0, 16)
+    o_n = n0 + tl.arange(0, BLOCK_N)
+    m_m = o_m < R
+    m_n = o_n < N
+    acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        o_k = k0 + tl.arange(0, BLOCK_K)
+        b_x = tl.load(x + o_m[:, None].to(tl.int64) * stride_x + o_k[None, :], mask=m_m[:, None], other=0.0)
+        b_w = tl.load(w + o_n[:, None].to(tl.int64) * K + o_k[None, :], mask=m_n[:, None], other=0.0)
+        if INTERPRET:
+            # the interpreter's bf16 tl.dot returns garbage (DESIGN.md §4)
+            acc = tl.dot(b_x.to(tl.float32), tl.trans(b_w.to(tl.float32)), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(b_x, tl.trans(b_w), acc)
+    return acc

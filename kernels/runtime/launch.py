@@ -1,0 +1,74 @@
+"""Running a persistent launch: its buffers, the launch guard on the host, and `LaunchFault`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from glm53ctl.errors import CheckFailed
+from glm53ctl.kernels.runtime.device import BOX_WORDS
+from glm53ctl.kernels.runtime.table import INT32_MAX, TaskTable
+
+# a slow but healthy launch never waits this long on one hand-off; configurable per launch
+DEFAULT_BUDGET_NS = 200_000_000
+
+
+class LaunchFault(CheckFailed):
+    """A guarded wait timed out: names the root site (the lowest task among those that timed out)."""
+
+    def __init__(self, kind: str, site: int, task: str, producer: str, program: int, expected: int, seen: int):
+        super().__init__(
+            f"{kind} launch fault at site {site}: {task} waited for {producer} "
+            f"(program {program}, expected epoch {expected}, saw {seen})",
+            hint="`glm53ctl fault --site N` sticks one site on purpose",
+        )
+        self.kind, self.site, self.task, self.producer = kind, site, task, producer
+        self.program, self.expected, self.seen = program, expected, seen
+
+
+@dataclass
+class Runtime:
+    """The device buffers of one build key's table; reused launch after launch with no host reset."""
+
+    table: TaskTable
+    device: torch.device
+    max_programs: int
+
+    def __post_init__(self) -> None:
+        t, dev = self.table, self.device
+        self.arrays = t.build(dev)
+        self.ctl = torch.zeros(8, dtype=torch.int32, device=dev)
+        self.ctl[4] = INT32_MAX
+        # tasks' flag words, then one word per peer: a peer's partial is in place before the launch,
+        # so its word holds the epoch the next launch expects (the last program keeps it so)
+        self.flags = torch.zeros(t.n_tasks + t.peers, dtype=torch.int32, device=dev)
+        self.flags[t.n_tasks :] = 1
+        self.boxes = torch.zeros(max(t.box_lines, 1) * BOX_WORDS, dtype=torch.int32, device=dev)
+        self.errs = torch.zeros(self.max_programs, 5, dtype=torch.int32, device=dev)
+
+    def args(self) -> list[torch.Tensor]:
+        a = self.arrays
+        return [self.ctl, self.flags, self.boxes, self.errs, a["tasks"], a["wait_kind"], a["wait_index"],
+                a["wait_count"], a["pub_first"], a["pub_count"], a["pub_slot"]]
+
+    def check(self) -> None:
+        """After a launch: raise LaunchFault naming the root site, and clear the guard for the next launch."""
+        ctl = self.ctl.cpu()
+        if int(ctl[3]) == 0:
+            return
+        errs = self.errs.cpu()
+        root_task = int(ctl[4])
+        rows = [r for r in errs.tolist() if r[1] == root_task and r[3] != 0]
+        site, task, program, expected, seen = rows[0] if rows else (-1, root_task, -1, 0, 0)
+        self.ctl[3] = 0
+        self.ctl[4] = INT32_MAX
+        self.errs.zero_()
+        s = self.table.sites[site] if site >= 0 else None
+        producer = ", ".join(self.table.describe_task(p) for p in s.producers) if s else "?"
+        raise LaunchFault(self.table.kind, site, self.table.describe_task(task), producer, program, expected, seen)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the last finished launch (tests: it advances by one per launch)."""
+        return int(self.ctl[0])

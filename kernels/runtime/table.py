@@ -1,0 +1,102 @@
+"""Host side of the launch runtime: the task table, laid out once per build key, and its buffers.
+
+Tasks are added in topological order (a task waits only on earlier tasks or on peers), so claiming
+them in order with an atomic counter is deadlock-free for any grid size, with no co-residency
+assumption, and runs unchanged in the interpreter, which runs programs one after another.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from glm53ctl.kernels.runtime.device import BOX_WORDS
+
+TASK_FIELDS = 6  # type, a0, a1, a2, first wait site, wait sites
+FLAG, BOX = 0, 1
+INT32_MAX = 2**31 - 1
+
+
+@dataclass
+class Site:
+    task: int  # the waiting task
+    kind: int  # FLAG or BOX
+    index: int  # flag word, or box line
+    count: int  # words polled
+    producers: list[int]  # producer task ids (peers as -rank)
+
+
+@dataclass
+class TaskTable:
+    """Tasks with their waits; `build` lays out the device arrays. Peers are ranks 1..tp-1 of a TP launch."""
+
+    kind: str
+    type_names: dict[int, str]
+    peers: int = 0
+    tasks: list[tuple[int, int, int, int]] = field(default_factory=list)
+    sites: list[Site] = field(default_factory=list)
+    first_site: list[int] = field(default_factory=list)
+    box_lines: int = 0
+    # producer -> box words it must write when it publishes
+    box_pubs: dict[int, list[int]] = field(default_factory=dict)
+
+    def add(self, ttype: int, *args: int) -> int:
+        assert ttype in self.type_names and len(args) <= 3
+        self.tasks.append((ttype, *args, *(0,) * (3 - len(args))))
+        self.first_site.append(len(self.sites))
+        return len(self.tasks) - 1
+
+    def wait(self, task: int, producers: list[int], mechanism: str = "flag") -> None:
+        """The last-added task waits on producers (earlier tasks), by flag or by box."""
+        assert task == len(self.tasks) - 1, "waits are added right after their task"
+        assert all(p < task for p in producers), "a task waits only on earlier tasks (topological order)"
+        if mechanism == "flag":
+            for p in producers:
+                self.sites.append(Site(task, FLAG, p, 1, [p]))
+        elif mechanism == "box":
+            for i in range(0, len(producers), BOX_WORDS):
+                group = producers[i : i + BOX_WORDS]
+                line = self.box_lines
+                self.box_lines += 1
+                for slot, p in enumerate(group):
+                    self.box_pubs.setdefault(p, []).append(line * BOX_WORDS + slot)
+                self.sites.append(Site(task, BOX, line, len(group), group))
+        else:
+            raise ValueError(f"unknown hand-off mechanism {mechanism!r}")
+
+    def wait_peer(self, task: int, rank: int) -> None:
+        """Wait until peer `rank`'s partial has arrived (its flag word follows the tasks' words)."""
+        assert 1 <= rank <= self.peers
+        self.sites.append(Site(task, FLAG, -rank, 1, [-rank]))
+
+    @property
+    def n_tasks(self) -> int:
+        return len(self.tasks)
+
+    def describe_task(self, t: int) -> str:
+        if t < 0:
+            return f"peer rank {-t}"
+        return f"task {t} ({self.type_names[self.tasks[t][0]]})"
+
+    def build(self, device: torch.device | str) -> dict[str, torch.Tensor]:
+        n = self.n_tasks
+        counts = [(self.first_site[i + 1] if i + 1 < n else len(self.sites)) - self.first_site[i] for i in range(n)]
+        tasks = torch.tensor([[*t, f, c] for t, f, c in zip(self.tasks, self.first_site, counts)], dtype=torch.int32)
+        # peer words sit after the tasks' flag words
+        index = [s.index if s.index >= 0 or s.kind == BOX else n + (-s.index) - 1 for s in self.sites]
+        pub_first, pub_slot = [], []
+        for t in range(n):
+            pub_first.append(len(pub_slot))
+            pub_slot.extend(self.box_pubs.get(t, []))
+        i32 = lambda xs: torch.tensor(xs or [0], dtype=torch.int32)
+        arrays = {
+            "tasks": tasks.reshape(-1),
+            "wait_kind": i32([s.kind for s in self.sites]),
+            "wait_index": i32(index),
+            "wait_count": i32([s.count for s in self.sites]),
+            "pub_first": i32(pub_first),
+            "pub_count": i32([len(self.box_pubs.get(t, [])) for t in range(n)]),
+            "pub_slot": i32(pub_slot),
+        }
+        return {k: v.to(device) for k, v in arrays.items()}

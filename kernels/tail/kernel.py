@@ -1,0 +1,161 @@
+"""The `tail` launch: mean of the streams, final RMSNorm, vocab-parallel lm_head, logits gathered.
+
+Tasks: NORM (one: publishes ĥ [R, D]), GEMV (a BLOCK_N slice of this rank's lm_head rows; waits on
+NORM by flag or box), GATHER (a slice of a peer's logits; waits on that peer's arrival).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from glm53ctl.kernels.gemv import gemv_tile
+from glm53ctl.kernels.runtime.device import claim, finish, launch_epoch, publish, wait_site
+from glm53ctl.kernels.runtime.table import TaskTable
+from glm53ctl.kernels.tlx import to_bf16
+
+NORM, GEMV, GATHER = 0, 1, 2
+TYPE_NAMES = {NORM: "norm", GEMV: "lm_head", GATHER: "gather"}
+GATHER_N = 1024  # logits columns a GATHER task copies
+
+
+@triton.jit
+def tail_kernel(
+    ctl, flags, boxes, errs, tasks, wait_kind, wait_index, wait_count, pub_first, pub_count, pub_slot,
+    H, norm_w, h_hat, lm_w, logits, peer_logits,
+    R, eps, n_tasks, n_peers, n_programs, stuck_site, budget_ns,
+    D: tl.constexpr, HC: tl.constexpr, V_LOCAL: tl.constexpr, V: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
+    INTERPRET: tl.constexpr, POLL: tl.constexpr,
+):
+    epoch = launch_epoch(ctl)
+    task = claim(ctl, n_tasks)
+    while task >= 0:
+        p_t = tasks + task * 6
+        ttype = tl.load(p_t)
+        a0 = tl.load(p_t + 1)
+        a1 = tl.load(p_t + 2)
+        s0 = tl.load(p_t + 4)
+        ns = tl.load(p_t + 5)
+        ok = task >= 0
+        for s in range(s0, s0 + ns):
+            if ok:
+                ok = wait_site(ctl, flags, boxes, errs, wait_kind, wait_index, wait_count, s, task, epoch,
+                               stuck_site, budget_ns, INTERPRET, POLL)
+        if ok:
+            if ttype == 0:
+                # NORM: ĥ[r] = RMSNorm(mean_j H[r, j]) * w, stored bf16 for every GEMV task to read
+                for r in range(R):
+                    p_h = H + r * (HC * D)
+                    b_ss = tl.zeros((BLOCK_D,), dtype=tl.float32)
+                    for d0 in range(0, D, BLOCK_D):
+                        o_d = d0 + tl.arange(0, BLOCK_D)
+                        b_h = tl.zeros((BLOCK_D,), dtype=tl.float32)
+                        for j in range(HC):
+                            b_h += tl.load(p_h + j * D + o_d).to(tl.float32)
+                        b_h = b_h / HC
+                        b_ss += b_h * b_h
+                    rstd = 1.0 / tl.sqrt(tl.sum(b_ss, axis=0) / D + eps)
+                    for d0 in range(0, D, BLOCK_D):
+                        o_d = d0 + tl.arange(0, BLOCK_D)
+                        b_h = tl.zeros((BLOCK_D,), dtype=tl.float32)
+                        for j in range(HC):
+                            b_h += tl.load(p_h + j * D + o_d).to(tl.float32)
+                        b_h = b_h / HC
+                        b_w = tl.load(norm_w + o_d).to(tl.float32)
+                        tl.store(h_hat + r * D + o_d, to_bf16(b_h * rstd * b_w, INTERPRET))
+            elif ttype == 1:
+                # GEMV: logits[:, n0:n0+BLOCK_N] of this rank's vocab slice (rank 0: columns 0..V_LOCAL)
+                acc = gemv_tile(h_hat, D, lm_w, a0, R, V_LOCAL, D, BLOCK_N, BLOCK_K, INTERPRET)
+                o_m = tl.arange(0, 16)
+                o_n = a0 + tl.arange(0, BLOCK_N)
+                p_o = logits + o_m[:, None].to(tl.int64) * V + o_n[None, :]
+                tl.store(p_o, acc, mask=(o_m[:, None] < R) & (o_n[None, :] < V_LOCAL))
+            else:
+                # GATHER: peer a0's logits columns a1.. into its place in the full row
+                o_c = a1 + tl.arange(0, 1024)
+                m_c = o_c < V_LOCAL
+                for r in range(R):
+                    src = peer_logits + ((a0 - 1) * R + r) * V_LOCAL + o_c
+                    dst = logits + r * V + a0 * V_LOCAL + o_c
+                    tl.store(dst, tl.load(src, mask=m_c), mask=m_c)
+            publish(ctl, flags, boxes, pub_first, pub_count, pub_slot, task, epoch)
+        task = claim(ctl, n_tasks)
+    finish(ctl, flags, n_tasks, n_peers, n_programs, epoch)
+
+
+def build_table(v_local: int, tp: int, block_n: int, handoff: str) -> TaskTable:
+    t = TaskTable("tail", TYPE_NAMES, peers=tp - 1)
+    norm = t.add(NORM)
+    for n0 in range(0, v_local, block_n):
+        g = t.add(GEMV, n0)
+        t.wait(g, [norm], handoff)
+    for peer in range(1, tp):
+        for c0 in range(0, v_local, GATHER_N):
+            g = t.add(GATHER, peer, c0)
+            t.wait_peer(g, peer)
+    return t
+
+
+class TailLaunch:
+    """One build key of `tail`: the table and buffers are laid out once; each call is one launch.
+
+    tp > 1 runs rank 0's shard and gathers the peers' logits from `peer_logits` [tp-1, R, V/tp]."""
+
+    def __init__(self, spec, tp: int, rows: int, knobs: dict, device) -> None:
+        from glm53ctl.kernels.runtime import Runtime
+
+        self.spec, self.tp, self.rows, self.knobs = spec, tp, rows, knobs
+        self.D, self.v_local = spec.hidden, spec.shards(tp).vocab
+        self.table = build_table(self.v_local, tp, knobs["block_n"], knobs["handoff"])
+        self.grid = knobs["grid"]
+        self.runtime = Runtime(self.table, torch.device(device), max_programs=self.grid)
+        self.h_hat = torch.zeros(16, self.D, dtype=torch.bfloat16, device=device)
+
+    def __call__(self, H, norm_w, lm_w, peer_logits=None, out=None, stuck_site=-1, budget_ns=None, check=True):
+        from glm53ctl.kernels.runtime import DEFAULT_BUDGET_NS
+
+        R, D, V = self.rows, self.D, self.v_local * self.tp
+        assert H.shape == (R, self.spec.mhc.streams, D) and H.dtype == torch.bfloat16 and H.is_contiguous()
+        assert lm_w.shape == (self.v_local, D) and lm_w.is_contiguous()
+        if self.tp > 1:
+            assert peer_logits is not None and peer_logits.shape == (self.tp - 1, R, self.v_local)
+        else:
+            peer_logits = H  # never read
+        logits = out if out is not None else torch.empty(R, V, dtype=torch.float32, device=H.device)
+        tail_kernel[(self.grid,)](
+            *self.runtime.args(),
+            H,
+            norm_w,
+            self.h_hat,
+            lm_w,
+            logits,
+            peer_logits,
+            R,
+            self.spec.model.rms_norm_eps,
+            self.table.n_tasks,
+            self.tp - 1,
+            self.grid,
+            stuck_site,
+            budget_ns or DEFAULT_BUDGET_NS,
+            D=D,
+            HC=self.spec.mhc.streams,
+            V_LOCAL=self.v_local,
+            V=V,
+            BLOCK_N=self.knobs["block_n"],
+            BLOCK_K=min(self.knobs["block_k"], D),
+            BLOCK_D=min(1024, D),
+            INTERPRET=interpreting(),
+            POLL=self.knobs["poll"],
+            num_warps=self.knobs["warps"],
+        )
+        if check:
+            self.runtime.check()
+        return logits
+
+
+def interpreting() -> bool:
+    import os
+
+    return os.environ.get("TRITON_INTERPRET") == "1"

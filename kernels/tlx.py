@@ -1,0 +1,14 @@
+"""Small Triton helpers shared by the launch kinds."""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def to_bf16(x, INTERPRET: tl.constexpr):
+    """fp32 -> bf16, round to nearest even everywhere: the interpreter's cast truncates, the GPU's rounds."""
+    if INTERPRET:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        x = bits.to(tl.float32, bitcast=True)
+    return x.to(tl.bfloat16)
