@@ -23,8 +23,9 @@ def gemv_tile(
         b_x = tl.load(x + o_m[:, None].to(tl.int64) * stride_x + o_k[None, :], mask=m_m[:, None], other=0.0)
         b_w = tl.load(w + o_n[:, None].to(tl.int64) * K + o_k[None, :], mask=m_n[:, None], other=0.0)
         if INTERPRET:
-            # the interpreter's bf16 tl.dot returns garbage (DESIGN.md §4)
-            acc = tl.dot(b_x.to(tl.float32), tl.trans(b_w.to(tl.float32)), acc, input_precision="ieee")
+            # the interpreter's bf16 tl.dot returns garbage (DESIGN.md §4), and its fp32 one sums in an
+            # order that depends on the tile's shape; in fp64 the bf16 products sum exactly
+            acc += tl.dot(b_x.to(tl.float64), tl.trans(b_w.to(tl.float64))).to(tl.float32)
         else:
             acc = tl.dot(b_x, tl.trans(b_w), acc)
     return acc

@@ -15,6 +15,7 @@ from glm53ctl.output import Output
 
 class Backend(StrEnum):
     reference = "reference"
+    triton = "triton"
 
 
 class Precision(StrEnum):
@@ -46,7 +47,9 @@ def run(
     save_weights_to: Annotated[
         Path | None, typer.Option("--save-weights", help="Also save the weights the run used.")
     ] = None,
-    backend: Annotated[Backend, typer.Option("--backend", help="What computes the step.")] = Backend.reference,
+    backend: Annotated[
+        Backend, typer.Option("--backend", help="reference (PyTorch) or triton (the kernels; interpreter on a CPU).")
+    ] = Backend.reference,
     precision: Annotated[Precision, typer.Option("--precision", help="Reference compute dtype.")] = Precision.fp32,
     as_json: Annotated[bool, typer.Option("--json", help="Summary as JSON on stdout.")] = False,
 ) -> None:
@@ -77,7 +80,18 @@ def run(
     what = f"{spec.name} {kind} TP{tp} rows {rows} context {context} steps {steps}"
     o.log(f"run {what} ({backend.value}, {precision.value})")
     t0 = time.perf_counter()
-    tensors = run_reference(Reference(weights, tp, num), key)
+    if backend is Backend.triton:
+        if precision is Precision.fp64:
+            raise UsageError("--precision applies to the reference backend")
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device == "cpu":
+            # no GPU: the kernels run in Triton's interpreter (set before any kernel is defined)
+            os.environ["TRITON_INTERPRET"] = "1"
+        from glm53ctl.kernels.launches import run_triton
+
+        tensors = run_triton(weights, key, device=device)
+    else:
+        tensors = run_reference(Reference(weights, tp, num), key)
     seconds = time.perf_counter() - t0
     metadata = {
         "glm53ctl": __version__,

@@ -103,12 +103,13 @@ class TailLaunch:
 
     tp > 1 runs rank 0's shard and gathers the peers' logits from `peer_logits` [tp-1, R, V/tp]."""
 
-    def __init__(self, spec, tp: int, rows: int, knobs: dict, device) -> None:
+    def __init__(self, spec, tp: int, rows: int, knobs: dict, device, partial_only: bool = False) -> None:
         from glm53ctl.kernels.runtime import Runtime
 
         self.spec, self.tp, self.rows, self.knobs = spec, tp, rows, knobs
         self.D, self.v_local = spec.hidden, spec.shards(tp).vocab
-        self.table = build_table(self.v_local, tp, knobs["block_n"], knobs["handoff"])
+        self.partial_only = partial_only
+        self.table = build_table(self.v_local, 1 if partial_only else tp, knobs["block_n"], knobs["handoff"])
         self.grid = knobs["grid"]
         self.runtime = Runtime(self.table, torch.device(device), max_programs=self.grid)
         self.h_hat = torch.zeros(16, self.D, dtype=torch.bfloat16, device=device)
@@ -116,10 +117,11 @@ class TailLaunch:
     def __call__(self, H, norm_w, lm_w, peer_logits=None, out=None, stuck_site=-1, budget_ns=None, check=True):
         from glm53ctl.kernels.runtime import DEFAULT_BUDGET_NS
 
-        R, D, V = self.rows, self.D, self.v_local * self.tp
+        R, D = self.rows, self.D
+        V = self.v_local * (1 if self.partial_only else self.tp)
         assert H.shape == (R, self.spec.mhc.streams, D) and H.dtype == torch.bfloat16 and H.is_contiguous()
         assert lm_w.shape == (self.v_local, D) and lm_w.is_contiguous()
-        if self.tp > 1:
+        if self.tp > 1 and not self.partial_only:
             assert peer_logits is not None and peer_logits.shape == (self.tp - 1, R, self.v_local)
         else:
             peer_logits = H  # never read
@@ -135,7 +137,7 @@ class TailLaunch:
             R,
             self.spec.model.rms_norm_eps,
             self.table.n_tasks,
-            self.tp - 1,
+            self.table.peers,
             self.grid,
             stuck_site,
             budget_ns or DEFAULT_BUDGET_NS,

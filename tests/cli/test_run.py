@@ -118,3 +118,22 @@ def test_run_refuses_unwritable_outputs_before_running(capsys, tmp_path):
         capsys, "run", "--kind", "tail", "--out", tmp_path / "o.safetensors", "--save-weights", tmp_path / "w.txt"
     )
     assert code == 2 and "--save-weights" in err and not (tmp_path / "o.safetensors").exists()
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("kind", ["embed", "tail"])
+def test_run_triton_backend_matches_the_reference(capsys, tmp_path, kind):
+    a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    base = ["run", "--kind", kind, "--tp", "2", "--rows", "2", "--seed", "4"]
+    assert invoke(capsys, *base, "--out", a)[0] == 0
+    code, _, err = invoke(capsys, *base, "--backend", "triton", "--out", b)
+    assert code == 0, err
+    ta, tb = load_file(str(a)), load_file(str(b))
+    assert ta.keys() == tb.keys()
+    for k in ta:
+        assert torch.allclose(ta[k].float(), tb[k].float(), rtol=1e-2, atol=1e-2), k
+
+
+def test_run_triton_backend_refuses_kinds_without_kernels(capsys, tmp_path):
+    code, _, err = invoke(capsys, "run", "--kind", "dense", "--backend", "triton", "--out", tmp_path / "x.safetensors")
+    assert code == 2 and "no dense launch yet" in err

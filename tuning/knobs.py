@@ -1,0 +1,66 @@
+"""The knob registry (DESIGN.md §5): every knob's values, default, the kinds it applies to, and its class.
+
+`schedule` knobs must leave every output and every write bitwise equal to the default; `numeric` knobs
+must stay within the reference tolerance. Kernels contain no tuned numbers: a launch gets its knobs
+from `knobs_for` (defaults, then the tuned config).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+KnobClass = Literal["schedule", "numeric"]
+
+
+@dataclass(frozen=True, slots=True)
+class Knob:
+    name: str
+    values: tuple
+    default: object
+    kinds: tuple[str, ...]
+    cls: KnobClass
+    help: str
+
+
+# grid 0 means "one program per SM" on a GPU (and 4 programs in the interpreter)
+KNOBS = {
+    k.name: k
+    for k in (
+        Knob("grid", (0, 66, 132, 264), 0, ("embed", "tail"), "schedule", "programs in the persistent grid"),
+        Knob("warps", (4, 8), 4, ("embed", "tail"), "schedule", "warps per program"),
+        Knob("handoff", ("flag", "box"), "flag", ("embed", "tail"), "schedule",
+             "broadcast hand-off: one flag word per producer, or per-consumer 128-byte box lines"),
+        Knob("poll", (0, 1), 1, ("embed", "tail"), "schedule",
+             "0: every thread polls with ld.acquire.gpu; 1: relaxed polls (+nanosleep), then one acquire"),
+        Knob("block_n", (32, 64, 128), 64, ("tail",), "schedule", "GEMV output rows per task"),
+        Knob("block_k", (64, 128, 256), 128, ("tail",), "numeric", "GEMV K tile: it sets the fp32 reduction order"),
+        Knob("chunk", (256, 512, 1024), 1024, ("embed",), "schedule", "hidden-dim columns per embed task"),
+    )
+}
+
+
+def defaults(kind: str) -> dict[str, object]:
+    return {k.name: k.default for k in KNOBS.values() if kind in k.kinds}
+
+
+def resolve_grid(knobs: dict, device) -> dict:
+    """grid 0 -> the device's SM count (4 in the interpreter, which runs programs one after another)."""
+    import torch
+
+    knobs = dict(knobs)
+    if knobs.get("grid", 1) == 0:
+        dev = torch.device(device)
+        knobs["grid"] = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 4
+    return knobs
+
+
+def check_knobs(kind: str, knobs: dict) -> None:
+    from glm53ctl.errors import UsageError
+
+    for name, value in knobs.items():
+        k = KNOBS.get(name)
+        if k is None or kind not in k.kinds:
+            raise UsageError(f"knob {name!r} does not apply to {kind}", hint=f"{kind} knobs: {', '.join(defaults(kind))}")
+        if name != "grid" and value not in k.values:
+            raise UsageError(f"knob {name}={value!r}: expected one of {', '.join(map(str, k.values))}")
