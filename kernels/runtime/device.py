@@ -34,9 +34,7 @@ def _ld_acquire(p):
 
 @triton.jit
 def _globaltimer():
-    return tl.inline_asm_elementwise(
-        "mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1
-    )
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -45,11 +43,9 @@ def _nanosleep():
 
 
 @triton.jit
-def _poll(p, INTERPRET: tl.constexpr, POLL: tl.constexpr):
-    """One poll of p (scalar or vector). POLL 0: acquire by every thread; 1: relaxed (acquired after)."""
-    if INTERPRET:
-        v = tl.load(p, volatile=True)
-    elif POLL == 0:
+def _poll(p, POLL: tl.constexpr):
+    """One poll of word p by every thread. POLL 0: ld.acquire.gpu; 1: ld.relaxed.gpu (acquired after)."""
+    if POLL == 0:
         v = _ld_acquire(p)
     else:
         v = _ld_relaxed(p)
@@ -75,41 +71,40 @@ def wait_site(
     ctl, flags, boxes, errs, wait_kind, wait_index, wait_count, site, task, epoch, stuck_site, budget_ns,
     INTERPRET: tl.constexpr, POLL: tl.constexpr,
 ):
-    """Wait until site's producers published `epoch`. Returns True, or False after recording a time-out
-    (or when another program aborted the launch). The decision is CTA-uniform: it is taken on values
-    reduced over the CTA, never on one thread's timer or load."""
+    """Wait until the site's producers published `epoch`; True, or False after a time-out was recorded
+    (or another program aborted the launch).
+
+    The spin is per thread (scalar polls and timer reads, no barrier inside it); the verdict is taken on
+    scalar acquire atomics, which are CTA-wide (barrier, thread 0, broadcast), so every warp agrees.
+    In the interpreter, which runs programs one after another, a wait not satisfied at once never is."""
     kind = tl.load(wait_kind + site)
     index = tl.load(wait_index + site).to(tl.int64)
-    count = tl.load(wait_count + site)
-    o_w = tl.arange(0, 32)
-    # a flag site polls one word (replicated in lane 0's slot); a box site polls `count` words of its line
-    p = tl.where(kind == 0, flags + index + o_w * 0, boxes + index * 32 + o_w)
-    m = o_w < tl.where(kind == 0, 1, count)
+    n_words = tl.where(kind == 0, 1, tl.load(wait_count + site))
+    base = tl.where(kind == 0, flags + index, boxes + index * 32)
     live = site != stuck_site  # fault injection: a stuck site never sees its epoch
-    v = _poll(p, INTERPRET, POLL)
-    ok = tl.min(tl.where(m, v == epoch, 1), axis=0) & live
     if not INTERPRET:
-        # spin: relaxed or acquire polls, the budget from %globaltimer, the abort word now and then
-        start = tl.max(_globaltimer() + o_w * 0, axis=0)
-        now = start
-        aborted = 0
-        while (ok == 0) & (now - start < budget_ns) & (aborted == 0):
-            if POLL == 1:
-                _nanosleep()
-            v = _poll(p, INTERPRET, POLL)
-            ok = tl.min(tl.where(m, v == epoch, 1), axis=0) & live
-            now = tl.max(_globaltimer() + o_w * 0, axis=0)
-            aborted = tl.max(_ld_relaxed(ctl + 3 + o_w * 0), axis=0)
-        if POLL == 1:
-            # one acquire for the whole CTA once the relaxed polls saw the epoch
-            v = tl.atomic_add(p, 0, mask=m, sem="acquire", scope="gpu")
-            ok = tl.min(tl.where(m, v == epoch, 1), axis=0) & live
+        for j in range(n_words):
+            v = _poll(base + j, POLL)
+            start = _globaltimer()
+            now = start
+            aborted = _ld_relaxed(ctl + 3)
+            while ((v != epoch) | (live == 0)) & (now - start < budget_ns) & (aborted == 0):
+                if POLL == 1:
+                    _nanosleep()
+                v = _poll(base + j, POLL)
+                now = _globaltimer()
+                aborted = _ld_relaxed(ctl + 3)
+    ok = live
+    seen = epoch
+    for j in range(n_words):
+        w = tl.atomic_add(base + j, 0, sem="acquire", scope="gpu")
+        seen = tl.where(w != epoch, w, seen)
+        ok = ok & (w == epoch)
     if ok == 0:
         aborted = tl.atomic_add(ctl + 3, 0, sem="relaxed", scope="gpu")
         if aborted == 0:
             # a real time-out (not a stop because another program aborted): record it, then abort all
             pid = tl.program_id(0).to(tl.int64)
-            seen = tl.min(tl.where(m, v, 2**31 - 1), axis=0)
             tl.store(errs + pid * 5 + 0, site)
             tl.store(errs + pid * 5 + 1, task)
             tl.store(errs + pid * 5 + 2, tl.program_id(0))
@@ -118,7 +113,7 @@ def wait_site(
             tl.atomic_min(ctl + 4, task, sem="relaxed", scope="gpu")
             tl.debug_barrier()
             tl.atomic_xchg(ctl + 3, 1, sem="release", scope="gpu")
-    return ok != 0
+    return ok
 
 
 @triton.jit

@@ -1,0 +1,61 @@
+"""A chain of dependent no-op tasks on the runtime: measures the latency of one hand-off (DESIGN.md §8 floors)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from glm53ctl.kernels.runtime.device import claim, finish, launch_epoch, publish, wait_site
+from glm53ctl.kernels.runtime.table import TaskTable
+
+HOP = 0
+
+
+@triton.jit
+def chain_kernel(
+    ctl, flags, boxes, errs, tasks, wait_kind, wait_index, wait_count, pub_first, pub_count, pub_slot,
+    n_tasks, n_programs, stuck_site, budget_ns,
+    INTERPRET: tl.constexpr, POLL: tl.constexpr,
+):
+    epoch = launch_epoch(ctl)
+    task = claim(ctl, n_tasks)
+    while task >= 0:
+        p_t = tasks + task * 6
+        s0 = tl.load(p_t + 4)
+        ns = tl.load(p_t + 5)
+        ok = task >= 0
+        for s in range(s0, s0 + ns):
+            if ok:
+                ok = wait_site(ctl, flags, boxes, errs, wait_kind, wait_index, wait_count, s, task, epoch,
+                               stuck_site, budget_ns, INTERPRET, POLL)
+        if ok:
+            publish(ctl, flags, boxes, pub_first, pub_count, pub_slot, task, epoch)
+        task = claim(ctl, n_tasks)
+    finish(ctl, flags, n_tasks, 0, n_programs, epoch)
+
+
+class ChainLaunch:
+    """n tasks, task i waiting on task i-1 by flag or box: one launch is n dependent hand-offs."""
+
+    def __init__(self, n: int, handoff: str, poll: int, grid: int, device) -> None:
+        from glm53ctl.kernels.runtime import Runtime
+
+        t = TaskTable("chain", {HOP: "hop"})
+        prev = t.add(HOP)
+        for _ in range(n - 1):
+            cur = t.add(HOP)
+            t.wait(cur, [prev], handoff)
+            prev = cur
+        self.table, self.poll, self.grid = t, poll, grid
+        self.runtime = Runtime(t, torch.device(device), max_programs=grid)
+
+    def __call__(self, stuck_site: int = -1, budget_ns: int = 200_000_000, check: bool = True) -> None:
+        import os
+
+        chain_kernel[(self.grid,)](
+            *self.runtime.args(), self.table.n_tasks, self.grid, stuck_site, budget_ns,
+            INTERPRET=os.environ.get("TRITON_INTERPRET") == "1", POLL=self.poll, num_warps=4,
+        )
+        if check:
+            self.runtime.check()
