@@ -20,7 +20,9 @@ from pathlib import Path
 
 import torch
 import triton
+import triton.language as tl
 
+from glm53ctl.kernels.gemv import gemv_tile
 from glm53ctl.kernels.launches import KindLaunch
 from glm53ctl.kernels.reference import Reference
 from glm53ctl.kernels.runtime import LaunchFault
@@ -82,12 +84,51 @@ def graph_time(fn, inner=20, rounds=21):
     return statistics.median(times), times
 
 
+_COPY = {}
+
+
+@triton.jit
+def _copy_kernel(src, dst, n, BLOCK: tl.constexpr):
+    o = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(dst + o, tl.load(src + o, mask=o < n), mask=o < n)
+
+
+@triton.jit
+def _plain_gemv(x, w, y, R, N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The same GEMV tile as one ordinary launch (one program per tile): what the tile alone reaches."""
+    n0 = tl.program_id(0) * BLOCK_N
+    acc = gemv_tile(x, K, w, n0, R, N, K, BLOCK_N, BLOCK_K, False)
+    o_m = tl.arange(0, 16)
+    o_n = n0 + tl.arange(0, BLOCK_N)
+    tl.store(y + o_m[:, None] * N + o_n[None, :], acc, mask=(o_m[:, None] < R) & (o_n[None, :] < N))
+
+
 def copy_bandwidth():
-    n = 2 * 1024**3 // 2
-    src = torch.randn(n // 2, device=DEV).to(torch.bfloat16).repeat(2)
-    dst = torch.empty_like(src)
-    us, _ = graph_time(lambda: dst.copy_(src), inner=5, rounds=15)
-    return 2 * src.numel() * 2 / (us * 1e-6) / 1e12, us  # TB/s (read + write)
+    """TB/s of a 2 GiB device-to-device copy (bytes read + written), median of graph rounds."""
+    if not _COPY:
+        _COPY["src"] = torch.randn(2**29, device=DEV).to(torch.bfloat16).repeat(2)
+        _COPY["dst"] = torch.empty_like(_COPY["src"])
+    src, dst = _COPY["src"], _COPY["dst"]
+    n = src.numel()
+    # the best of three copies: cudaMemcpy (torch copy_), an elementwise kernel, a 16-byte Triton copy
+    ways = {
+        "copy_": lambda: dst.copy_(src),
+        "mul": lambda: torch.mul(src, 1, out=dst),
+        "triton": lambda: _copy_kernel[(triton.cdiv(n, 8192),)](src, dst, n, BLOCK=8192, num_warps=8),
+    }
+    got = {name: graph_time(fn, inner=5, rounds=15)[0] for name, fn in ways.items()}
+    us = min(got.values())
+    _COPY.setdefault("ways", []).append({k: 2 * n * 2 / (v * 1e-6) / 1e12 for k, v in got.items()})
+    return 2 * n * 2 / (us * 1e-6) / 1e12, us
+
+
+def warm_clocks(seconds=1.5):
+    """The SM clock idles low: keep the GPU busy a while before anything is timed."""
+    a = torch.randn(8192, 8192, device=DEV, dtype=torch.bfloat16)
+    t = time.time()
+    while time.time() - t < seconds:
+        a @ a
+    torch.cuda.synchronize()
 
 
 def tail_bytes(spec, tp, rows):
@@ -111,16 +152,64 @@ def main(out_dir: Path) -> None:
     res = {"env": env, "checks": [], "timings": [], "hops": [], "faults": []}
     print(json.dumps(env), flush=True)
 
+    warm_clocks()
     bw, copy_us = copy_bandwidth()
     res["copy"] = {"tb_s": bw, "us_per_2GiB": copy_us}
     print(f"copy bandwidth {bw:.3f} TB/s", flush=True)
+
+    # tail's knobs first: the best config by geometric mean over the four keys becomes the checked one
+    # the GEMV tile alone, as plain launches: what the persistent launch should approach
+    for tp in (4, 8):
+        for rows in (1, 8):
+            vl = spec.shards(tp).vocab
+            wt = w.shard("lm_head.weight", 0, tp)
+            xx = torch.randn(rows, spec.hidden, device=DEV).to(torch.bfloat16)
+            yy = torch.empty(rows, vl, device=DEV)
+            for bn, bk, nw, ns in ((64, 128, 4, 4), (32, 256, 4, 3)):
+                us, _ = graph_time(lambda: _plain_gemv[(triton.cdiv(vl, bn),)](
+                    xx, wt, yy, rows, vl, spec.hidden, bn, bk, num_warps=nw, num_stages=ns))
+                res.setdefault("plain_gemv", []).append(
+                    {"tp": tp, "rows": rows, "block_n": bn, "block_k": bk, "warps": nw, "stages": ns, "us": us,
+                     "tb_s": vl * spec.hidden * 2 / (us * 1e-6) / 1e12})
+                print(f"plain gemv TP{tp} rows{rows} bn{bn} bk{bk} w{nw} s{ns}: {us:.1f} us "
+                      f"{res['plain_gemv'][-1]['tb_s']:.2f} TB/s", flush=True)
+
+    candidates = [
+        {"block_n": 32, "block_k": 256, "grid": 396, "handoff": "box"},
+        {"block_n": 64, "block_k": 128, "stages": 4, "grid": 396, "handoff": "box"},
+        {"block_n": 64, "block_k": 128, "stages": 4, "grid": 264, "handoff": "box"},
+        {"block_n": 32, "block_k": 128, "stages": 4, "grid": 396, "handoff": "box"},
+        {"block_n": 64, "block_k": 256, "grid": 396, "handoff": "box"},
+        {"block_n": 32, "block_k": 256, "grid": 396, "poll": 0, "handoff": "box"},
+        {"block_n": 32, "block_k": 256, "grid": 396, "handoff": "flag"},
+    ]
+    score = {i: 1.0 for i in range(len(candidates))}
+    for tp in (4, 8):
+        for rows in (1, 8):
+            bw_here, _ = copy_bandwidth()
+            for i, v in enumerate(candidates):
+                k = KindLaunch(w, "tail", tp, rows, v, DEV)
+                x = k.inputs(seed=1)[0].to(DEV)
+                peers = k.peer_partials(x)
+                us, _ = graph_time(lambda: k(x, peers, check=False))
+                nbytes = tail_bytes(spec, tp, rows)
+                pct = 100 * nbytes / (us * 1e-6) / 1e12 / bw_here
+                score[i] *= us
+                res["timings"].append({"tp": tp, "rows": rows, "knobs": v, "us": us, "pct_copy": pct,
+                                       "copy_tb_s": bw_here})
+                print(f"tail TP{tp} rows{rows} {v}: {us:.1f} us {pct:.1f}% (copy {bw_here:.2f} TB/s)", flush=True)
+    best = candidates[min(score, key=score.get)]
+    res["best_tail_knobs"] = best
+    print(f"best tail knobs: {best}", flush=True)
 
     for kind in ("tail", "embed"):
         for tp in (4, 8):
             for rows in (1, 8):
                 t0 = time.time()
                 ref_model = Reference(w, tp)
-                base = KindLaunch(w, kind, tp, rows, {}, DEV)
+                chosen = best if kind == "tail" else {}
+                bw_here, _ = copy_bandwidth()
+                base = KindLaunch(w, kind, tp, rows, chosen, DEV)
                 x = base.inputs(seed=tp * 10 + rows)[0].to(DEV)
                 peers = base.peer_partials(x)
                 out = base(x, peers)
@@ -128,10 +217,12 @@ def main(out_dir: Path) -> None:
                 errs = {n: rel_rms(ref[n], out[n]) for n in out}
                 bitwise = {}
                 # grids and every schedule knob value: the same bits
-                variants = [{"grid": 1}, {"grid": 3}, {"grid": 264}, {"handoff": "box"}, {"poll": 0}, {"warps": 8}]
-                variants += [{"block_n": 32}, {"block_n": 128}] if kind == "tail" else [{"chunk": 256}]
+                variants = [{"grid": 1}, {"grid": 3}, {"grid": 132}, {"grid": 264}, {"handoff": "box"},
+                            {"handoff": "flag"}, {"poll": 0}, {"poll": 1}, {"warps": 4}, {"warps": 8}]
+                variants += ([{"block_n": 32}, {"block_n": 64}, {"block_n": 128}, {"stages": 2}, {"stages": 4}]
+                             if kind == "tail" else [{"chunk": 256}, {"chunk": 512}])
                 for v in variants:
-                    k = KindLaunch(w, kind, tp, rows, v, DEV)
+                    k = KindLaunch(w, kind, tp, rows, {**chosen, **v}, DEV)
                     o = k(x, peers)
                     bitwise[json.dumps(v)] = all(torch.equal(o[n], out[n]) for n in out)
                 again = [base(x, peers) for _ in range(3)]
@@ -144,31 +235,17 @@ def main(out_dir: Path) -> None:
                 us, rounds = graph_time(step)
                 base.launch.runtime.check()
                 graph_same = all(torch.equal(graph_out[n], out[n]) for n in out)
-                row = {"kind": kind, "tp": tp, "rows": rows, "rel_rms": errs, "bitwise": bitwise,
+                row = {"kind": kind, "tp": tp, "rows": rows, "knobs": chosen, "copy_tb_s": bw_here, "rel_rms": errs, "bitwise": bitwise,
                        "three_launches_equal": three, "graph_replays_equal": graph_same, "us": us, "rounds": rounds}
                 if kind == "tail":
                     nbytes = tail_bytes(spec, tp, rows)
                     row |= {"bytes": nbytes, "tb_s": nbytes / (us * 1e-6) / 1e12}
-                    row["pct_copy"] = 100 * row["tb_s"] / bw
-                    row["floor_us"] = nbytes / (bw * 1e12) * 1e6
+                    row["pct_copy"] = 100 * row["tb_s"] / bw_here
+                    row["floor_us"] = nbytes / (bw_here * 1e12) * 1e6
                 res["checks"].append(row)
                 print(f"{kind} TP{tp} rows{rows}: err {errs} bitwise {all(bitwise.values())} three {three} "
                       f"graph {graph_same} {us:.1f} us {row.get('pct_copy', 0):.1f}% ({time.time() - t0:.0f}s)",
                       flush=True)
-
-    # knob sweep for tail's speed (schedule knobs only change time)
-    for tp in (4, 8):
-        for rows in (1, 8):
-            for v in [{}, {"block_n": 32}, {"block_n": 128}, {"block_k": 256}, {"block_k": 64}, {"warps": 8},
-                      {"handoff": "box"}, {"poll": 0}, {"grid": 264}, {"block_n": 128, "warps": 8}]:
-                k = KindLaunch(w, "tail", tp, rows, v, DEV)
-                x = k.inputs(seed=1)[0].to(DEV)
-                peers = k.peer_partials(x)
-                us, _ = graph_time(lambda: k(x, peers, check=False))
-                nbytes = tail_bytes(spec, tp, rows)
-                res["timings"].append({"tp": tp, "rows": rows, "knobs": v, "us": us,
-                                       "pct_copy": 100 * nbytes / (us * 1e-6) / 1e12 / bw})
-                print(f"tail TP{tp} rows{rows} {v}: {us:.1f} us {res['timings'][-1]['pct_copy']:.1f}%", flush=True)
 
     # one hand-off: a chain of dependent no-op tasks
     for handoff in ("flag", "box"):
@@ -183,7 +260,7 @@ def main(out_dir: Path) -> None:
 
     # every site stuck in turn: named within its budget, no hang, and the next launch gives the clean bits
     for kind, tp, rows in (("tail", 4, 1), ("tail", 8, 2), ("embed", 4, 1), ("embed", 8, 2)):
-        k = KindLaunch(w, kind, tp, rows, {}, DEV)
+        k = KindLaunch(w, kind, tp, rows, best if kind == "tail" else {}, DEV)
         x = k.inputs(seed=3)[0].to(DEV)
         peers = k.peer_partials(x)
         clean = k(x, peers)
@@ -206,15 +283,20 @@ def main(out_dir: Path) -> None:
         print(f"fault {kind} TP{tp} rows{rows}: {named}/{sites} named, {equal} retries equal, "
               f"worst {worst * 1e3:.1f} ms", flush=True)
 
+    res["copy_ways"] = _COPY["ways"]
     (out_dir / "results.json").write_text(json.dumps(res, indent=2))
-    print("\n| kind | TP | rows | µs | % copy BW | rel RMS | bitwise grids/knobs | 3 launches | graph |")
+    print("\n| kind | TP | rows | µs | floor µs | % copy BW | rel RMS | bitwise grids/knobs | 3 launches | graph |")
     for r in res["checks"]:
-        print(f"| {r['kind']} | {r['tp']} | {r['rows']} | {r['us']:.1f} | {r.get('pct_copy', float('nan')):.1f} | "
+        print(f"| {r['kind']} | {r['tp']} | {r['rows']} | {r['us']:.1f} | {r.get('floor_us', float('nan')):.1f} | "
+              f"{r.get('pct_copy', float('nan')):.1f} | "
               f"{max(r['rel_rms'].values()):.2e} | {all(r['bitwise'].values())} | {r['three_launches_equal']} | "
               f"{r['graph_replays_equal']} |")
     for h in res["hops"]:
         print(f"hop {h['handoff']} poll {h['poll']}: {h['us_per_hop']:.3f} µs")
-    print(f"copy {bw:.3f} TB/s")
+    for f in res["faults"]:
+        print(f"fault {f['kind']} TP{f['tp']} rows {f['rows']}: {f['named']}/{f['sites']} named, hangs {f['hangs']}, "
+              f"retries equal {f['retries_equal']}, worst {f['worst_fault_s'] * 1e3:.1f} ms")
+    print(f"copy {bw:.3f} TB/s; best tail knobs {best}; copy ways {_COPY['ways'][0]}")
 
 
 if __name__ == "__main__":

@@ -27,14 +27,15 @@ class Knob:
 KNOBS = {
     k.name: k
     for k in (
-        Knob("grid", (0, 66, 132, 264), 0, ("embed", "tail"), "schedule", "programs in the persistent grid"),
+        Knob("grid", (0, 132, 264, 396), 0, ("embed", "tail"), "schedule", "programs in the persistent grid"),
         Knob("warps", (4, 8), 4, ("embed", "tail"), "schedule", "warps per program"),
         Knob("handoff", ("flag", "box"), "flag", ("embed", "tail"), "schedule",
              "broadcast hand-off: one flag word per producer, or per-consumer 128-byte box lines"),
         Knob("poll", (0, 1), 1, ("embed", "tail"), "schedule",
              "0: every thread polls with ld.acquire.gpu; 1: relaxed polls (+nanosleep), then one acquire"),
-        Knob("block_n", (32, 64, 128), 64, ("tail",), "schedule", "GEMV output rows per task"),
-        Knob("block_k", (64, 128, 256), 128, ("tail",), "numeric", "GEMV K tile: it sets the fp32 reduction order"),
+        Knob("block_n", (16, 32, 64, 128), 64, ("tail",), "schedule", "GEMV output rows per task"),
+        Knob("block_k", (64, 128, 256, 512), 128, ("tail",), "numeric", "GEMV K tile: it sets the fp32 reduction order"),
+        Knob("stages", (1, 2, 3, 4), 3, ("tail",), "schedule", "software-pipelining depth of the GEMV's K loop"),
         Knob("chunk", (256, 512, 1024), 1024, ("embed",), "schedule", "hidden-dim columns per embed task"),
     )
 }

@@ -20,13 +20,13 @@ GATHER, REDUCE = 0, 1
 TYPE_NAMES = {GATHER: "gather", REDUCE: "reduce"}
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stuck_site", "budget_ns"])
 def embed_kernel(
     ctl, flags, boxes, errs, tasks, wait_kind, wait_index, wait_count, pub_first, pub_count, pub_slot,
     tokens, table, partial, peer_partials, H,
     R, vocab_offset, n_tasks, n_peers, n_programs, stuck_site, budget_ns,
     D: tl.constexpr, HC: tl.constexpr, V_LOCAL: tl.constexpr, TP: tl.constexpr, CHUNK: tl.constexpr,
-    INTERPRET: tl.constexpr, POLL: tl.constexpr,
+    INTERPRET: tl.constexpr, POLL: tl.constexpr, THREADS: tl.constexpr,
 ):
     epoch = launch_epoch(ctl)
     task = claim(ctl, n_tasks)
@@ -40,7 +40,7 @@ def embed_kernel(
         for s in range(s0, s0 + ns):
             if ok:
                 ok = wait_site(ctl, flags, boxes, errs, wait_kind, wait_index, wait_count, s, task, epoch,
-                               stuck_site, budget_ns, INTERPRET, POLL)
+                               stuck_site, budget_ns, INTERPRET, POLL, THREADS)
         if ok:
             o_d = d0 + tl.arange(0, CHUNK)
             for r in range(R):
@@ -124,6 +124,7 @@ class EmbedLaunch:
             CHUNK=self.chunk,
             INTERPRET=interpreting(),
             POLL=self.knobs["poll"],
+            THREADS=32 * self.knobs["warps"],
             num_warps=self.knobs["warps"],
         )
         if check:

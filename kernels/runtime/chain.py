@@ -12,11 +12,11 @@ from glm53ctl.kernels.runtime.table import TaskTable
 HOP = 0
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stuck_site", "budget_ns"])
 def chain_kernel(
     ctl, flags, boxes, errs, tasks, wait_kind, wait_index, wait_count, pub_first, pub_count, pub_slot,
     n_tasks, n_programs, stuck_site, budget_ns,
-    INTERPRET: tl.constexpr, POLL: tl.constexpr,
+    INTERPRET: tl.constexpr, POLL: tl.constexpr, THREADS: tl.constexpr,
 ):
     epoch = launch_epoch(ctl)
     task = claim(ctl, n_tasks)
@@ -28,7 +28,7 @@ def chain_kernel(
         for s in range(s0, s0 + ns):
             if ok:
                 ok = wait_site(ctl, flags, boxes, errs, wait_kind, wait_index, wait_count, s, task, epoch,
-                               stuck_site, budget_ns, INTERPRET, POLL)
+                               stuck_site, budget_ns, INTERPRET, POLL, THREADS)
         if ok:
             publish(ctl, flags, boxes, pub_first, pub_count, pub_slot, task, epoch)
         task = claim(ctl, n_tasks)
@@ -55,7 +55,7 @@ class ChainLaunch:
 
         chain_kernel[(self.grid,)](
             *self.runtime.args(), self.table.n_tasks, self.grid, stuck_site, budget_ns,
-            INTERPRET=os.environ.get("TRITON_INTERPRET") == "1", POLL=self.poll, num_warps=4,
+            INTERPRET=os.environ.get("TRITON_INTERPRET") == "1", POLL=self.poll, THREADS=128, num_warps=4,
         )
         if check:
             self.runtime.check()

@@ -5,7 +5,7 @@ Every launch kind's kernel is a loop over `claim`; these helpers are inlined int
 Buffers (int32, see runtime/table.py for the host side):
   ctl[0] tag: the last finished launch's epoch; this launch publishes epoch = tag + 1
   ctl[1] claim counter, ctl[2] programs done: reset by the last program, so no host reset
-  ctl[3] abort word (set by a program that timed out), ctl[4] lowest task that timed out
+  ctl[3] abort word (set by a program that timed out), ctl[4] the lowest task that timed out
   flags[task]: the epoch once task published (a word per producer)
   boxes[line * 32 + slot]: a consumer's own 128-byte lines, a word per producer
   errs[program, 0:5]: site, task, program, expected epoch, value seen (of that program's time-out)
@@ -33,19 +33,31 @@ def _ld_acquire(p):
 
 
 @triton.jit
-def _globaltimer():
-    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+def _globaltimer(like):
+    """%globaltimer (ns), read by every thread: one value per element of `like`."""
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [like], dtype=tl.int64, is_pure=False,
+                                     pack=1)
 
 
 @triton.jit
-def _nanosleep():
-    tl.inline_asm_elementwise("nanosleep.u32 64; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+def _nanosleep(like):
+    tl.inline_asm_elementwise("nanosleep.u32 64; mov.u32 $0, 0;", "=r,r", [like], dtype=tl.int32, is_pure=False,
+                              pack=1)
 
 
 @triton.jit
-def _poll(p, POLL: tl.constexpr):
-    """One poll of word p by every thread. POLL 0: ld.acquire.gpu; 1: ld.relaxed.gpu (acquired after)."""
-    if POLL == 0:
+def _fence_acquire(like):
+    """After relaxed polls saw the epoch: fence.acq_rel orders this thread's later loads after them."""
+    tl.inline_asm_elementwise("fence.acq_rel.gpu; mov.u32 $0, 0;", "=r,r", [like], dtype=tl.int32, is_pure=False,
+                              pack=1)
+
+
+@triton.jit
+def _poll(p, INTERPRET: tl.constexpr, POLL: tl.constexpr):
+    """One poll of the words p (one element per thread). POLL 0: ld.acquire.gpu; 1: ld.relaxed.gpu."""
+    if INTERPRET:
+        v = tl.load(p, volatile=True)
+    elif POLL == 0:
         v = _ld_acquire(p)
     else:
         v = _ld_relaxed(p)
@@ -60,59 +72,59 @@ def launch_epoch(ctl):
 
 @triton.jit
 def claim(ctl, n_tasks):
-    """The next task in topological order, or -1 when none is left or the launch aborted."""
+    """The next task in topological order, or -1 when none is left. An abort pushes the counter past
+    every task (see wait_site), so this one atomic also stops the programs of an aborted launch."""
     t = tl.atomic_add(ctl + 1, 1, sem="relaxed", scope="gpu")
-    aborted = tl.atomic_add(ctl + 3, 0, sem="relaxed", scope="gpu")
-    return tl.where((t < n_tasks) & (aborted == 0), t, -1)
+    return tl.where(t < n_tasks, t, -1)
 
 
 @triton.jit
 def wait_site(
     ctl, flags, boxes, errs, wait_kind, wait_index, wait_count, site, task, epoch, stuck_site, budget_ns,
-    INTERPRET: tl.constexpr, POLL: tl.constexpr,
+    INTERPRET: tl.constexpr, POLL: tl.constexpr, THREADS: tl.constexpr,
 ):
     """Wait until the site's producers published `epoch`; True, or False after a time-out was recorded
     (or another program aborted the launch).
 
-    The spin is per thread (scalar polls and timer reads, no barrier inside it); the verdict is taken on
-    scalar acquire atomics, which are CTA-wide (barrier, thread 0, broadcast), so every warp agrees.
-    In the interpreter, which runs programs one after another, a wait not satisfied at once never is."""
+    Every thread polls the site's word(s) (a [THREADS] vector, one element per thread) and the verdict,
+    the timer and the abort word are reduced over the CTA each round, so every warp takes the same
+    branch. In the interpreter, which runs programs one after another, a wait not satisfied at once
+    never is: it is judged on one poll."""
     kind = tl.load(wait_kind + site)
     index = tl.load(wait_index + site).to(tl.int64)
     n_words = tl.where(kind == 0, 1, tl.load(wait_count + site))
-    base = tl.where(kind == 0, flags + index, boxes + index * 32)
+    o_t = tl.arange(0, THREADS)
+    # a flag site: every thread reads the word; a box site: thread i reads word i % count of the line
+    p = tl.where(kind == 0, flags + index + o_t * 0, boxes + index * 32 + o_t % n_words)
     live = site != stuck_site  # fault injection: a stuck site never sees its epoch
+    v = _poll(p, INTERPRET, POLL)
+    ok = (tl.min((v == epoch).to(tl.int32), axis=0) != 0) & live
+    aborted = tl.max(_poll(ctl + 3 + o_t * 0, INTERPRET, 1), axis=0)
     if not INTERPRET:
-        for j in range(n_words):
-            v = _poll(base + j, POLL)
-            start = _globaltimer()
-            now = start
-            aborted = _ld_relaxed(ctl + 3)
-            while ((v != epoch) | (live == 0)) & (now - start < budget_ns) & (aborted == 0):
-                if POLL == 1:
-                    _nanosleep()
-                v = _poll(base + j, POLL)
-                now = _globaltimer()
-                aborted = _ld_relaxed(ctl + 3)
-    ok = live
-    seen = epoch
-    for j in range(n_words):
-        w = tl.atomic_add(base + j, 0, sem="acquire", scope="gpu")
-        seen = tl.where(w != epoch, w, seen)
-        ok = ok & (w == epoch)
+        start = tl.max(_globaltimer(o_t), axis=0)
+        now = start
+        while (ok == 0) & (now - start < budget_ns) & (aborted == 0):
+            if POLL == 1:
+                _nanosleep(o_t)
+            v = _poll(p, INTERPRET, POLL)
+            ok = (tl.min((v == epoch).to(tl.int32), axis=0) != 0) & live
+            now = tl.max(_globaltimer(o_t), axis=0)
+            aborted = tl.max(_ld_relaxed(ctl + 3 + o_t * 0), axis=0)
+        if POLL == 1:
+            _fence_acquire(o_t)
     if ok == 0:
-        aborted = tl.atomic_add(ctl + 3, 0, sem="relaxed", scope="gpu")
         if aborted == 0:
-            # a real time-out (not a stop because another program aborted): record it, then abort all
+            # a time-out, not a stop on another program's abort: record it (the host names the lowest task)
             pid = tl.program_id(0).to(tl.int64)
             tl.store(errs + pid * 5 + 0, site)
             tl.store(errs + pid * 5 + 1, task)
             tl.store(errs + pid * 5 + 2, tl.program_id(0))
             tl.store(errs + pid * 5 + 3, epoch)
-            tl.store(errs + pid * 5 + 4, seen)
+            tl.store(errs + pid * 5 + 4, tl.min(tl.where(v != epoch, v, 2**31 - 1), axis=0))
             tl.atomic_min(ctl + 4, task, sem="relaxed", scope="gpu")
-            tl.debug_barrier()
-            tl.atomic_xchg(ctl + 3, 1, sem="release", scope="gpu")
+        # the first to abort pushes the claim counter past every task: all programs stop claiming
+        if tl.atomic_xchg(ctl + 3, 1, sem="acq_rel", scope="gpu") == 0:
+            tl.atomic_add(ctl + 1, 1 << 30, sem="relaxed", scope="gpu")
     return ok
 
 

@@ -1,7 +1,8 @@
 """The `tail` launch: mean of the streams, final RMSNorm, vocab-parallel lm_head, logits gathered.
 
-Tasks: NORM (one: publishes ĥ [R, D]), GEMV (a BLOCK_N slice of this rank's lm_head rows; waits on
-NORM by flag or box), GATHER (a slice of a peer's logits; waits on that peer's arrival).
+Tasks, in this order: NORM (one per row: publishes ĥ[r]), GATHER (a slice of a peer's logits; waits on
+that peer's arrival; first, so programs copy while the rows are normalized), GEMV (a BLOCK_N slice of
+this rank's lm_head rows; waits on every NORM, by flags or by one box line).
 """
 
 from __future__ import annotations
@@ -20,14 +21,14 @@ TYPE_NAMES = {NORM: "norm", GEMV: "lm_head", GATHER: "gather"}
 GATHER_N = 1024  # logits columns a GATHER task copies
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stuck_site", "budget_ns"])
 def tail_kernel(
     ctl, flags, boxes, errs, tasks, wait_kind, wait_index, wait_count, pub_first, pub_count, pub_slot,
     H, norm_w, h_hat, lm_w, logits, peer_logits,
     R, eps, n_tasks, n_peers, n_programs, stuck_site, budget_ns,
     D: tl.constexpr, HC: tl.constexpr, V_LOCAL: tl.constexpr, V: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
-    INTERPRET: tl.constexpr, POLL: tl.constexpr,
+    INTERPRET: tl.constexpr, POLL: tl.constexpr, THREADS: tl.constexpr,
 ):
     epoch = launch_epoch(ctl)
     task = claim(ctl, n_tasks)
@@ -42,29 +43,28 @@ def tail_kernel(
         for s in range(s0, s0 + ns):
             if ok:
                 ok = wait_site(ctl, flags, boxes, errs, wait_kind, wait_index, wait_count, s, task, epoch,
-                               stuck_site, budget_ns, INTERPRET, POLL)
+                               stuck_site, budget_ns, INTERPRET, POLL, THREADS)
         if ok:
             if ttype == 0:
-                # NORM: ĥ[r] = RMSNorm(mean_j H[r, j]) * w, stored bf16 for every GEMV task to read
-                for r in range(R):
-                    p_h = H + r * (HC * D)
-                    b_ss = tl.zeros((BLOCK_D,), dtype=tl.float32)
-                    for d0 in range(0, D, BLOCK_D):
-                        o_d = d0 + tl.arange(0, BLOCK_D)
-                        b_h = tl.zeros((BLOCK_D,), dtype=tl.float32)
-                        for j in range(HC):
-                            b_h += tl.load(p_h + j * D + o_d).to(tl.float32)
-                        b_h = b_h / HC
-                        b_ss += b_h * b_h
-                    rstd = 1.0 / tl.sqrt(tl.sum(b_ss, axis=0) / D + eps)
-                    for d0 in range(0, D, BLOCK_D):
-                        o_d = d0 + tl.arange(0, BLOCK_D)
-                        b_h = tl.zeros((BLOCK_D,), dtype=tl.float32)
-                        for j in range(HC):
-                            b_h += tl.load(p_h + j * D + o_d).to(tl.float32)
-                        b_h = b_h / HC
-                        b_w = tl.load(norm_w + o_d).to(tl.float32)
-                        tl.store(h_hat + r * D + o_d, to_bf16(b_h * rstd * b_w, INTERPRET))
+                # NORM: ĥ[r] = RMSNorm(mean_j H[r, j]) * w for row a0, stored bf16 for every GEMV task
+                p_h = H + a0 * (HC * D)
+                b_ss = tl.zeros((BLOCK_D,), dtype=tl.float32)
+                for d0 in range(0, D, BLOCK_D):
+                    o_d = d0 + tl.arange(0, BLOCK_D)
+                    b_h = tl.zeros((BLOCK_D,), dtype=tl.float32)
+                    for j in range(HC):
+                        b_h += tl.load(p_h + j * D + o_d).to(tl.float32)
+                    b_h = b_h / HC
+                    b_ss += b_h * b_h
+                rstd = 1.0 / tl.sqrt(tl.sum(b_ss, axis=0) / D + eps)
+                for d0 in range(0, D, BLOCK_D):
+                    o_d = d0 + tl.arange(0, BLOCK_D)
+                    b_h = tl.zeros((BLOCK_D,), dtype=tl.float32)
+                    for j in range(HC):
+                        b_h += tl.load(p_h + j * D + o_d).to(tl.float32)
+                    b_h = b_h / HC
+                    b_w = tl.load(norm_w + o_d).to(tl.float32)
+                    tl.store(h_hat + a0 * D + o_d, to_bf16(b_h * rstd * b_w, INTERPRET))
             elif ttype == 1:
                 # GEMV: logits[:, n0:n0+BLOCK_N] of this rank's vocab slice (rank 0: columns 0..V_LOCAL)
                 acc = gemv_tile(h_hat, D, lm_w, a0, R, V_LOCAL, D, BLOCK_N, BLOCK_K, INTERPRET)
@@ -85,16 +85,16 @@ def tail_kernel(
     finish(ctl, flags, n_tasks, n_peers, n_programs, epoch)
 
 
-def build_table(v_local: int, tp: int, block_n: int, handoff: str) -> TaskTable:
+def build_table(rows: int, v_local: int, tp: int, block_n: int, handoff: str) -> TaskTable:
     t = TaskTable("tail", TYPE_NAMES, peers=tp - 1)
-    norm = t.add(NORM)
-    for n0 in range(0, v_local, block_n):
-        g = t.add(GEMV, n0)
-        t.wait(g, [norm], handoff)
+    norms = [t.add(NORM, r) for r in range(rows)]
     for peer in range(1, tp):
         for c0 in range(0, v_local, GATHER_N):
             g = t.add(GATHER, peer, c0)
             t.wait_peer(g, peer)
+    for n0 in range(0, v_local, block_n):
+        g = t.add(GEMV, n0)
+        t.wait(g, norms, handoff)
     return t
 
 
@@ -109,7 +109,7 @@ class TailLaunch:
         self.spec, self.tp, self.rows, self.knobs = spec, tp, rows, knobs
         self.D, self.v_local = spec.hidden, spec.shards(tp).vocab
         self.partial_only = partial_only
-        self.table = build_table(self.v_local, 1 if partial_only else tp, knobs["block_n"], knobs["handoff"])
+        self.table = build_table(rows, self.v_local, 1 if partial_only else tp, knobs["block_n"], knobs["handoff"])
         self.grid = knobs["grid"]
         self.runtime = Runtime(self.table, torch.device(device), max_programs=self.grid)
         self.h_hat = torch.zeros(16, self.D, dtype=torch.bfloat16, device=device)
@@ -150,7 +150,9 @@ class TailLaunch:
             BLOCK_D=min(1024, D),
             INTERPRET=interpreting(),
             POLL=self.knobs["poll"],
+            THREADS=32 * self.knobs["warps"],
             num_warps=self.knobs["warps"],
+            num_stages=self.knobs["stages"],
         )
         if check:
             self.runtime.check()
