@@ -142,11 +142,17 @@ def main(out_dir: Path) -> None:
     w = DeviceWeights(spec)
     props = torch.cuda.get_device_properties(DEV)
     env = {
-        "gpu": props.name, "capability": f"{props.major}.{props.minor}", "sms": props.multi_processor_count,
-        "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
-        "driver": subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                 capture_output=True, text=True).stdout.strip(),
-        "python": platform.python_version(), "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "gpu": props.name,
+        "capability": f"{props.major}.{props.minor}",
+        "sms": props.multi_processor_count,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+        "driver": subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True
+        ).stdout.strip(),
+        "python": platform.python_version(),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "git_sha": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
     }
     res = {"env": env, "checks": [], "timings": [], "hops": [], "faults": []}
@@ -166,13 +172,28 @@ def main(out_dir: Path) -> None:
             xx = torch.randn(rows, spec.hidden, device=DEV).to(torch.bfloat16)
             yy = torch.empty(rows, vl, device=DEV)
             for bn, bk, nw, ns in ((64, 128, 4, 4), (32, 256, 4, 3)):
-                us, _ = graph_time(lambda: _plain_gemv[(triton.cdiv(vl, bn),)](
-                    xx, wt, yy, rows, vl, spec.hidden, bn, bk, num_warps=nw, num_stages=ns))
+                us, _ = graph_time(
+                    lambda: _plain_gemv[(triton.cdiv(vl, bn),)](
+                        xx, wt, yy, rows, vl, spec.hidden, bn, bk, num_warps=nw, num_stages=ns
+                    )
+                )
                 res.setdefault("plain_gemv", []).append(
-                    {"tp": tp, "rows": rows, "block_n": bn, "block_k": bk, "warps": nw, "stages": ns, "us": us,
-                     "tb_s": vl * spec.hidden * 2 / (us * 1e-6) / 1e12})
-                print(f"plain gemv TP{tp} rows{rows} bn{bn} bk{bk} w{nw} s{ns}: {us:.1f} us "
-                      f"{res['plain_gemv'][-1]['tb_s']:.2f} TB/s", flush=True)
+                    {
+                        "tp": tp,
+                        "rows": rows,
+                        "block_n": bn,
+                        "block_k": bk,
+                        "warps": nw,
+                        "stages": ns,
+                        "us": us,
+                        "tb_s": vl * spec.hidden * 2 / (us * 1e-6) / 1e12,
+                    }
+                )
+                print(
+                    f"plain gemv TP{tp} rows{rows} bn{bn} bk{bk} w{nw} s{ns}: {us:.1f} us "
+                    f"{res['plain_gemv'][-1]['tb_s']:.2f} TB/s",
+                    flush=True,
+                )
 
     candidates = [
         {"block_n": 32, "block_k": 256, "grid": 396, "handoff": "box"},
@@ -195,8 +216,9 @@ def main(out_dir: Path) -> None:
                 nbytes = tail_bytes(spec, tp, rows)
                 pct = 100 * nbytes / (us * 1e-6) / 1e12 / bw_here
                 score[i] *= us
-                res["timings"].append({"tp": tp, "rows": rows, "knobs": v, "us": us, "pct_copy": pct,
-                                       "copy_tb_s": bw_here})
+                res["timings"].append(
+                    {"tp": tp, "rows": rows, "knobs": v, "us": us, "pct_copy": pct, "copy_tb_s": bw_here}
+                )
                 print(f"tail TP{tp} rows{rows} {v}: {us:.1f} us {pct:.1f}% (copy {bw_here:.2f} TB/s)", flush=True)
     best = candidates[min(score, key=score.get)]
     res["best_tail_knobs"] = best
@@ -217,10 +239,23 @@ def main(out_dir: Path) -> None:
                 errs = {n: rel_rms(ref[n], out[n]) for n in out}
                 bitwise = {}
                 # grids and every schedule knob value: the same bits
-                variants = [{"grid": 1}, {"grid": 3}, {"grid": 132}, {"grid": 264}, {"handoff": "box"},
-                            {"handoff": "flag"}, {"poll": 0}, {"poll": 1}, {"warps": 4}, {"warps": 8}]
-                variants += ([{"block_n": 32}, {"block_n": 64}, {"block_n": 128}, {"stages": 2}, {"stages": 4}]
-                             if kind == "tail" else [{"chunk": 256}, {"chunk": 512}])
+                variants = [
+                    {"grid": 1},
+                    {"grid": 3},
+                    {"grid": 132},
+                    {"grid": 264},
+                    {"handoff": "box"},
+                    {"handoff": "flag"},
+                    {"poll": 0},
+                    {"poll": 1},
+                    {"warps": 4},
+                    {"warps": 8},
+                ]
+                variants += (
+                    [{"block_n": 32}, {"block_n": 64}, {"block_n": 128}, {"stages": 2}, {"stages": 4}]
+                    if kind == "tail"
+                    else [{"chunk": 256}, {"chunk": 512}]
+                )
                 for v in variants:
                     k = KindLaunch(w, kind, tp, rows, {**chosen, **v}, DEV)
                     o = k(x, peers)
@@ -235,17 +270,30 @@ def main(out_dir: Path) -> None:
                 us, rounds = graph_time(step)
                 base.launch.runtime.check()
                 graph_same = all(torch.equal(graph_out[n], out[n]) for n in out)
-                row = {"kind": kind, "tp": tp, "rows": rows, "knobs": chosen, "copy_tb_s": bw_here, "rel_rms": errs, "bitwise": bitwise,
-                       "three_launches_equal": three, "graph_replays_equal": graph_same, "us": us, "rounds": rounds}
+                row = {
+                    "kind": kind,
+                    "tp": tp,
+                    "rows": rows,
+                    "knobs": chosen,
+                    "copy_tb_s": bw_here,
+                    "rel_rms": errs,
+                    "bitwise": bitwise,
+                    "three_launches_equal": three,
+                    "graph_replays_equal": graph_same,
+                    "us": us,
+                    "rounds": rounds,
+                }
                 if kind == "tail":
                     nbytes = tail_bytes(spec, tp, rows)
                     row |= {"bytes": nbytes, "tb_s": nbytes / (us * 1e-6) / 1e12}
                     row["pct_copy"] = 100 * row["tb_s"] / bw_here
                     row["floor_us"] = nbytes / (bw_here * 1e12) * 1e6
                 res["checks"].append(row)
-                print(f"{kind} TP{tp} rows{rows}: err {errs} bitwise {all(bitwise.values())} three {three} "
-                      f"graph {graph_same} {us:.1f} us {row.get('pct_copy', 0):.1f}% ({time.time() - t0:.0f}s)",
-                      flush=True)
+                print(
+                    f"{kind} TP{tp} rows{rows}: err {errs} bitwise {all(bitwise.values())} three {three} "
+                    f"graph {graph_same} {us:.1f} us {row.get('pct_copy', 0):.1f}% ({time.time() - t0:.0f}s)",
+                    flush=True,
+                )
 
     # one hand-off: a chain of dependent no-op tasks
     for handoff in ("flag", "box"):
@@ -277,25 +325,42 @@ def main(out_dir: Path) -> None:
             worst = max(worst, time.time() - t)
             o = k(x, peers)
             equal += all(torch.equal(o[n], clean[n]) for n in clean)
-        res["faults"].append({"kind": kind, "tp": tp, "rows": rows, "sites": sites, "named": named,
-                              "retries_equal": equal, "hangs": sites - named, "budget_ms": 2,
-                              "worst_fault_s": worst, "seconds": time.time() - t0})
-        print(f"fault {kind} TP{tp} rows{rows}: {named}/{sites} named, {equal} retries equal, "
-              f"worst {worst * 1e3:.1f} ms", flush=True)
+        res["faults"].append(
+            {
+                "kind": kind,
+                "tp": tp,
+                "rows": rows,
+                "sites": sites,
+                "named": named,
+                "retries_equal": equal,
+                "hangs": sites - named,
+                "budget_ms": 2,
+                "worst_fault_s": worst,
+                "seconds": time.time() - t0,
+            }
+        )
+        print(
+            f"fault {kind} TP{tp} rows{rows}: {named}/{sites} named, {equal} retries equal, worst {worst * 1e3:.1f} ms",
+            flush=True,
+        )
 
     res["copy_ways"] = _COPY["ways"]
     (out_dir / "results.json").write_text(json.dumps(res, indent=2))
     print("\n| kind | TP | rows | µs | floor µs | % copy BW | rel RMS | bitwise grids/knobs | 3 launches | graph |")
     for r in res["checks"]:
-        print(f"| {r['kind']} | {r['tp']} | {r['rows']} | {r['us']:.1f} | {r.get('floor_us', float('nan')):.1f} | "
-              f"{r.get('pct_copy', float('nan')):.1f} | "
-              f"{max(r['rel_rms'].values()):.2e} | {all(r['bitwise'].values())} | {r['three_launches_equal']} | "
-              f"{r['graph_replays_equal']} |")
+        print(
+            f"| {r['kind']} | {r['tp']} | {r['rows']} | {r['us']:.1f} | {r.get('floor_us', float('nan')):.1f} | "
+            f"{r.get('pct_copy', float('nan')):.1f} | "
+            f"{max(r['rel_rms'].values()):.2e} | {all(r['bitwise'].values())} | {r['three_launches_equal']} | "
+            f"{r['graph_replays_equal']} |"
+        )
     for h in res["hops"]:
         print(f"hop {h['handoff']} poll {h['poll']}: {h['us_per_hop']:.3f} µs")
     for f in res["faults"]:
-        print(f"fault {f['kind']} TP{f['tp']} rows {f['rows']}: {f['named']}/{f['sites']} named, hangs {f['hangs']}, "
-              f"retries equal {f['retries_equal']}, worst {f['worst_fault_s'] * 1e3:.1f} ms")
+        print(
+            f"fault {f['kind']} TP{f['tp']} rows {f['rows']}: {f['named']}/{f['sites']} named, hangs {f['hangs']}, "
+            f"retries equal {f['retries_equal']}, worst {f['worst_fault_s'] * 1e3:.1f} ms"
+        )
     print(f"copy {bw:.3f} TB/s; best tail knobs {best}; copy ways {_COPY['ways'][0]}")
 
 

@@ -7,8 +7,16 @@ import triton.language as tl
 
 @triton.jit
 def gemv_tile(
-    x, stride_x, w, n0, R,
-    N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET: tl.constexpr,
+    x,
+    stride_x,
+    w,
+    n0,
+    R,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    INTERPRET: tl.constexpr,
 ):
     """acc[m, n] = sum_k x[m, k] * w[n0 + n, k] for m < R: [16, BLOCK_N] fp32 (rows >= R are zero).
 

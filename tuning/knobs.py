@@ -23,19 +23,34 @@ class Knob:
     help: str
 
 
-# grid 0 means "one program per SM" on a GPU (and 4 programs in the interpreter)
+# grid 0: three programs per SM on a GPU (4 programs in the interpreter). The defaults below are the best
+# of the sweep in docs/perf/2026-11-30-runtime-embed-tail.md (H200, tail at TP4/TP8, rows 1/8).
 KNOBS = {
     k.name: k
     for k in (
         Knob("grid", (0, 132, 264, 396), 0, ("embed", "tail"), "schedule", "programs in the persistent grid"),
         Knob("warps", (4, 8), 4, ("embed", "tail"), "schedule", "warps per program"),
-        Knob("handoff", ("flag", "box"), "flag", ("embed", "tail"), "schedule",
-             "broadcast hand-off: one flag word per producer, or per-consumer 128-byte box lines"),
-        Knob("poll", (0, 1), 1, ("embed", "tail"), "schedule",
-             "0: every thread polls with ld.acquire.gpu; 1: relaxed polls (+nanosleep), then one acquire"),
+        Knob(
+            "handoff",
+            ("flag", "box"),
+            "box",
+            ("embed", "tail"),
+            "schedule",
+            "broadcast hand-off: one flag word per producer, or per-consumer 128-byte box lines",
+        ),
+        Knob(
+            "poll",
+            (0, 1),
+            1,
+            ("embed", "tail"),
+            "schedule",
+            "0: every thread polls with ld.acquire.gpu; 1: relaxed polls (+nanosleep), then one acquire",
+        ),
         Knob("block_n", (16, 32, 64, 128), 64, ("tail",), "schedule", "GEMV output rows per task"),
-        Knob("block_k", (64, 128, 256, 512), 128, ("tail",), "numeric", "GEMV K tile: it sets the fp32 reduction order"),
-        Knob("stages", (1, 2, 3, 4), 3, ("tail",), "schedule", "software-pipelining depth of the GEMV's K loop"),
+        Knob(
+            "block_k", (64, 128, 256, 512), 128, ("tail",), "numeric", "GEMV K tile: it sets the fp32 reduction order"
+        ),
+        Knob("stages", (1, 2, 3, 4), 4, ("tail",), "schedule", "software-pipelining depth of the GEMV's K loop"),
         Knob("chunk", (256, 512, 1024), 1024, ("embed",), "schedule", "hidden-dim columns per embed task"),
     )
 }
@@ -46,13 +61,13 @@ def defaults(kind: str) -> dict[str, object]:
 
 
 def resolve_grid(knobs: dict, device) -> dict:
-    """grid 0 -> the device's SM count (4 in the interpreter, which runs programs one after another)."""
+    """grid 0 -> three programs per SM (4 in the interpreter, which runs programs one after another)."""
     import torch
 
     knobs = dict(knobs)
     if knobs.get("grid", 1) == 0:
         dev = torch.device(device)
-        knobs["grid"] = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 4
+        knobs["grid"] = 3 * torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 4
     return knobs
 
 
@@ -62,6 +77,8 @@ def check_knobs(kind: str, knobs: dict) -> None:
     for name, value in knobs.items():
         k = KNOBS.get(name)
         if k is None or kind not in k.kinds:
-            raise UsageError(f"knob {name!r} does not apply to {kind}", hint=f"{kind} knobs: {', '.join(defaults(kind))}")
+            raise UsageError(
+                f"knob {name!r} does not apply to {kind}", hint=f"{kind} knobs: {', '.join(defaults(kind))}"
+            )
         if name != "grid" and value not in k.values:
             raise UsageError(f"knob {name}={value!r}: expected one of {', '.join(map(str, k.values))}")

@@ -22,11 +22,37 @@ TYPE_NAMES = {GATHER: "gather", REDUCE: "reduce"}
 
 @triton.jit(do_not_specialize=["stuck_site", "budget_ns"])
 def embed_kernel(
-    ctl, flags, boxes, errs, tasks, wait_kind, wait_index, wait_count, pub_first, pub_count, pub_slot,
-    tokens, table, partial, peer_partials, H,
-    R, vocab_offset, n_tasks, n_peers, n_programs, stuck_site, budget_ns,
-    D: tl.constexpr, HC: tl.constexpr, V_LOCAL: tl.constexpr, TP: tl.constexpr, CHUNK: tl.constexpr,
-    INTERPRET: tl.constexpr, POLL: tl.constexpr, THREADS: tl.constexpr,
+    ctl,
+    flags,
+    boxes,
+    errs,
+    tasks,
+    wait_kind,
+    wait_index,
+    wait_count,
+    pub_first,
+    pub_count,
+    pub_slot,
+    tokens,
+    table,
+    partial,
+    peer_partials,
+    H,
+    R,
+    vocab_offset,
+    n_tasks,
+    n_peers,
+    n_programs,
+    stuck_site,
+    budget_ns,
+    D: tl.constexpr,
+    HC: tl.constexpr,
+    V_LOCAL: tl.constexpr,
+    TP: tl.constexpr,
+    CHUNK: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    POLL: tl.constexpr,
+    THREADS: tl.constexpr,
 ):
     epoch = launch_epoch(ctl)
     task = claim(ctl, n_tasks)
@@ -39,8 +65,23 @@ def embed_kernel(
         ok = task >= 0
         for s in range(s0, s0 + ns):
             if ok:
-                ok = wait_site(ctl, flags, boxes, errs, wait_kind, wait_index, wait_count, s, task, epoch,
-                               stuck_site, budget_ns, INTERPRET, POLL, THREADS)
+                ok = wait_site(
+                    ctl,
+                    flags,
+                    boxes,
+                    errs,
+                    wait_kind,
+                    wait_index,
+                    wait_count,
+                    s,
+                    task,
+                    epoch,
+                    stuck_site,
+                    budget_ns,
+                    INTERPRET,
+                    POLL,
+                    THREADS,
+                )
         if ok:
             o_d = d0 + tl.arange(0, CHUNK)
             for r in range(R):

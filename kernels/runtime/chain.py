@@ -14,9 +14,24 @@ HOP = 0
 
 @triton.jit(do_not_specialize=["stuck_site", "budget_ns"])
 def chain_kernel(
-    ctl, flags, boxes, errs, tasks, wait_kind, wait_index, wait_count, pub_first, pub_count, pub_slot,
-    n_tasks, n_programs, stuck_site, budget_ns,
-    INTERPRET: tl.constexpr, POLL: tl.constexpr, THREADS: tl.constexpr,
+    ctl,
+    flags,
+    boxes,
+    errs,
+    tasks,
+    wait_kind,
+    wait_index,
+    wait_count,
+    pub_first,
+    pub_count,
+    pub_slot,
+    n_tasks,
+    n_programs,
+    stuck_site,
+    budget_ns,
+    INTERPRET: tl.constexpr,
+    POLL: tl.constexpr,
+    THREADS: tl.constexpr,
 ):
     epoch = launch_epoch(ctl)
     task = claim(ctl, n_tasks)
@@ -27,8 +42,23 @@ def chain_kernel(
         ok = task >= 0
         for s in range(s0, s0 + ns):
             if ok:
-                ok = wait_site(ctl, flags, boxes, errs, wait_kind, wait_index, wait_count, s, task, epoch,
-                               stuck_site, budget_ns, INTERPRET, POLL, THREADS)
+                ok = wait_site(
+                    ctl,
+                    flags,
+                    boxes,
+                    errs,
+                    wait_kind,
+                    wait_index,
+                    wait_count,
+                    s,
+                    task,
+                    epoch,
+                    stuck_site,
+                    budget_ns,
+                    INTERPRET,
+                    POLL,
+                    THREADS,
+                )
         if ok:
             publish(ctl, flags, boxes, pub_first, pub_count, pub_slot, task, epoch)
         task = claim(ctl, n_tasks)
@@ -54,8 +84,15 @@ class ChainLaunch:
         import os
 
         chain_kernel[(self.grid,)](
-            *self.runtime.args(), self.table.n_tasks, self.grid, stuck_site, budget_ns,
-            INTERPRET=os.environ.get("TRITON_INTERPRET") == "1", POLL=self.poll, THREADS=128, num_warps=4,
+            *self.runtime.args(),
+            self.table.n_tasks,
+            self.grid,
+            stuck_site,
+            budget_ns,
+            INTERPRET=os.environ.get("TRITON_INTERPRET") == "1",
+            POLL=self.poll,
+            THREADS=128,
+            num_warps=4,
         )
         if check:
             self.runtime.check()

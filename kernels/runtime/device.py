@@ -35,21 +35,20 @@ def _ld_acquire(p):
 @triton.jit
 def _globaltimer(like):
     """%globaltimer (ns), read by every thread: one value per element of `like`."""
-    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [like], dtype=tl.int64, is_pure=False,
-                                     pack=1)
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [like], dtype=tl.int64, is_pure=False, pack=1)
 
 
 @triton.jit
 def _nanosleep(like):
-    tl.inline_asm_elementwise("nanosleep.u32 64; mov.u32 $0, 0;", "=r,r", [like], dtype=tl.int32, is_pure=False,
-                              pack=1)
+    tl.inline_asm_elementwise("nanosleep.u32 64; mov.u32 $0, 0;", "=r,r", [like], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
 def _fence_acquire(like):
     """After relaxed polls saw the epoch: fence.acq_rel orders this thread's later loads after them."""
-    tl.inline_asm_elementwise("fence.acq_rel.gpu; mov.u32 $0, 0;", "=r,r", [like], dtype=tl.int32, is_pure=False,
-                              pack=1)
+    tl.inline_asm_elementwise(
+        "fence.acq_rel.gpu; mov.u32 $0, 0;", "=r,r", [like], dtype=tl.int32, is_pure=False, pack=1
+    )
 
 
 @triton.jit
@@ -80,8 +79,21 @@ def claim(ctl, n_tasks):
 
 @triton.jit
 def wait_site(
-    ctl, flags, boxes, errs, wait_kind, wait_index, wait_count, site, task, epoch, stuck_site, budget_ns,
-    INTERPRET: tl.constexpr, POLL: tl.constexpr, THREADS: tl.constexpr,
+    ctl,
+    flags,
+    boxes,
+    errs,
+    wait_kind,
+    wait_index,
+    wait_count,
+    site,
+    task,
+    epoch,
+    stuck_site,
+    budget_ns,
+    INTERPRET: tl.constexpr,
+    POLL: tl.constexpr,
+    THREADS: tl.constexpr,
 ):
     """Wait until the site's producers published `epoch`; True, or False after a time-out was recorded
     (or another program aborted the launch).

@@ -49,8 +49,19 @@ class Runtime:
 
     def args(self) -> list[torch.Tensor]:
         a = self.arrays
-        return [self.ctl, self.flags, self.boxes, self.errs, a["tasks"], a["wait_kind"], a["wait_index"],
-                a["wait_count"], a["pub_first"], a["pub_count"], a["pub_slot"]]
+        return [
+            self.ctl,
+            self.flags,
+            self.boxes,
+            self.errs,
+            a["tasks"],
+            a["wait_kind"],
+            a["wait_index"],
+            a["wait_count"],
+            a["pub_first"],
+            a["pub_count"],
+            a["pub_slot"],
+        ]
 
     def check(self) -> None:
         """After a launch: raise LaunchFault naming the root site, and clear the guard for the next launch."""

@@ -82,7 +82,9 @@ class TaskTable:
     def build(self, device: torch.device | str) -> dict[str, torch.Tensor]:
         n = self.n_tasks
         counts = [(self.first_site[i + 1] if i + 1 < n else len(self.sites)) - self.first_site[i] for i in range(n)]
-        tasks = torch.tensor([[*t, f, c] for t, f, c in zip(self.tasks, self.first_site, counts)], dtype=torch.int32)
+        tasks = torch.tensor(
+            [[*t, f, c] for t, f, c in zip(self.tasks, self.first_site, counts, strict=True)], dtype=torch.int32
+        )
         # peer words sit after the tasks' flag words
         index = [s.index if s.index >= 0 or s.kind == BOX else n + (-s.index) - 1 for s in self.sites]
         pub_first, pub_slot = [], []

@@ -23,12 +23,40 @@ GATHER_N = 1024  # logits columns a GATHER task copies
 
 @triton.jit(do_not_specialize=["stuck_site", "budget_ns"])
 def tail_kernel(
-    ctl, flags, boxes, errs, tasks, wait_kind, wait_index, wait_count, pub_first, pub_count, pub_slot,
-    H, norm_w, h_hat, lm_w, logits, peer_logits,
-    R, eps, n_tasks, n_peers, n_programs, stuck_site, budget_ns,
-    D: tl.constexpr, HC: tl.constexpr, V_LOCAL: tl.constexpr, V: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
-    INTERPRET: tl.constexpr, POLL: tl.constexpr, THREADS: tl.constexpr,
+    ctl,
+    flags,
+    boxes,
+    errs,
+    tasks,
+    wait_kind,
+    wait_index,
+    wait_count,
+    pub_first,
+    pub_count,
+    pub_slot,
+    H,
+    norm_w,
+    h_hat,
+    lm_w,
+    logits,
+    peer_logits,
+    R,
+    eps,
+    n_tasks,
+    n_peers,
+    n_programs,
+    stuck_site,
+    budget_ns,
+    D: tl.constexpr,
+    HC: tl.constexpr,
+    V_LOCAL: tl.constexpr,
+    V: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    POLL: tl.constexpr,
+    THREADS: tl.constexpr,
 ):
     epoch = launch_epoch(ctl)
     task = claim(ctl, n_tasks)
@@ -42,8 +70,23 @@ def tail_kernel(
         ok = task >= 0
         for s in range(s0, s0 + ns):
             if ok:
-                ok = wait_site(ctl, flags, boxes, errs, wait_kind, wait_index, wait_count, s, task, epoch,
-                               stuck_site, budget_ns, INTERPRET, POLL, THREADS)
+                ok = wait_site(
+                    ctl,
+                    flags,
+                    boxes,
+                    errs,
+                    wait_kind,
+                    wait_index,
+                    wait_count,
+                    s,
+                    task,
+                    epoch,
+                    stuck_site,
+                    budget_ns,
+                    INTERPRET,
+                    POLL,
+                    THREADS,
+                )
         if ok:
             if ttype == 0:
                 # NORM: ĥ[r] = RMSNorm(mean_j H[r, j]) * w for row a0, stored bf16 for every GEMV task
