@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from glm53ctl.kernels.runtime.device import claim, finish, launch_epoch, publish, wait_site
+from glm53ctl.kernels.runtime.device import claim, finish, launch_epoch, publish, wait_task
 from glm53ctl.kernels.runtime.table import TaskTable
 from glm53ctl.kernels.tail.kernel import interpreting
 
@@ -60,28 +60,23 @@ def embed_kernel(
         p_t = tasks + task * 6
         ttype = tl.load(p_t)
         d0 = tl.load(p_t + 1)
-        s0 = tl.load(p_t + 4)
-        ns = tl.load(p_t + 5)
-        ok = task >= 0
-        for s in range(s0, s0 + ns):
-            if ok:
-                ok = wait_site(
-                    ctl,
-                    flags,
-                    boxes,
-                    errs,
-                    wait_kind,
-                    wait_index,
-                    wait_count,
-                    s,
-                    task,
-                    epoch,
-                    stuck_site,
-                    budget_ns,
-                    INTERPRET,
-                    POLL,
-                    THREADS,
-                )
+        ok = wait_task(
+            ctl,
+            flags,
+            boxes,
+            errs,
+            tasks,
+            wait_kind,
+            wait_index,
+            wait_count,
+            task,
+            epoch,
+            stuck_site,
+            budget_ns,
+            INTERPRET,
+            POLL,
+            THREADS,
+        )
         if ok:
             o_d = d0 + tl.arange(0, CHUNK)
             for r in range(R):

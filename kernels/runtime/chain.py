@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from glm53ctl.kernels.runtime.device import claim, finish, launch_epoch, publish, wait_site
+from glm53ctl.kernels.runtime.device import claim, finish, launch_epoch, publish, wait_task
 from glm53ctl.kernels.runtime.table import TaskTable
 
 HOP = 0
@@ -36,29 +36,23 @@ def chain_kernel(
     epoch = launch_epoch(ctl)
     task = claim(ctl, n_tasks)
     while task >= 0:
-        p_t = tasks + task * 6
-        s0 = tl.load(p_t + 4)
-        ns = tl.load(p_t + 5)
-        ok = task >= 0
-        for s in range(s0, s0 + ns):
-            if ok:
-                ok = wait_site(
-                    ctl,
-                    flags,
-                    boxes,
-                    errs,
-                    wait_kind,
-                    wait_index,
-                    wait_count,
-                    s,
-                    task,
-                    epoch,
-                    stuck_site,
-                    budget_ns,
-                    INTERPRET,
-                    POLL,
-                    THREADS,
-                )
+        ok = wait_task(
+            ctl,
+            flags,
+            boxes,
+            errs,
+            tasks,
+            wait_kind,
+            wait_index,
+            wait_count,
+            task,
+            epoch,
+            stuck_site,
+            budget_ns,
+            INTERPRET,
+            POLL,
+            THREADS,
+        )
         if ok:
             publish(ctl, flags, boxes, pub_first, pub_count, pub_slot, task, epoch)
         task = claim(ctl, n_tasks)

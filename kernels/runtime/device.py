@@ -141,6 +141,51 @@ def wait_site(
 
 
 @triton.jit
+def wait_task(
+    ctl,
+    flags,
+    boxes,
+    errs,
+    tasks,
+    wait_kind,
+    wait_index,
+    wait_count,
+    task,
+    epoch,
+    stuck_site,
+    budget_ns,
+    INTERPRET: tl.constexpr,
+    POLL: tl.constexpr,
+    THREADS: tl.constexpr,
+):
+    """Every wait site of `task`, in order; False as soon as one times out or the launch aborted."""
+    p_t = tasks + task * 6
+    s0 = tl.load(p_t + 4)
+    ns = tl.load(p_t + 5)
+    ok = task >= 0
+    for s in range(s0, s0 + ns):
+        if ok:
+            ok = wait_site(
+                ctl,
+                flags,
+                boxes,
+                errs,
+                wait_kind,
+                wait_index,
+                wait_count,
+                s,
+                task,
+                epoch,
+                stuck_site,
+                budget_ns,
+                INTERPRET,
+                POLL,
+                THREADS,
+            )
+    return ok
+
+
+@triton.jit
 def publish(ctl, flags, boxes, pub_first, pub_count, pub_slot, task, epoch):
     """Release this task's payload: its flag word, and a word in each box line that waits on it."""
     # Triton 3.6 emits no barrier before a scalar release atomic: other warps' payload stores first

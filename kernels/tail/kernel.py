@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from glm53ctl.kernels.gemv import gemv_tile
-from glm53ctl.kernels.runtime.device import claim, finish, launch_epoch, publish, wait_site
+from glm53ctl.kernels.runtime.device import claim, finish, launch_epoch, publish, wait_task
 from glm53ctl.kernels.runtime.table import TaskTable
 from glm53ctl.kernels.tlx import to_bf16
 
@@ -65,28 +65,23 @@ def tail_kernel(
         ttype = tl.load(p_t)
         a0 = tl.load(p_t + 1)
         a1 = tl.load(p_t + 2)
-        s0 = tl.load(p_t + 4)
-        ns = tl.load(p_t + 5)
-        ok = task >= 0
-        for s in range(s0, s0 + ns):
-            if ok:
-                ok = wait_site(
-                    ctl,
-                    flags,
-                    boxes,
-                    errs,
-                    wait_kind,
-                    wait_index,
-                    wait_count,
-                    s,
-                    task,
-                    epoch,
-                    stuck_site,
-                    budget_ns,
-                    INTERPRET,
-                    POLL,
-                    THREADS,
-                )
+        ok = wait_task(
+            ctl,
+            flags,
+            boxes,
+            errs,
+            tasks,
+            wait_kind,
+            wait_index,
+            wait_count,
+            task,
+            epoch,
+            stuck_site,
+            budget_ns,
+            INTERPRET,
+            POLL,
+            THREADS,
+        )
         if ok:
             if ttype == 0:
                 # NORM: ĥ[r] = RMSNorm(mean_j H[r, j]) * w for row a0, stored bf16 for every GEMV task
