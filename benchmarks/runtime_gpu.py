@@ -195,14 +195,14 @@ def main(out_dir: Path) -> None:
                     flush=True,
                 )
 
+    base = {"block_n": 64, "block_k": 128, "stages": 4, "grid": 396, "handoff": "box"}
     candidates = [
-        {"block_n": 32, "block_k": 256, "grid": 396, "handoff": "box"},
-        {"block_n": 64, "block_k": 128, "stages": 4, "grid": 396, "handoff": "box"},
-        {"block_n": 64, "block_k": 128, "stages": 4, "grid": 264, "handoff": "box"},
-        {"block_n": 32, "block_k": 128, "stages": 4, "grid": 396, "handoff": "box"},
-        {"block_n": 64, "block_k": 256, "grid": 396, "handoff": "box"},
-        {"block_n": 32, "block_k": 256, "grid": 396, "poll": 0, "handoff": "box"},
-        {"block_n": 32, "block_k": 256, "grid": 396, "handoff": "flag"},
+        base,
+        {**base, "prefetch": 1},
+        {**base, "prefetch": 1, "handoff": "flag"},
+        {**base, "prefetch": 1, "grid": 264},
+        {"block_n": 32, "block_k": 256, "grid": 396, "handoff": "box", "prefetch": 1},
+        {**base, "prefetch": 1, "block_n": 128, "warps": 8},
     ]
     score = {i: 1.0 for i in range(len(candidates))}
     for tp in (4, 8):

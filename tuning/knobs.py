@@ -51,6 +51,7 @@ KNOBS = {
             "block_k", (64, 128, 256, 512), 128, ("tail",), "numeric", "GEMV K tile: it sets the fp32 reduction order"
         ),
         Knob("stages", (1, 2, 3, 4), 4, ("tail",), "schedule", "software-pipelining depth of the GEMV's K loop"),
+        Knob("prefetch", (0, 1), 0, ("tail",), "schedule", "prefetch a GEMV task's weights to L2 before its wait"),
         Knob("chunk", (256, 512, 1024), 1024, ("embed",), "schedule", "hidden-dim columns per embed task"),
     )
 }

@@ -54,7 +54,7 @@ def embed_kernel(
     POLL: tl.constexpr,
     THREADS: tl.constexpr,
 ):
-    epoch = launch_epoch(ctl)
+    epoch = launch_epoch(ctl, INTERPRET)
     task = claim(ctl, n_tasks)
     while task >= 0:
         p_t = tasks + task * 6

@@ -33,7 +33,7 @@ def chain_kernel(
     POLL: tl.constexpr,
     THREADS: tl.constexpr,
 ):
-    epoch = launch_epoch(ctl)
+    epoch = launch_epoch(ctl, INTERPRET)
     task = claim(ctl, n_tasks)
     while task >= 0:
         ok = wait_task(

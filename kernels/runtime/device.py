@@ -64,9 +64,18 @@ def _poll(p, INTERPRET: tl.constexpr, POLL: tl.constexpr):
 
 
 @triton.jit
-def launch_epoch(ctl):
-    """This launch's epoch: every program reads the tag before any program can finish and advance it."""
-    return tl.atomic_add(ctl + 0, 0, sem="acquire", scope="gpu") + 1
+def launch_epoch(ctl, INTERPRET: tl.constexpr):
+    """This launch's epoch: every program reads the tag before any program can finish and advance it.
+    An acquire load by every thread, not a CTA-wide atomic: the tag cannot change during the launch."""
+    return tl.max(_poll(ctl + tl.arange(0, 1) * 0, INTERPRET, 0), axis=0) + 1
+
+
+@triton.jit
+def prefetch_l2(p):
+    """Ask L2 for the 128-byte lines at p (a tensor of addresses); nothing is returned or waited for."""
+    tl.inline_asm_elementwise(
+        "prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [p], dtype=tl.int32, is_pure=False, pack=1
+    )
 
 
 @triton.jit
@@ -193,8 +202,9 @@ def publish(ctl, flags, boxes, pub_first, pub_count, pub_slot, task, epoch):
     tl.atomic_xchg(flags + task, epoch, sem="release", scope="gpu")
     first = tl.load(pub_first + task)
     n = tl.load(pub_count + task)
-    for c in range(0, n, 32):
-        o = c + tl.arange(0, 32)
+    # a broadcast producer writes hundreds of box words: 512 per round, not one round per line
+    for c in range(0, n, 512):
+        o = c + tl.arange(0, 512)
         slot = tl.load(pub_slot + first + o, mask=o < n, other=0).to(tl.int64)
         tl.atomic_xchg(boxes + slot, epoch + o * 0, mask=o < n, sem="release", scope="gpu")
 

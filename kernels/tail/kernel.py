@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from glm53ctl.kernels.gemv import gemv_tile
-from glm53ctl.kernels.runtime.device import claim, finish, launch_epoch, publish, wait_task
+from glm53ctl.kernels.runtime.device import claim, finish, launch_epoch, prefetch_l2, publish, wait_task
 from glm53ctl.kernels.runtime.table import TaskTable
 from glm53ctl.kernels.tlx import to_bf16
 
@@ -53,18 +53,24 @@ def tail_kernel(
     V: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    BLOCK_D: tl.constexpr,
     INTERPRET: tl.constexpr,
     POLL: tl.constexpr,
     THREADS: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
-    epoch = launch_epoch(ctl)
+    epoch = launch_epoch(ctl, INTERPRET)
     task = claim(ctl, n_tasks)
     while task >= 0:
         p_t = tasks + task * 6
         ttype = tl.load(p_t)
         a0 = tl.load(p_t + 1)
         a1 = tl.load(p_t + 2)
+        if PREFETCH and not INTERPRET:  # the interpreter has no inline asm; a prefetch changes no bits
+            if ttype == 1:
+                # start streaming this task's weights into L2 while it waits for the normalized rows
+                o_n = tl.minimum(a0 + tl.arange(0, BLOCK_N), V_LOCAL - 1)
+                o_l = tl.arange(0, D * 2 // 128) * 64
+                prefetch_l2(lm_w + o_n[:, None].to(tl.int64) * D + o_l[None, :])
         ok = wait_task(
             ctl,
             flags,
@@ -84,25 +90,17 @@ def tail_kernel(
         )
         if ok:
             if ttype == 0:
-                # NORM: ĥ[r] = RMSNorm(mean_j H[r, j]) * w for row a0, stored bf16 for every GEMV task
-                p_h = H + a0 * (HC * D)
-                b_ss = tl.zeros((BLOCK_D,), dtype=tl.float32)
-                for d0 in range(0, D, BLOCK_D):
-                    o_d = d0 + tl.arange(0, BLOCK_D)
-                    b_h = tl.zeros((BLOCK_D,), dtype=tl.float32)
-                    for j in range(HC):
-                        b_h += tl.load(p_h + j * D + o_d).to(tl.float32)
-                    b_h = b_h / HC
-                    b_ss += b_h * b_h
-                rstd = 1.0 / tl.sqrt(tl.sum(b_ss, axis=0) / D + eps)
-                for d0 in range(0, D, BLOCK_D):
-                    o_d = d0 + tl.arange(0, BLOCK_D)
-                    b_h = tl.zeros((BLOCK_D,), dtype=tl.float32)
-                    for j in range(HC):
-                        b_h += tl.load(p_h + j * D + o_d).to(tl.float32)
-                    b_h = b_h / HC
-                    b_w = tl.load(norm_w + o_d).to(tl.float32)
-                    tl.store(h_hat + a0 * D + o_d, to_bf16(b_h * rstd * b_w, INTERPRET))
+                # NORM: ĥ[r] = RMSNorm(mean_j H[r, j]) * w for row a0, in one pass over the row (the
+                # streams' loads all in flight at once), stored bf16 for every GEMV task
+                o_d = tl.arange(0, D)
+                p_h = H + a0 * (HC * D) + o_d
+                b_h = tl.zeros((D,), dtype=tl.float32)
+                for j in tl.static_range(HC):
+                    b_h += tl.load(p_h + j * D).to(tl.float32)
+                b_h = b_h / HC
+                rstd = 1.0 / tl.sqrt(tl.sum(b_h * b_h, axis=0) / D + eps)
+                b_w = tl.load(norm_w + o_d).to(tl.float32)
+                tl.store(h_hat + a0 * D + o_d, to_bf16(b_h * rstd * b_w, INTERPRET))
             elif ttype == 1:
                 # GEMV: logits[:, n0:n0+BLOCK_N] of this rank's vocab slice (rank 0: columns 0..V_LOCAL)
                 acc = gemv_tile(h_hat, D, lm_w, a0, R, V_LOCAL, D, BLOCK_N, BLOCK_K, INTERPRET)
@@ -185,10 +183,10 @@ class TailLaunch:
             V=V,
             BLOCK_N=self.knobs["block_n"],
             BLOCK_K=min(self.knobs["block_k"], D),
-            BLOCK_D=min(1024, D),
             INTERPRET=interpreting(),
             POLL=self.knobs["poll"],
             THREADS=32 * self.knobs["warps"],
+            PREFETCH=self.knobs["prefetch"],
             num_warps=self.knobs["warps"],
             num_stages=self.knobs["stages"],
         )
