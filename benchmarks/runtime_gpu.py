@@ -198,12 +198,18 @@ def main(out_dir: Path) -> None:
     base = {"block_n": 64, "block_k": 128, "stages": 4, "grid": 396, "handoff": "box"}
     candidates = [
         base,
-        {**base, "prefetch": 1},
-        {**base, "prefetch": 1, "handoff": "flag"},
-        {**base, "prefetch": 1, "grid": 264},
-        {"block_n": 32, "block_k": 256, "grid": 396, "handoff": "box", "prefetch": 1},
-        {**base, "prefetch": 1, "block_n": 128, "warps": 8},
+        {**base, "gathers": "last"},
+        {**base, "gathers": "last", "block_n": 32},
+        {**base, "gathers": "last", "grid": 264},
     ]
+    # where the persistent launch loses time at TP8: without the gathers (a rank's partial launch)
+    for rows in (1, 8):
+        k = KindLaunch(w, "tail", 8, rows, base, DEV)
+        x = k.inputs(seed=1)[0].to(DEV)
+        p = k.peers[0]
+        us, _ = graph_time(lambda: p(x, k.norm, k.shards[1], check=False))
+        res.setdefault("diagnose", []).append({"tp": 8, "rows": rows, "what": "no gathers (partial launch)", "us": us})
+        print(f"diagnose TP8 rows{rows} no gathers: {us:.1f} us", flush=True)
     score = {i: 1.0 for i in range(len(candidates))}
     for tp in (4, 8):
         for rows in (1, 8):

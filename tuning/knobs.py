@@ -52,6 +52,14 @@ KNOBS = {
         ),
         Knob("stages", (1, 2, 3, 4), 4, ("tail",), "schedule", "software-pipelining depth of the GEMV's K loop"),
         Knob("prefetch", (0, 1), 0, ("tail",), "schedule", "prefetch a GEMV task's weights to L2 before its wait"),
+        Knob(
+            "gathers",
+            ("first", "last"),
+            "first",
+            ("tail",),
+            "schedule",
+            "the peers' logits copies: before the GEMV tasks (overlap the norm) or after (fill the end)",
+        ),
         Knob("chunk", (256, 512, 1024), 1024, ("embed",), "schedule", "hidden-dim columns per embed task"),
     )
 }

@@ -121,16 +121,25 @@ def tail_kernel(
     finish(ctl, flags, n_tasks, n_peers, n_programs, epoch)
 
 
-def build_table(rows: int, v_local: int, tp: int, block_n: int, handoff: str) -> TaskTable:
+def build_table(rows: int, v_local: int, tp: int, block_n: int, handoff: str, gathers: str = "first") -> TaskTable:
+    """gathers "first": programs copy the peers' logits while the rows are normalized; "last": the copies
+    fill the programs that run out of GEMV tasks at the end."""
     t = TaskTable("tail", TYPE_NAMES, peers=tp - 1)
+
+    def add_gathers() -> None:
+        for peer in range(1, tp):
+            for c0 in range(0, v_local, GATHER_N):
+                g = t.add(GATHER, peer, c0)
+                t.wait_peer(g, peer)
+
     norms = [t.add(NORM, r) for r in range(rows)]
-    for peer in range(1, tp):
-        for c0 in range(0, v_local, GATHER_N):
-            g = t.add(GATHER, peer, c0)
-            t.wait_peer(g, peer)
+    if gathers == "first":
+        add_gathers()
     for n0 in range(0, v_local, block_n):
         g = t.add(GEMV, n0)
         t.wait(g, norms, handoff)
+    if gathers == "last":
+        add_gathers()
     return t
 
 
@@ -145,7 +154,9 @@ class TailLaunch:
         self.spec, self.tp, self.rows, self.knobs = spec, tp, rows, knobs
         self.D, self.v_local = spec.hidden, spec.shards(tp).vocab
         self.partial_only = partial_only
-        self.table = build_table(rows, self.v_local, 1 if partial_only else tp, knobs["block_n"], knobs["handoff"])
+        self.table = build_table(
+            rows, self.v_local, 1 if partial_only else tp, knobs["block_n"], knobs["handoff"], knobs["gathers"]
+        )
         self.grid = knobs["grid"]
         self.runtime = Runtime(self.table, torch.device(device), max_programs=self.grid)
         self.h_hat = torch.zeros(16, self.D, dtype=torch.bfloat16, device=device)
