@@ -258,7 +258,15 @@ def main(out_dir: Path) -> None:
                     {"warps": 8},
                 ]
                 variants += (
-                    [{"block_n": 32}, {"block_n": 64}, {"block_n": 128}, {"stages": 2}, {"stages": 4}]
+                    [
+                        {"block_n": 32},
+                        {"block_n": 64},
+                        {"block_n": 128},
+                        {"stages": 2},
+                        {"stages": 4},
+                        {"prefetch": 1},
+                        {"gathers": "last"},
+                    ]
                     if kind == "tail"
                     else [{"chunk": 256}, {"chunk": 512}]
                 )

@@ -25,6 +25,7 @@ def chain_kernel(
     pub_first,
     pub_count,
     pub_slot,
+    pub_flag,
     n_tasks,
     n_programs,
     stuck_site,
@@ -54,7 +55,7 @@ def chain_kernel(
             THREADS,
         )
         if ok:
-            publish(ctl, flags, boxes, pub_first, pub_count, pub_slot, task, epoch)
+            publish(ctl, flags, boxes, pub_first, pub_count, pub_slot, pub_flag, task, epoch)
         task = claim(ctl, n_tasks)
     finish(ctl, flags, n_tasks, 0, n_programs, epoch)
 

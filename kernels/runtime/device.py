@@ -195,18 +195,22 @@ def wait_task(
 
 
 @triton.jit
-def publish(ctl, flags, boxes, pub_first, pub_count, pub_slot, task, epoch):
-    """Release this task's payload: its flag word, and a word in each box line that waits on it."""
-    # Triton 3.6 emits no barrier before a scalar release atomic: other warps' payload stores first
-    tl.debug_barrier()
-    tl.atomic_xchg(flags + task, epoch, sem="release", scope="gpu")
-    first = tl.load(pub_first + task)
+def publish(ctl, flags, boxes, pub_first, pub_count, pub_slot, pub_flag, task, epoch):
+    """Release this task's payload to those who wait on it: its flag word, and a word in each box line.
+    A task nobody waits on (a GEMV slice of the logits) publishes nothing: no barrier, no atomic."""
+    needs_flag = tl.load(pub_flag + task)
     n = tl.load(pub_count + task)
-    # a broadcast producer writes hundreds of box words: 512 per round, not one round per line
-    for c in range(0, n, 512):
-        o = c + tl.arange(0, 512)
-        slot = tl.load(pub_slot + first + o, mask=o < n, other=0).to(tl.int64)
-        tl.atomic_xchg(boxes + slot, epoch + o * 0, mask=o < n, sem="release", scope="gpu")
+    if needs_flag + n > 0:
+        # Triton 3.6 emits no barrier before a scalar release atomic: other warps' payload stores first
+        tl.debug_barrier()
+        if needs_flag != 0:
+            tl.atomic_xchg(flags + task, epoch, sem="release", scope="gpu")
+        first = tl.load(pub_first + task)
+        # a broadcast producer writes hundreds of box words: 512 per round, not one round per line
+        for c in range(0, n, 512):
+            o = c + tl.arange(0, 512)
+            slot = tl.load(pub_slot + first + o, mask=o < n, other=0).to(tl.int64)
+            tl.atomic_xchg(boxes + slot, epoch + o * 0, mask=o < n, sem="release", scope="gpu")
 
 
 @triton.jit

@@ -87,6 +87,8 @@ class TaskTable:
         )
         # peer words sit after the tasks' flag words
         index = [s.index if s.index >= 0 or s.kind == BOX else n + (-s.index) - 1 for s in self.sites]
+        # a task's flag word is written only if some site waits on it (or the host may name it)
+        flagged = {s.index for s in self.sites if s.kind == FLAG and s.index >= 0}
         pub_first, pub_slot = [], []
         for t in range(n):
             pub_first.append(len(pub_slot))
@@ -99,6 +101,7 @@ class TaskTable:
             "wait_count": i32([s.count for s in self.sites]),
             "pub_first": i32(pub_first),
             "pub_count": i32([len(self.box_pubs.get(t, [])) for t in range(n)]),
+            "pub_flag": i32([int(t in flagged) for t in range(n)]),
             "pub_slot": i32(pub_slot),
         }
         return {k: v.to(device) for k, v in arrays.items()}

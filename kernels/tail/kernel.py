@@ -34,6 +34,7 @@ def tail_kernel(
     pub_first,
     pub_count,
     pub_slot,
+    pub_flag,
     H,
     norm_w,
     h_hat,
@@ -116,7 +117,7 @@ def tail_kernel(
                     src = peer_logits + ((a0 - 1) * R + r) * V_LOCAL + o_c
                     dst = logits + r * V + a0 * V_LOCAL + o_c
                     tl.store(dst, tl.load(src, mask=m_c), mask=m_c)
-            publish(ctl, flags, boxes, pub_first, pub_count, pub_slot, task, epoch)
+            publish(ctl, flags, boxes, pub_first, pub_count, pub_slot, pub_flag, task, epoch)
         task = claim(ctl, n_tasks)
     finish(ctl, flags, n_tasks, n_peers, n_programs, epoch)
 
