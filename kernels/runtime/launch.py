@@ -61,6 +61,7 @@ class Runtime:
             a["pub_first"],
             a["pub_count"],
             a["pub_slot"],
+            a["pub_flag"],
         ]
 
     def check(self) -> None:
