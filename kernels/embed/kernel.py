@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from glm53ctl.kernels.runtime.device import claim, finish, launch_epoch, publish, wait_task
+from glm53ctl.kernels.runtime.launch import DEFAULT_BUDGET_NS
 from glm53ctl.kernels.runtime.table import TaskTable
 from glm53ctl.kernels.tail.kernel import interpreting
 
@@ -127,10 +128,40 @@ class EmbedLaunch:
         self.runtime = Runtime(self.table, torch.device(device), max_programs=self.grid)
         self.partial = torch.zeros(rows, self.D, dtype=torch.float32, device=device)
 
+    def kernel_args(self, tokens, table, peer_partials, H, rank=0, stuck_site=-1, budget_ns=DEFAULT_BUDGET_NS):
+        return self.runtime.args() | {
+            "tokens": tokens,
+            "table": table,
+            "partial": self.partial,
+            "peer_partials": peer_partials,
+            "H": H,
+            "R": self.rows,
+            "vocab_offset": rank * self.v_local,
+            "n_tasks": self.table.n_tasks,
+            "n_peers": self.table.peers,
+            "n_programs": self.grid,
+            "stuck_site": stuck_site,
+            "budget_ns": budget_ns,
+        }
+
+    def constexprs(self) -> dict:
+        return {
+            "D": self.D,
+            "HC": self.spec.mhc.streams,
+            "V_LOCAL": self.v_local,
+            "TP": 1 if self.partial_only else self.tp,
+            "CHUNK": self.chunk,
+            "INTERPRET": interpreting(),
+            "POLL": self.knobs["poll"],
+            "THREADS": 32 * self.knobs["warps"],
+        }
+
+    def options(self) -> dict:
+        return {"num_warps": self.knobs["warps"]}
+
     def __call__(self, tokens, table, peer_partials=None, rank=0, stuck_site=-1, budget_ns=None, check=True):
         """H [R, hc, D] bf16 (or with partial_only, this rank's fp32 partial [R, D])."""
         from glm53ctl.kernels.embed.naive import check_tokens
-        from glm53ctl.kernels.runtime import DEFAULT_BUDGET_NS
 
         R, D = self.rows, self.D
         assert tokens.shape == (R,) and table.shape == (self.v_local, D) and table.is_contiguous()
@@ -140,30 +171,14 @@ class EmbedLaunch:
         if not self.partial_only and self.tp > 1:
             assert peer_partials is not None and peer_partials.shape == (self.tp - 1, R, D)
         H = torch.empty(R, self.spec.mhc.streams, D, dtype=torch.bfloat16, device=table.device)
-        embed_kernel[(self.grid,)](
-            *self.runtime.args(),
-            tokens,
-            table,
-            self.partial,
-            peer_partials if peer_partials is not None else self.partial,
-            H,
-            R,
-            rank * self.v_local,
-            self.table.n_tasks,
-            self.table.peers,
-            self.grid,
-            stuck_site,
-            budget_ns or DEFAULT_BUDGET_NS,
-            D=D,
-            HC=self.spec.mhc.streams,
-            V_LOCAL=self.v_local,
-            TP=1 if self.partial_only else self.tp,
-            CHUNK=self.chunk,
-            INTERPRET=interpreting(),
-            POLL=self.knobs["poll"],
-            THREADS=32 * self.knobs["warps"],
-            num_warps=self.knobs["warps"],
-        )
+        peers = peer_partials if peer_partials is not None else self.partial
+        args = self.kernel_args(tokens, table, peers, H, rank, stuck_site, budget_ns or DEFAULT_BUDGET_NS)
+        embed_kernel[(self.grid,)](**args, **self.constexprs(), **self.options())
         if check:
             self.runtime.check()
         return self.partial.clone() if self.partial_only else H
+
+    def placeholder_args(self) -> dict:
+        """The kernel's arguments with stand-in tensors of the right dtypes (ahead-of-time builds)."""
+        i32, bf16, f32 = (torch.empty(1, dtype=d) for d in (torch.int32, torch.bfloat16, torch.float32))
+        return self.kernel_args(i32, bf16, f32, bf16)

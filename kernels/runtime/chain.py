@@ -79,11 +79,11 @@ class ChainLaunch:
         import os
 
         chain_kernel[(self.grid,)](
-            *self.runtime.args(),
-            self.table.n_tasks,
-            self.grid,
-            stuck_site,
-            budget_ns,
+            **self.runtime.args(),
+            n_tasks=self.table.n_tasks,
+            n_programs=self.grid,
+            stuck_site=stuck_site,
+            budget_ns=budget_ns,
             INTERPRET=os.environ.get("TRITON_INTERPRET") == "1",
             POLL=self.poll,
             THREADS=128,

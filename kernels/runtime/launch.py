@@ -10,6 +10,8 @@ from glm53ctl.errors import CheckFailed
 from glm53ctl.kernels.runtime.device import BOX_WORDS
 from glm53ctl.kernels.runtime.table import INT32_MAX, TaskTable
 
+ARRAYS = ("tasks", "wait_kind", "wait_index", "wait_count", "pub_first", "pub_count", "pub_slot", "pub_flag")
+
 # a slow but healthy launch never waits this long on one hand-off; configurable per launch
 DEFAULT_BUDGET_NS = 200_000_000
 
@@ -47,22 +49,12 @@ class Runtime:
         self.boxes = torch.zeros(max(t.box_lines, 1) * BOX_WORDS, dtype=torch.int32, device=dev)
         self.errs = torch.zeros(self.max_programs, 5, dtype=torch.int32, device=dev)
 
-    def args(self) -> list[torch.Tensor]:
+    def args(self) -> dict[str, torch.Tensor]:
+        """The runtime's kernel arguments, by name (every launch kind's kernel starts with these)."""
         a = self.arrays
-        return [
-            self.ctl,
-            self.flags,
-            self.boxes,
-            self.errs,
-            a["tasks"],
-            a["wait_kind"],
-            a["wait_index"],
-            a["wait_count"],
-            a["pub_first"],
-            a["pub_count"],
-            a["pub_slot"],
-            a["pub_flag"],
-        ]
+        return {"ctl": self.ctl, "flags": self.flags, "boxes": self.boxes, "errs": self.errs} | {
+            name: a[name] for name in ARRAYS
+        }
 
     def check(self) -> None:
         """After a launch: raise LaunchFault naming the root site, and clear the guard for the next launch."""

@@ -13,6 +13,7 @@ import triton.language as tl
 
 from glm53ctl.kernels.gemv import gemv_tile
 from glm53ctl.kernels.runtime.device import claim, finish, launch_epoch, prefetch_l2, publish, wait_task
+from glm53ctl.kernels.runtime.launch import DEFAULT_BUDGET_NS
 from glm53ctl.kernels.runtime.table import TaskTable
 from glm53ctl.kernels.tlx import to_bf16
 
@@ -162,49 +163,64 @@ class TailLaunch:
         self.runtime = Runtime(self.table, torch.device(device), max_programs=self.grid)
         self.h_hat = torch.zeros(16, self.D, dtype=torch.bfloat16, device=device)
 
-    def __call__(self, H, norm_w, lm_w, peer_logits=None, out=None, stuck_site=-1, budget_ns=None, check=True):
-        from glm53ctl.kernels.runtime import DEFAULT_BUDGET_NS
+    @property
+    def width(self) -> int:
+        """Logits columns this launch writes: the full row, or a rank's slice for a partial launch."""
+        return self.v_local * (1 if self.partial_only else self.tp)
 
+    def kernel_args(self, H, norm_w, lm_w, logits, peer_logits, stuck_site=-1, budget_ns=DEFAULT_BUDGET_NS) -> dict:
+        return self.runtime.args() | {
+            "H": H,
+            "norm_w": norm_w,
+            "h_hat": self.h_hat,
+            "lm_w": lm_w,
+            "logits": logits,
+            "peer_logits": peer_logits,
+            "R": self.rows,
+            "eps": self.spec.model.rms_norm_eps,
+            "n_tasks": self.table.n_tasks,
+            "n_peers": self.table.peers,
+            "n_programs": self.grid,
+            "stuck_site": stuck_site,
+            "budget_ns": budget_ns,
+        }
+
+    def constexprs(self) -> dict:
+        return {
+            "D": self.D,
+            "HC": self.spec.mhc.streams,
+            "V_LOCAL": self.v_local,
+            "V": self.width,
+            "BLOCK_N": self.knobs["block_n"],
+            "BLOCK_K": min(self.knobs["block_k"], self.D),
+            "INTERPRET": interpreting(),
+            "POLL": self.knobs["poll"],
+            "THREADS": 32 * self.knobs["warps"],
+            "PREFETCH": self.knobs["prefetch"],
+        }
+
+    def options(self) -> dict:
+        return {"num_warps": self.knobs["warps"], "num_stages": self.knobs["stages"]}
+
+    def __call__(self, H, norm_w, lm_w, peer_logits=None, out=None, stuck_site=-1, budget_ns=None, check=True):
         R, D = self.rows, self.D
-        V = self.v_local * (1 if self.partial_only else self.tp)
         assert H.shape == (R, self.spec.mhc.streams, D) and H.dtype == torch.bfloat16 and H.is_contiguous()
         assert lm_w.shape == (self.v_local, D) and lm_w.is_contiguous()
         if self.tp > 1 and not self.partial_only:
             assert peer_logits is not None and peer_logits.shape == (self.tp - 1, R, self.v_local)
         else:
             peer_logits = H  # never read
-        logits = out if out is not None else torch.empty(R, V, dtype=torch.float32, device=H.device)
-        tail_kernel[(self.grid,)](
-            *self.runtime.args(),
-            H,
-            norm_w,
-            self.h_hat,
-            lm_w,
-            logits,
-            peer_logits,
-            R,
-            self.spec.model.rms_norm_eps,
-            self.table.n_tasks,
-            self.table.peers,
-            self.grid,
-            stuck_site,
-            budget_ns or DEFAULT_BUDGET_NS,
-            D=D,
-            HC=self.spec.mhc.streams,
-            V_LOCAL=self.v_local,
-            V=V,
-            BLOCK_N=self.knobs["block_n"],
-            BLOCK_K=min(self.knobs["block_k"], D),
-            INTERPRET=interpreting(),
-            POLL=self.knobs["poll"],
-            THREADS=32 * self.knobs["warps"],
-            PREFETCH=self.knobs["prefetch"],
-            num_warps=self.knobs["warps"],
-            num_stages=self.knobs["stages"],
-        )
+        logits = out if out is not None else torch.empty(R, self.width, dtype=torch.float32, device=H.device)
+        args = self.kernel_args(H, norm_w, lm_w, logits, peer_logits, stuck_site, budget_ns or DEFAULT_BUDGET_NS)
+        tail_kernel[(self.grid,)](**args, **self.constexprs(), **self.options())
         if check:
             self.runtime.check()
         return logits
+
+    def placeholder_args(self) -> dict:
+        """The kernel's arguments with stand-in tensors of the right dtypes (ahead-of-time builds)."""
+        bf16, f32 = (torch.empty(1, dtype=d) for d in (torch.bfloat16, torch.float32))
+        return self.kernel_args(bf16, bf16, bf16, f32, f32)
 
 
 def interpreting() -> bool:
