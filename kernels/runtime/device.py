@@ -141,7 +141,7 @@ def wait_site(
             tl.store(errs + pid * 5 + 1, task)
             tl.store(errs + pid * 5 + 2, tl.program_id(0))
             tl.store(errs + pid * 5 + 3, epoch)
-            tl.store(errs + pid * 5 + 4, tl.min(tl.where(v != epoch, v, 2**31 - 1), axis=0))
+            tl.store(errs + pid * 5 + 4, tl.min(v, axis=0))
             tl.atomic_min(ctl + 4, task, sem="relaxed", scope="gpu")
         # the first to abort pushes the claim counter past every task: all programs stop claiming
         if tl.atomic_xchg(ctl + 3, 1, sem="acq_rel", scope="gpu") == 0:

@@ -1,0 +1,160 @@
+"""`glm53ctl build`: every kernel per build key, ahead of time for a GPU target, on a machine with no GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from glm53ctl.errors import UsageError
+from glm53ctl.output import Output, err_console
+
+
+def parse_list(flag: str, text: str | None, allowed: tuple, cast=str) -> list:
+    if text is None:
+        return list(allowed)
+    try:
+        values = [cast(v.strip()) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UsageError(
+            f"{flag} {text!r}: expected a comma-separated list of {', '.join(map(str, allowed))}"
+        ) from None
+    bad = [v for v in values if v not in allowed]
+    if bad or not values:
+        raise UsageError(f"{flag} {text!r}: expected values from {', '.join(map(str, allowed))}")
+    return values
+
+
+def register(app: typer.Typer) -> None:
+    app.command(name="build")(build)
+
+
+def build(
+    model: Annotated[str | None, typer.Option("--model", "-m", help="Models, comma-separated (default: all).")] = None,
+    kind: Annotated[str | None, typer.Option("--kind", "-k", help="Kinds (default: every kind with kernels).")] = None,
+    tp: Annotated[str | None, typer.Option("--tp", help="TP widths, e.g. 4,8 (default: 1,2,4,8).")] = None,
+    rows: Annotated[str | None, typer.Option("--rows", help="Rows, e.g. 1,2 (default: 1,2,4,8).")] = None,
+    target: Annotated[str, typer.Option("--target", help="GPU target.")] = "sm_90",
+    jobs: Annotated[int, typer.Option("--jobs", "-j", help="Compiler processes.")] = max(1, (os.cpu_count() or 2)),
+    out: Annotated[Path, typer.Option("--out", "-o", help="Build folder: manifest.json, cache/, worktrees/.")] = Path(
+        "build"
+    ),
+    against: Annotated[str | None, typer.Option("--against", help="A git ref: which builds change.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="The manifest (or comparison) as JSON.")] = False,
+) -> None:
+    """Compile every kernel per build key ahead of time; registers, spills, shared memory, stack, code hash."""
+    from glm53ctl.kernels.build import BUILD_KINDS, BuildKey, parse_target
+    from glm53ctl.kernels.build import build as run_build
+    from glm53ctl.kernels.spec import ROWS, TP_WIDTHS, model_names
+
+    o = Output(as_json)
+    arch = parse_target(target)
+    if jobs < 1:
+        raise UsageError(f"--jobs {jobs}: expected at least 1")
+    models = parse_list("--model", model, tuple(model_names()))
+    kinds = parse_list("--kind", kind, BUILD_KINDS)
+    tps = parse_list("--tp", tp, TP_WIDTHS, int)
+    rowss = parse_list("--rows", rows, ROWS, int)
+    keys = [BuildKey(m, k, t, r) for m in models for k in kinds for t in tps for r in rowss]
+    theirs = None
+    if against is not None:
+        from glm53ctl.worktree import checkout, run_cli
+
+        tree, sha = checkout(against, out)
+        o.log(f"building {against} ({sha[:12]}) in {tree}")
+        args = [
+            "build",
+            "--json",
+            "--target",
+            target,
+            "-j",
+            str(jobs),
+            "--out",
+            str((out / "ref" / sha[:12]).resolve()),
+        ]
+        for flag, value in (("--model", model), ("--kind", kind), ("--tp", tp), ("--rows", rows)):
+            if value is not None:
+                args += [flag, value]
+        p = run_cli(tree, args)
+        if p.returncode:
+            raise UsageError(f"building {against} failed (exit {p.returncode})", hint="its error is above")
+        theirs = json.loads(p.stdout)
+    o.log(f"building {len(keys)} keys for {target} with {jobs} processes")
+    manifest = run_build(
+        keys, arch, out, jobs, progress=lambda k: err_console.print(f"  built {k.name}") if not as_json else None
+    )
+    if theirs is None:
+        o.json(manifest)
+        _table(o, manifest)
+        return
+    from glm53ctl.kernels.build import compare
+
+    rows_ = compare(manifest, theirs)
+    changed = sum(r["status"] != "unchanged" for r in rows_)
+    summary = f"{changed} of {len(rows_)} builds change against {against}"
+    o.json({"against": against, "summary": summary, "keys": rows_, "manifest": manifest})
+    _table(o, manifest)
+    o.table(
+        f"against {against}",
+        ["key", "status", "kernel", "registers", "spills st/ld", "shared", "stack"],
+        [
+            (
+                r["key"],
+                r["status"],
+                d["role"],
+                _pair(d["registers"]),
+                f"{_pair(d['spill_stores'])} / {_pair(d['spill_loads'])}",
+                _pair(d["shared"]),
+                _pair(d["stack"]),
+            )
+            for r in rows_
+            if r["status"] != "unchanged"
+            for d in (
+                r["diff"]
+                or [
+                    {
+                        "role": "",
+                        **{f: [None, None] for f in ("registers", "spill_stores", "spill_loads", "shared", "stack")},
+                    }
+                ]
+            )
+        ],
+    )
+    o.text(summary)
+
+
+def _pair(v: list) -> str:
+    a, b = v
+    return str(b) if a == b else f"{a} → {b}"
+
+
+def _table(o: Output, manifest: dict) -> None:
+    rows = [
+        (
+            e["key"],
+            k["role"],
+            k["symbol"],
+            k["registers"],
+            f"{k['spill_stores']}/{k['spill_loads']}",
+            k["shared"],
+            k["stack"],
+            k["hash"],
+            "cached" if k["cached"] else f"{k['compile_s']:.2f}",
+        )
+        for e in manifest["keys"]
+        for k in e["kernels"]
+    ]
+    o.table(
+        f"{manifest['target']} builds (Triton {manifest['triton']})",
+        ["key", "kernel", "symbol", "registers", "spills st/ld B", "shared B", "stack B", "code hash", "compile s"],
+        rows,
+    )
+    t = manifest["totals"]
+    o.text(
+        f"{t['keys']} keys, {t['kernels']} kernels, {t['distinct_symbols']} distinct code objects; "
+        f"{t['compiled']} compiled in {t['compile_s']:.1f} s of compiler time ({manifest['seconds']:.1f} s wall), "
+        f"max {t['max_registers']} registers, {t['spill_bytes']} spill bytes"
+    )

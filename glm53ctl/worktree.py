@@ -1,0 +1,103 @@
+"""Another git ref's code, checked out with `git worktree` and run in its own process (DESIGN.md §7).
+
+Two trees are never imported into one interpreter: the ref's glm53ctl runs in a child Python whose
+import system maps `glm53ctl`, `glm53ctl.kernels`, `glm53ctl.tuning` and `glm53ctl.configs_data` onto
+the ref's folders (the package-dir layout of DESIGN.md §1), ahead of any installed copy.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from glm53ctl.errors import UsageError
+from glm53ctl.paths import checkout_root
+
+# installs, in any interpreter, an import finder that maps glm53ctl's packages onto the tree at ROOT
+FINDER = r"""
+import importlib.util, sys
+from pathlib import Path
+
+def _install_tree_finder(root):
+    packages = {"glm53ctl.kernels": root / "kernels", "glm53ctl.tuning": root / "tuning",
+                "glm53ctl.configs_data": root / "configs", "glm53ctl": root / "glm53ctl"}
+
+    class TreeFinder:
+        def find_spec(self, name, path=None, target=None):
+            for pkg in sorted(packages, key=len, reverse=True):
+                if name == pkg or name.startswith(pkg + "."):
+                    base = packages[pkg].joinpath(*name[len(pkg):].split(".")[1:])
+                    if (base / "__init__.py").exists():
+                        return importlib.util.spec_from_file_location(
+                            name, base / "__init__.py", submodule_search_locations=[str(base)])
+                    if base.with_suffix(".py").exists():
+                        return importlib.util.spec_from_file_location(name, base.with_suffix(".py"))
+                    return None
+            return None
+
+    sys.meta_path.insert(0, TreeFinder())
+"""
+
+# run as `python -c BOOTSTRAP ROOT ARGS...`: the glm53ctl CLI of the tree at ROOT
+BOOTSTRAP = (
+    FINDER
+    + r"""
+_install_tree_finder(Path(sys.argv[1]))
+sys.argv = ["glm53ctl", *sys.argv[2:]]
+from glm53ctl.cli import main
+main()
+"""
+)
+
+
+def finder_code(root: Path) -> str:
+    """Code for `exec` in a worker process: import glm53ctl from `root`, whatever is installed."""
+    return FINDER + f"\n_install_tree_finder(Path({str(root)!r}))\n"
+
+
+def this_tree() -> Path:
+    """The folder holding the running glm53ctl's glm53ctl/ (and, in a checkout, kernels/ and tuning/)."""
+    import glm53ctl
+
+    return Path(glm53ctl.__file__).resolve().parent.parent
+
+
+def git(root: Path, *args: str) -> str:
+    p = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
+    if p.returncode:
+        raise UsageError(f"git {' '.join(args)}: {p.stderr.strip()}")
+    return p.stdout.strip()
+
+
+def repo_root() -> Path:
+    root = checkout_root()
+    if root is None or not (root / ".git").exists():
+        raise UsageError("--against needs glm53ctl to run from a git checkout", hint="pip install -e . in a clone")
+    return root
+
+
+def resolve(ref: str, root: Path) -> str:
+    p = subprocess.run(
+        ["git", "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"], cwd=root, capture_output=True, text=True
+    )
+    if p.returncode:
+        raise UsageError(f"no git ref {ref!r} in {root}", hint="a branch, tag or commit: git log --oneline")
+    return p.stdout.strip()
+
+
+def checkout(ref: str, cache: Path) -> tuple[Path, str]:
+    """The ref's tree in cache/worktrees/<sha> (made once, reused) and its commit sha."""
+    root = repo_root()
+    sha = resolve(ref, root)
+    path = cache / "worktrees" / sha[:12]
+    if not (path / ".git").exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        git(root, "worktree", "prune")
+        git(root, "worktree", "add", "--detach", "--force", str(path.resolve()), sha)
+    return path, sha
+
+
+def run_cli(tree: Path, args: list[str]) -> subprocess.CompletedProcess:
+    """The glm53ctl of `tree` with `args`, in a child process (stdout captured, stderr passed through)."""
+    return subprocess.run([sys.executable, "-c", BOOTSTRAP, str(tree), *args], stdout=subprocess.PIPE, text=True)

@@ -1,0 +1,273 @@
+"""Ahead-of-time builds of every kernel per build key (DESIGN.md §2, §4), on a machine with no GPU.
+
+A build key is (model, kind, tp, rows) with the knobs in force for it. Each key's launches (the launch
+itself and, at TP > 1, the peers' partial launch) are compiled for a GPU target with `triton.compile`,
+specialized exactly as Triton's JIT would specialize the same arguments; `ptxas -v` reports registers,
+spills and stack. Results are cached by what determines the code: the kernel source and its callees
+(Triton's cache key), the signature and specialization, constexprs, options, target and Triton version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from glm53ctl.errors import Glm53Error, UsageError
+
+BUILD_KINDS = ("embed", "tail")  # the kinds that have kernels
+
+
+class BuildError(Glm53Error):
+    """A kernel did not compile: names the key and carries the compiler's message."""
+
+    exit_code = 1
+
+
+@dataclass(frozen=True)
+class BuildKey:
+    model: str
+    kind: str
+    tp: int
+    rows: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.model}/{self.kind}/tp{self.tp}/r{self.rows}"
+
+
+@dataclass
+class KernelRecord:
+    role: str  # "launch", or "peer" (the peers' partial launch at TP > 1)
+    symbol: str
+    registers: int
+    spill_stores: int
+    spill_loads: int
+    shared: int
+    stack: int
+    hash: str  # of the cubin, built without line info: stable across checkouts
+    compile_s: float
+    cached: bool = False
+
+
+def parse_target(target: str) -> int:
+    m = re.fullmatch(r"sm_(\d+)a?", target)
+    if not m:
+        raise UsageError(f"--target {target!r}: expected sm_<capability>, e.g. sm_90")
+    return int(m.group(1))
+
+
+def find_ptxas() -> Path:
+    env = os.environ.get("TRITON_PTXAS_PATH")
+    if env:
+        path = Path(env)
+    else:
+        import triton
+
+        path = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    if not path.is_file() or not os.access(path, os.X_OK):
+        raise UsageError(
+            f"no ptxas at {path}", hint="the triton wheel ships one; or set TRITON_PTXAS_PATH to a CUDA ptxas"
+        )
+    return path
+
+
+def launches(key: BuildKey, knobs: dict) -> list[tuple[str, object]]:
+    """The launch objects of one key (laid out on the CPU; nothing runs)."""
+    from glm53ctl.kernels.spec import load_model
+
+    spec = load_model(key.model)
+    spec.check_tp(key.tp)
+    if key.kind == "embed":
+        from glm53ctl.kernels.embed.kernel import EmbedLaunch as Launch
+    elif key.kind == "tail":
+        from glm53ctl.kernels.tail.kernel import TailLaunch as Launch
+    else:
+        raise UsageError(f"kind {key.kind!r} has no kernels yet", hint=f"kinds with kernels: {', '.join(BUILD_KINDS)}")
+    out = [("launch", Launch(spec, key.tp, key.rows, knobs, "cpu"))]
+    if key.tp > 1:
+        out.append(("peer", Launch(spec, key.tp, key.rows, knobs, "cpu", partial_only=True)))
+    return out
+
+
+def knobs_in_force(kind: str) -> dict:
+    from glm53ctl.tuning.knobs import defaults
+
+    knobs = defaults(kind)
+    knobs["grid"] = knobs["grid"] or 396  # grid 0 resolves per device; the code does not depend on it
+    return knobs
+
+
+def _source(launch, target: int):
+    """ASTSource of a launch's kernel, specialized as the JIT specializes these argument values."""
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+    from triton.compiler import ASTSource
+
+    from glm53ctl.kernels.embed.kernel import embed_kernel
+    from glm53ctl.kernels.tail.kernel import tail_kernel
+
+    fn = {"EmbedLaunch": embed_kernel, "TailLaunch": tail_kernel}[type(launch).__name__]
+    args, consts = launch.placeholder_args(), launch.constexprs()
+    signature, constants, attrs = {}, dict(consts), {}
+    for i, p in enumerate(fn.params):
+        if p.is_constexpr:
+            signature[p.name] = "constexpr"
+            continue
+        ty, spec = native_specialize_impl(BaseBackend, args[p.name], False, i not in fn.do_not_specialize, True)
+        if ty == "constexpr":
+            signature[p.name] = "constexpr"
+            constants[p.name] = spec
+        else:
+            signature[p.name] = ty
+            if spec == "D":
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    return fn, ASTSource(fn, signature, constants, attrs), (signature, constants, attrs)
+
+
+def _ptxas_report(ptxas: Path, ptx: str) -> dict:
+    arch = re.search(r"^\.target\s+(\w+)", ptx, re.M).group(1)
+    p = subprocess.run(
+        [str(ptxas), f"-arch={arch}", "-v", "-", "-o", os.devnull], input=ptx, capture_output=True, text=True
+    )
+    if p.returncode:
+        raise BuildError(f"ptxas failed: {p.stderr.strip()}")
+    text = p.stderr
+    num = lambda pat: int(m.group(1)) if (m := re.search(pat, text)) else 0
+    return {
+        "registers": num(r"Used (\d+) registers"),
+        "stack": num(r"(\d+) bytes stack frame"),
+        "spill_stores": num(r"(\d+) bytes spill stores"),
+        "spill_loads": num(r"(\d+) bytes spill loads"),
+    }
+
+
+def compile_key(key: BuildKey, target: int, cache_dir: str) -> list[dict]:
+    """Compile every kernel of one key (in a worker process); returns KernelRecord dicts."""
+    os.environ.pop("TRITON_INTERPRET", None)  # the JIT decorators must build real kernels here
+    os.environ["TRITON_DISABLE_LINE_INFO"] = "1"  # keeps code hashes free of paths
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    ptxas = find_ptxas()
+    records = []
+    for role, launch in launches(key, knobs_in_force(key.kind)):
+        fn, src, spec = _source(launch, target)
+        options = launch.options()
+        ident = json.dumps([fn.cache_key, repr(spec), options, target, triton.__version__], sort_keys=True)
+        digest = hashlib.sha256(ident.encode()).hexdigest()
+        cached = Path(cache_dir) / f"{digest}.json"
+        if cached.exists():
+            rec = json.loads(cached.read_text()) | {"role": role, "cached": True}
+            records.append(rec)
+            continue
+        t0 = time.perf_counter()
+        try:
+            compiled = triton.compile(src, target=GPUTarget("cuda", target, 32), options=options)
+        except Exception as e:  # the compiler's own message, whatever its type
+            raise BuildError(f"{key.name} ({role}): {type(e).__name__}: {e}") from None
+        seconds = time.perf_counter() - t0
+        rep = _ptxas_report(ptxas, compiled.asm["ptx"])
+        rec = asdict(
+            KernelRecord(
+                role=role,
+                symbol=compiled.metadata.name,
+                shared=compiled.metadata.shared,
+                hash=hashlib.sha256(compiled.asm["cubin"]).hexdigest()[:16],
+                compile_s=round(seconds, 3),
+                **rep,
+            )
+        )
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        cached.write_text(json.dumps(rec))
+        records.append(rec)
+    return records
+
+
+def build(keys: list[BuildKey], target: int, out: Path, jobs: int, progress=None) -> dict:
+    """Compile `keys` with `jobs` worker processes; the manifest (also written to out/manifest.json)."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    import triton
+
+    from glm53ctl import __version__
+
+    find_ptxas()
+    for key in keys:  # refuse a key the model cannot shard before any work
+        from glm53ctl.kernels.spec import load_model
+
+        load_model(key.model).check_tp(key.tp)
+    cache = out / "cache"
+    t0 = time.perf_counter()
+    results: dict[BuildKey, list[dict]] = {}
+    from glm53ctl.worktree import finder_code, this_tree
+
+    # workers import this tree's kernels even when another glm53ctl is installed (--against runs a ref's tree)
+    pool = ProcessPoolExecutor(
+        max_workers=jobs, mp_context=mp.get_context("spawn"), initializer=exec, initargs=(finder_code(this_tree()), {})
+    )
+    with pool:
+        futures = {pool.submit(compile_key, k, target, str(cache)): k for k in keys}
+        for f in as_completed(futures):
+            results[futures[f]] = f.result()
+            if progress:
+                progress(futures[f])
+    entries = [
+        {**asdict(k), "key": k.name, "knobs": knobs_in_force(k.kind), "kernels": results[k]}
+        for k in sorted(keys, key=lambda k: (k.model, k.kind, k.tp, k.rows))
+    ]
+    kernels = [r for e in entries for r in e["kernels"]]
+    manifest = {
+        "glm53ctl": __version__,
+        "triton": triton.__version__,
+        "target": f"sm_{target}",
+        "seconds": round(time.perf_counter() - t0, 2),
+        "keys": entries,
+        "totals": {
+            "keys": len(entries),
+            "kernels": len(kernels),
+            "distinct_symbols": len({r["hash"] for r in kernels}),
+            "compiled": sum(not r["cached"] for r in kernels),
+            "compile_s": round(sum(r["compile_s"] for r in kernels if not r["cached"]), 2),
+            "max_registers": max((r["registers"] for r in kernels), default=0),
+            "spill_bytes": sum(r["spill_stores"] + r["spill_loads"] for r in kernels),
+        },
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def compare(ours: dict, theirs: dict) -> list[dict]:
+    """Per key: changed / unchanged / new / gone against another manifest, with resource differences."""
+    a = {e["key"]: e for e in theirs["keys"]}
+    b = {e["key"]: e for e in ours["keys"]}
+    rows = []
+    for key in sorted(set(a) | set(b)):
+        if key not in a:
+            rows.append({"key": key, "status": "new", "diff": []})
+            continue
+        if key not in b:
+            rows.append({"key": key, "status": "gone", "diff": []})
+            continue
+        ka = {r["role"]: r for r in a[key]["kernels"]}
+        kb = {r["role"]: r for r in b[key]["kernels"]}
+        diff = []
+        for role in sorted(set(ka) | set(kb)):
+            ra, rb = ka.get(role), kb.get(role)
+            if ra is None or rb is None or ra["hash"] != rb["hash"]:
+                fields = ("registers", "spill_stores", "spill_loads", "shared", "stack")
+                diff.append(
+                    {
+                        "role": role,
+                        **{f: [ra.get(f) if ra else None, rb.get(f) if rb else None] for f in fields},
+                    }
+                )
+        rows.append({"key": key, "status": "changed" if diff else "unchanged", "diff": diff})
+    return rows

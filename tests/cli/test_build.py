@@ -1,0 +1,116 @@
+"""`glm53ctl build`: ahead-of-time builds for sm_90 on a CPU, and `--against` a git ref."""
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from glm53ctl.worktree import run_cli
+from tests.helpers import invoke, invoke_json
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_build_reports_resources_per_kernel(capsys, tmp_path):
+    doc = invoke_json(capsys, "build", "--model", "tiny", "--tp", "1,2", "--rows", "1", "-j", "2", "--out", tmp_path)
+    keys = {e["key"]: e for e in doc["keys"]}
+    assert set(keys) == {"tiny/embed/tp1/r1", "tiny/embed/tp2/r1", "tiny/tail/tp1/r1", "tiny/tail/tp2/r1"}
+    assert [k["role"] for k in keys["tiny/tail/tp2/r1"]["kernels"]] == ["launch", "peer"]
+    for e in doc["keys"]:
+        for k in e["kernels"]:
+            assert k["symbol"] in ("embed_kernel", "tail_kernel")
+            assert 0 < k["registers"] <= 255 and k["spill_stores"] >= 0 and k["stack"] >= 0
+            assert k["shared"] >= 0 and len(k["hash"]) == 16
+    assert doc["totals"]["kernels"] == 6 and doc["target"] == "sm_90"
+    assert json.loads((tmp_path / "manifest.json").read_text())["totals"] == doc["totals"]
+    # unchanged keys cost nothing the second time
+    again = invoke_json(capsys, "build", "--model", "tiny", "--tp", "1,2", "--rows", "1", "--out", tmp_path)
+    assert again["totals"]["compiled"] == 0
+    assert [k["hash"] for e in again["keys"] for k in e["kernels"]] == [
+        k["hash"] for e in doc["keys"] for k in e["kernels"]
+    ]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--kind", "dense"], "--kind 'dense': expected values from embed, tail"),
+        (["--tp", "3"], "--tp '3': expected values from 1, 2, 4, 8"),
+        (["--rows", "x"], "--rows 'x': expected a comma-separated list"),
+        (["--target", "hopper"], "--target 'hopper': expected sm_<capability>"),
+        (["--against", "no-such-ref-xyz"], "no git ref 'no-such-ref-xyz'"),
+    ],
+)
+def test_build_bad_input(capsys, tmp_path, args, message):
+    code, out, err = invoke(capsys, "build", "--model", "tiny", *args, "--out", tmp_path)
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_build_without_ptxas_is_a_clear_error(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_PTXAS_PATH", str(tmp_path / "ptxas"))
+    code, _, err = invoke(
+        capsys, "build", "--model", "tiny", "--kind", "embed", "--tp", "1", "--rows", "1", "--out", tmp_path
+    )
+    assert code == 2 and "no ptxas at" in err
+
+
+def test_build_refuses_a_key_the_model_cannot_shard(capsys, tmp_path):
+    text = (ROOT / "configs" / "models" / "tiny.toml").read_text()
+    odd = tmp_path / "odd.toml"
+    odd.write_text(text.replace('name = "tiny"', 'name = "odd"').replace("heads = 8 ", "heads = 12 "))
+    code, _, err = invoke(capsys, "build", "--model", str(odd), "--kind", "embed", "--tp", "8", "--out", tmp_path)
+    assert code == 2
+
+
+def _git(cwd, *args):
+    subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True)
+
+
+@pytest.mark.slow
+def test_against_names_exactly_the_keys_whose_code_changed(tmp_path):
+    """Two commits of a copy of this project: the second changes the embed kernel's arithmetic only."""
+    repo = tmp_path / "repo"
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    for f in files:
+        (repo / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / f, repo / f)
+    _git(repo, "init", "-q")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "add", "-A")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    kernel = repo / "kernels" / "embed" / "kernel.py"
+    src = kernel.read_text()
+    old = "b_e = tl.load(table + row * D + o_d, mask=(o_d < D) & mine, other=0.0).to(tl.float32)"
+    assert old in src
+    kernel.write_text(src.replace(old, old + " * 2.0"))
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "two")
+    p = run_cli(
+        repo,
+        [
+            "build",
+            "--against",
+            "HEAD~1",
+            "--model",
+            "tiny",
+            "--tp",
+            "1,2",
+            "--rows",
+            "1,2",
+            "-j",
+            "2",
+            "--json",
+            "--out",
+            str(tmp_path / "build"),
+        ],
+    )
+    assert p.returncode == 0
+    doc = json.loads(p.stdout)
+    status = {r["key"]: r["status"] for r in doc["keys"]}
+    assert {k for k, s in status.items() if s == "changed"} == {
+        f"tiny/embed/tp{t}/r{r}" for t in (1, 2) for r in (1, 2)
+    }
+    assert {k for k, s in status.items() if s == "unchanged"} == {
+        f"tiny/tail/tp{t}/r{r}" for t in (1, 2) for r in (1, 2)
+    }
+    assert doc["summary"] == "4 of 8 builds change against HEAD~1"
