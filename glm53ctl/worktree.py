@@ -98,6 +98,11 @@ def checkout(ref: str, cache: Path) -> tuple[Path, str]:
     return path, sha
 
 
-def run_cli(tree: Path, args: list[str]) -> subprocess.CompletedProcess:
-    """The glm53ctl of `tree` with `args`, in a child process (stdout captured, stderr passed through)."""
-    return subprocess.run([sys.executable, "-c", BOOTSTRAP, str(tree), *args], stdout=subprocess.PIPE, text=True)
+def run_cli(tree: Path, args: list[str], capture_stderr: bool = False) -> subprocess.CompletedProcess:
+    """The glm53ctl of `tree` with `args`, in a child process (stdout captured; stderr passed through)."""
+    return subprocess.run(
+        [sys.executable, "-c", BOOTSTRAP, str(tree), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE if capture_stderr else None,
+        text=True,
+    )

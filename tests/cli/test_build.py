@@ -114,3 +114,33 @@ def test_against_names_exactly_the_keys_whose_code_changed(tmp_path):
         f"tiny/tail/tp{t}/r{r}" for t in (1, 2) for r in (1, 2)
     }
     assert doc["summary"] == "4 of 8 builds change against HEAD~1"
+
+
+@pytest.mark.slow
+def test_compile_error_names_the_key_and_the_compiler_message(tmp_path):
+    repo = tmp_path / "repo"
+    shutil.copytree(ROOT / "glm53ctl", repo / "glm53ctl")
+    shutil.copytree(ROOT / "kernels", repo / "kernels")
+    shutil.copytree(ROOT / "tuning", repo / "tuning")
+    shutil.copytree(ROOT / "configs", repo / "configs")
+    kernel = repo / "kernels" / "embed" / "kernel.py"
+    kernel.write_text(kernel.read_text().replace("o_d = d0 + tl.arange(0, CHUNK)", "o_d = d0 + tl.arange(0, 3)"))
+    args = [
+        "build",
+        "--model",
+        "tiny",
+        "--kind",
+        "embed",
+        "--tp",
+        "1",
+        "--rows",
+        "1",
+        "-j",
+        "1",
+        "--out",
+        str(tmp_path),
+    ]
+    p = run_cli(repo, args, capture_stderr=True)
+    assert p.returncode == 1 and p.stdout == ""
+    assert "Error: tiny/embed/tp1/r1 (launch): CompilationError" in p.stderr and "arange" in p.stderr
+    assert "Traceback" not in p.stderr
