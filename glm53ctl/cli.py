@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 
 from glm53ctl import __version__
-from glm53ctl.commands import build, configs, pending, run
+from glm53ctl.commands import build, check, configs, pending, run
 from glm53ctl.errors import EXIT_USAGE, Glm53Error
 from glm53ctl.output import print_error
 
@@ -45,6 +45,7 @@ def root(
 app.add_typer(configs.app)
 run.register(app)
 build.register(app)
+check.register(app)
 pending.register(app)
 
 

@@ -58,13 +58,20 @@ class KindLaunch:
             parts = [p(x, self.norm, self.shards[r]) for r, p in enumerate(self.peers, start=1)]
         return torch.stack(parts).contiguous()
 
-    def __call__(self, x: torch.Tensor, peers: torch.Tensor | None = None, **guard) -> dict[str, torch.Tensor]:
-        """One launch (after the peers' partials): every output of the kind."""
+    def __call__(self, x: torch.Tensor, peers=None, poison: bool = False, **guard) -> dict[str, torch.Tensor]:
+        """One launch (after the peers' partials): every output of the kind. poison: the outputs start
+        as NaN, so an element the launch does not write fails every check."""
         x = x.to(self.device)
         peers = self.peer_partials(x) if peers is None and self.tp > 1 else peers
+        R, D = self.rows, self.spec.hidden
         if self.kind == "embed":
-            return {"H": self.launch(x, self.shards[0], peers, **guard)}
-        logits = self.launch(x, self.norm, self.shards[0], peers, **guard)
+            out = torch.full((R, self.spec.mhc.streams, D), float("nan"), dtype=torch.bfloat16, device=self.device)
+            return {"H": self.launch(x, self.shards[0], peers, out=out if poison else None, **guard)}
+        logits = None
+        if poison:
+            self.launch.h_hat.fill_(float("nan"))
+            logits = torch.full((R, self.launch.width), float("nan"), device=self.device)
+        logits = self.launch(x, self.norm, self.shards[0], peers, out=logits, **guard)
         return {"h_hat": self.launch.h_hat[: self.rows].clone(), "logits": logits}
 
     def inputs(self, seed: int, steps: int = 1, tokens: tuple[int, ...] | None = None) -> list[torch.Tensor]:

@@ -115,17 +115,18 @@ def _seed(seed: int, name: str, block: int) -> int:
     return int.from_bytes(h[:8], "little") & ((1 << 63) - 1)
 
 
-def _generate(seed: int, name: str, info: TensorInfo, rows: range) -> torch.Tensor:
-    """Rows `rows` of the full tensor (dim 0), block by block."""
+def _generate(seed: int, name: str, info: TensorInfo, rows: range, device: str = "cpu") -> torch.Tensor:
+    """Rows `rows` of the full tensor (dim 0), block by block, drawn on `device` (CPU and CUDA draw
+    different numbers, each the same on every machine of its kind)."""
     tail = info.shape[1:]
     parts = []
     for b in range(rows.start // BLOCK_ROWS, (rows.stop - 1) // BLOCK_ROWS + 1):
         lo, hi = b * BLOCK_ROWS, min((b + 1) * BLOCK_ROWS, info.shape[0])
-        g = torch.Generator().manual_seed(_seed(seed, name, b))
+        g = torch.Generator(device=device).manual_seed(_seed(seed, name, b))
         if info.kind == "log_uniform":  # A_log: exp(A) spread over [1, 16]
-            x = torch.rand((hi - lo, *tail), generator=g) * math.log(16.0)
+            x = torch.rand((hi - lo, *tail), generator=g, device=device) * math.log(16.0)
         else:
-            x = torch.randn((hi - lo, *tail), generator=g) * info.std + info.mean
+            x = torch.randn((hi - lo, *tail), generator=g, device=device) * info.std + info.mean
         parts.append(x[max(rows.start, lo) - lo : min(rows.stop, hi) - lo])
     return torch.cat(parts).to(info.dtype)
 
@@ -138,6 +139,7 @@ class Weights:
     seed: int = 0
     loaded: dict[str, torch.Tensor] = field(default_factory=dict)
     source: Path | None = None  # a file: every tensor used must come from it
+    device: str = "cpu"  # where random tensors are drawn (a GPU draws glm53_flash's in seconds)
     touched: set[str] = field(default_factory=set)
     _cache: dict[tuple[str, int, int], torch.Tensor] = field(default_factory=dict, repr=False)
 
@@ -165,9 +167,9 @@ class Weights:
             out = full if split is None else full.chunk(tp, dim=split)[rank].contiguous()
         elif split == 0:
             n = info.shape[0] // tp
-            out = _generate(self.seed, name, info, range(rank * n, (rank + 1) * n))
+            out = _generate(self.seed, name, info, range(rank * n, (rank + 1) * n), self.device)
         else:
-            out = _generate(self.seed, name, info, range(info.shape[0]))
+            out = _generate(self.seed, name, info, range(info.shape[0]), self.device)
             if split == 1:
                 out = out.chunk(tp, dim=1)[rank].contiguous()
         self._cache[key] = out

@@ -8,8 +8,6 @@ from glm53ctl.errors import NotImplementedCommand
 
 # command -> (what it will do, the issue that builds it)
 PENDING = {
-    "check": ("Accuracy, determinism, invariants, and bitwise equality against a git ref.", 6),
-    "fault": ("Stick each guarded wait on purpose; prove the guard names it.", 6),
     "tune": ("Search per-width knobs with Optuna; keep a knob only where it measures faster.", None),
     "bench": ("Time launches against the bandwidth floor and another git ref.", None),
 }

@@ -159,7 +159,7 @@ class EmbedLaunch:
     def options(self) -> dict:
         return {"num_warps": self.knobs["warps"]}
 
-    def __call__(self, tokens, table, peer_partials=None, rank=0, stuck_site=-1, budget_ns=None, check=True):
+    def __call__(self, tokens, table, peer_partials=None, rank=0, out=None, stuck_site=-1, budget_ns=None, check=True):
         """H [R, hc, D] bf16 (or with partial_only, this rank's fp32 partial [R, D])."""
         from glm53ctl.kernels.embed.naive import check_tokens
 
@@ -170,7 +170,11 @@ class EmbedLaunch:
         tokens = tokens.to(torch.int32)
         if not self.partial_only and self.tp > 1:
             assert peer_partials is not None and peer_partials.shape == (self.tp - 1, R, D)
-        H = torch.empty(R, self.spec.mhc.streams, D, dtype=torch.bfloat16, device=table.device)
+        H = (
+            out
+            if out is not None
+            else torch.empty(R, self.spec.mhc.streams, D, dtype=torch.bfloat16, device=table.device)
+        )
         peers = peer_partials if peer_partials is not None else self.partial
         args = self.kernel_args(tokens, table, peers, H, rank, stuck_site, budget_ns or DEFAULT_BUDGET_NS)
         embed_kernel[(self.grid,)](**args, **self.constexprs(), **self.options())

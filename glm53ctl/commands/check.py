@@ -1,0 +1,221 @@
+"""`glm53ctl check` and `glm53ctl fault`: how a change is proven safe (DESIGN.md §7)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from glm53ctl.commands.build import parse_list
+from glm53ctl.errors import CheckFailed, UsageError
+from glm53ctl.output import Output, err_console
+
+ModelOpt = Annotated[
+    str | None, typer.Option("--model", "-m", help="Model (default: tiny on a CPU, glm53_flash on a GPU).")
+]
+KindOpt = Annotated[str | None, typer.Option("--kind", "-k", help="Kinds (default: every kind with kernels).")]
+TpOpt = Annotated[str | None, typer.Option("--tp", help="TP widths, e.g. 4,8 (default: 1,2,4,8).")]
+RowsOpt = Annotated[str | None, typer.Option("--rows", help="Rows, e.g. 1,2 (default: 1,2,4,8).")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Results as JSON on stdout.")]
+
+
+def register(app: typer.Typer) -> None:
+    app.command(name="check")(check)
+    app.command(name="fault")(fault)
+
+
+def _setup(model, kind, tp, rows):
+    """Device (a GPU, else Triton's interpreter), weights, and the selected keys."""
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"  # before any kernel module is imported
+    from glm53ctl.kernels.launches import TRITON_KINDS
+    from glm53ctl.kernels.spec import ROWS, TP_WIDTHS, load_model
+    from glm53ctl.kernels.weights import Weights
+
+    spec = load_model(model or ("glm53_flash" if device == "cuda" else "tiny"))
+    kinds = parse_list("--kind", kind, TRITON_KINDS)
+    tps = parse_list("--tp", tp, TP_WIDTHS, int)
+    for t in tps:
+        spec.check_tp(t)
+    keys = [(k, t, r) for k in kinds for t in tps for r in parse_list("--rows", rows, ROWS, int)]
+    return device, Weights(spec, seed=0, device=device), keys
+
+
+def check(
+    model: ModelOpt = None,
+    kind: KindOpt = None,
+    tp: TpOpt = None,
+    rows: RowsOpt = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the inputs (fresh per key).")] = 0,
+    against: Annotated[str | None, typer.Option("--against", help="A git ref: every output bit for bit.")] = None,
+    cache: Annotated[Path, typer.Option("--cache", help="Where --against keeps worktrees.")] = Path("build"),
+    save: Annotated[Path | None, typer.Option("--save", hidden=True, help="Only save each key's outputs.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Accuracy against the reference, determinism, invariants; with --against, bitwise equality with REF."""
+    o = Output(as_json)
+    device, weights, keys = _setup(model, kind, tp, rows)  # first: it may select the interpreter
+    from safetensors.torch import load_file, save_file
+
+    from glm53ctl.kernels.checks import check_key, key_name, launch_outputs
+
+    if save is not None:  # the other side of --against: outputs only, in this tree's process
+        save.mkdir(parents=True, exist_ok=True)
+        for k, t, r in keys:
+            name = key_name(weights.spec.name, k, t, r)
+            save_file(
+                launch_outputs(weights, k, t, r, seed, device), str(save / (name.replace("/", "_") + ".safetensors"))
+            )
+        return
+    ref_dir = None
+    if against is not None:
+        from glm53ctl.worktree import checkout, run_cli
+
+        tree, sha = checkout(against, cache)
+        ref_dir = Path(tempfile.mkdtemp(prefix="glm53ctl-against-"))
+        args = ["check", "--save", str(ref_dir), "--seed", str(seed), "--model", weights.spec.name]
+        for flag, value in (("--kind", kind), ("--tp", tp), ("--rows", rows)):
+            if value is not None:
+                args += [flag, value]
+        o.log(f"running {against} ({sha[:12]}) from {tree}")
+        if run_cli(tree, args).returncode:
+            raise UsageError(f"{against}'s glm53ctl could not run `check --save`", hint="its error is above")
+    results = []
+    o.log(f"checking {len(keys)} keys of {weights.spec.name} on {device}")
+    for k, t, r in keys:
+        res, outputs = check_key(weights, k, t, r, seed, device)
+        row = {
+            "key": res.key,
+            "ok": res.ok,
+            "errors": res.errors,
+            "bounds": res.bounds,
+            "grids_equal": res.grids_equal,
+            "repeats_equal": res.repeats_equal,
+            "invariants": res.invariants,
+            "problems": res.problems,
+        }
+        if ref_dir is not None:
+            theirs = load_file(str(ref_dir / (res.key.replace("/", "_") + ".safetensors")))
+            row["against"] = diff = _bitwise(launch_outputs(weights, k, t, r, seed, device), theirs)
+            row["bitwise_equal"] = not diff
+            if diff:
+                row["ok"] = False
+        results.append(row)
+        if not as_json:
+            err_console.print(f"  {'ok  ' if row['ok'] else 'FAIL'} {res.key}")
+    passed = sum(r["ok"] for r in results)
+    summary = f"{passed} of {len(results)} configs pass"
+    if ref_dir is not None:
+        equal = sum(r["bitwise_equal"] for r in results)
+        summary = f"{equal} of {len(results)} configs bitwise equal to {against}; {summary}"
+    o.json({"device": device, "model": weights.spec.name, "seed": seed, "summary": summary, "keys": results})
+    o.table(
+        f"check {weights.spec.name} on {device}",
+        ["key", "rel RMS (bound)", "grids", "repeats", "written"] + (["vs " + against] if ref_dir else []) + ["result"],
+        [
+            (
+                r["key"],
+                ", ".join(f"{n} {e:.1e} ({r['bounds'][n]:g})" for n, e in r["errors"].items()),
+                "equal" if r["grids_equal"] else "DIFFER",
+                "equal" if r["repeats_equal"] else "DIFFER",
+                "yes" if r["invariants"]["every output element written"] else "NO",
+                *(["equal" if r["bitwise_equal"] else "; ".join(r["against"])] if ref_dir else []),
+                "ok" if r["ok"] else "FAIL: " + "; ".join(r["problems"]),
+            )
+            for r in results
+        ],
+    )
+    o.text(summary)
+    if passed < len(results):
+        raise CheckFailed(summary)
+
+
+def _bitwise(ours: dict, theirs: dict) -> list[str]:
+    """Per differing tensor: its name and the first differing element."""
+    import torch
+
+    out = []
+    for name in sorted(set(ours) | set(theirs)):
+        a, b = ours.get(name), theirs.get(name)
+        if a is None or b is None:
+            out.append(f"{name}: only in {'this tree' if b is None else 'the ref'}")
+        elif a.shape != b.shape or a.dtype != b.dtype:
+            out.append(f"{name}: {tuple(a.shape)} {a.dtype} vs {tuple(b.shape)} {b.dtype}")
+        elif not torch.equal(
+            a.view(torch.uint8) if a.dtype == torch.bfloat16 else a,
+            b.view(torch.uint8) if b.dtype == torch.bfloat16 else b,
+        ):
+            ne = (a != b) & ~(torch.isnan(a) & torch.isnan(b))
+            idx = tuple(int(i) for i in ne.nonzero()[0]) if ne.any() else ()
+            out.append(
+                f"{name}{list(idx)}: {float(a[idx]):.6g} vs {float(b[idx]):.6g}" if idx else f"{name}: NaN bits differ"
+            )
+    return out
+
+
+def fault(
+    model: ModelOpt = None,
+    kind: KindOpt = None,
+    tp: TpOpt = None,
+    rows: RowsOpt = None,
+    site: Annotated[int | None, typer.Option("--site", help="Stick this site only.")] = None,
+    all_sites: Annotated[bool, typer.Option("--all", help="Stick every site in turn (the default).")] = False,
+    budget_ms: Annotated[float, typer.Option("--budget-ms", help="Time a stuck wait is given.")] = 2.0,
+    wall_s: Annotated[float, typer.Option("--wall-s", help="A launch slower than this is a hang.")] = 60.0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Stick each guarded wait on purpose: LaunchFault names it, nothing hangs, the retry is bitwise clean."""
+    if site is not None and all_sites:
+        raise UsageError("--site and --all exclude each other")
+    if budget_ms <= 0 or wall_s <= 0:
+        raise UsageError("--budget-ms and --wall-s must be positive")
+    o = Output(as_json)
+    device, weights, keys = _setup(model, kind, tp, rows)  # first: it may select the interpreter
+    from glm53ctl.kernels.checks import fault_key
+
+    results = []
+    for k, t, r in keys:
+        res = fault_key(weights, k, t, r, device, site, int(budget_ms * 1e6), wall_s)
+        results.append(
+            {
+                "key": res.key,
+                "sites": res.sites,
+                "named": res.named,
+                "hangs": res.hangs,
+                "retries_equal": res.retries_equal,
+                "ok": res.ok,
+                "problems": res.problems,
+            }
+        )
+        if not as_json:
+            err_console.print(f"  {'ok  ' if res.ok else 'FAIL'} {res.key}: {res.named}/{res.sites} named")
+    tot = {f: sum(r[f] for r in results) for f in ("sites", "named", "hangs", "retries_equal")}
+    summary = (
+        f"{tot['sites']} sites tried, {tot['named']} named correctly, {tot['hangs']} hangs, "
+        f"{tot['retries_equal']} retries bitwise equal"
+    )
+    o.json({"device": device, "model": weights.spec.name, "summary": summary, "totals": tot, "keys": results})
+    o.table(
+        f"fault {weights.spec.name} on {device} (budget {budget_ms:g} ms)",
+        ["key", "sites", "named", "hangs", "retries equal", "result"],
+        [
+            (
+                r["key"],
+                r["sites"],
+                r["named"],
+                r["hangs"],
+                r["retries_equal"],
+                "ok" if r["ok"] else "FAIL: " + "; ".join(r["problems"][:3]),
+            )
+            for r in results
+        ],
+    )
+    o.text(summary)
+    if not all(r["ok"] for r in results):
+        raise CheckFailed(summary)

@@ -1,0 +1,168 @@
+"""What `glm53ctl check` and `glm53ctl fault` prove, per build key (DESIGN.md §7).
+
+check: accuracy of every output against the reference (relative RMS under a bound per tensor, NaN never
+passes, outputs poisoned before the launch, fresh seeded inputs per key); determinism (bitwise equal across
+grid sizes and repeated launches with no host reset); invariants (every output element written, states
+finite, and for the kinds that have them: selected indices valid, routing distinct and summing to scale).
+fault: each guarded wait stuck in turn is named by LaunchFault within its budget, nothing hangs, and the
+retried launch equals a clean one bit for bit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from glm53ctl.kernels.launches import TRITON_KINDS, KindLaunch
+from glm53ctl.kernels.reference import Reference
+from glm53ctl.kernels.runtime import LaunchFault
+from glm53ctl.kernels.weights import Weights
+
+# relative RMS bounds per output: a bf16 store is about 2^-9 relative, a GEMV over bf16 inputs with fp32
+# accumulation a few of those; embed is a gather and a sum with one non-zero rank: exact.
+BOUNDS = {"embed": {"H": 0.0}, "tail": {"h_hat": 1e-2, "logits": 1e-2}}
+GRIDS = (1, 3, 64)
+REPEATS = 3
+
+
+def rel_rms(ref: torch.Tensor, out: torch.Tensor) -> float:
+    """RMS(out - ref) / RMS(ref); any NaN is infinitely wrong."""
+    if torch.isnan(out).any():
+        return float("inf")
+    ref, out = ref.double().cpu(), out.double().cpu()
+    return float((out - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt().clamp_min(1e-30))
+
+
+def key_seed(seed: int, key: str) -> int:
+    """Fresh inputs per key, the same for a given seed on every machine."""
+    return int.from_bytes(hashlib.sha256(f"{seed}/{key}".encode()).digest()[:4], "little")
+
+
+def key_name(model: str, kind: str, tp: int, rows: int) -> str:
+    return f"{model}/{kind}/tp{tp}/r{rows}"
+
+
+@dataclass
+class CheckResult:
+    key: str
+    errors: dict[str, float] = field(default_factory=dict)
+    bounds: dict[str, float] = field(default_factory=dict)
+    grids_equal: bool = True
+    repeats_equal: bool = True
+    invariants: dict[str, bool] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
+
+
+def launch_outputs(weights: Weights, kind: str, tp: int, rows: int, seed: int, device) -> dict[str, torch.Tensor]:
+    """The kernel's outputs for a key's seeded inputs (what `check --against` compares bit for bit)."""
+    k = KindLaunch(weights, kind, tp, rows, {}, device)
+    x = k.inputs(key_seed(seed, key_name(weights.spec.name, kind, tp, rows)))[0]
+    return {n: t.cpu() for n, t in k(x, poison=True).items()}
+
+
+def check_key(weights: Weights, kind: str, tp: int, rows: int, seed: int, device) -> tuple[CheckResult, dict]:
+    spec = weights.spec
+    res = CheckResult(key_name(spec.name, kind, tp, rows), bounds=BOUNDS[kind])
+    k = KindLaunch(weights, kind, tp, rows, {}, device)
+    x = k.inputs(key_seed(seed, res.key))[0].to(k.device)
+    peers = k.peer_partials(x)
+    out = k(x, peers, poison=True)
+    ref_model = Reference(weights, tp)
+    ref = ref_model.embed(x) if kind == "embed" else ref_model.tail(x.float())
+    for name, bound in BOUNDS[kind].items():
+        res.errors[name] = err = rel_rms(ref[name], out[name])
+        if not err <= bound:
+            res.problems.append(f"{name}: relative RMS error {err:.3g} over its bound {bound:g}")
+    res.invariants["every output element written"] = written = all(not torch.isnan(t).any() for t in out.values())
+    if not written:
+        res.problems.append("an output element was not written (NaN poison left)")
+    for g in GRIDS:
+        other = KindLaunch(weights, kind, tp, rows, {"grid": g}, device)(x, peers, poison=True)
+        if not _same(out, other):
+            res.grids_equal = False
+            res.problems.append(f"grid {g} gives other bits than grid {k.knobs['grid']}")
+    epoch = k.launch.runtime.epoch
+    for i in range(REPEATS):
+        if not _same(out, k(x, peers, poison=True)):
+            res.repeats_equal = False
+            res.problems.append(f"launch {i + 2} in a row gives other bits")
+    res.invariants["tag advanced once per launch"] = k.launch.runtime.epoch == epoch + REPEATS
+    if not res.invariants["tag advanced once per launch"]:
+        res.problems.append("the launch tag did not advance once per launch")
+    return res, {n: t.cpu() for n, t in out.items()}
+
+
+@dataclass
+class FaultResult:
+    key: str
+    sites: int = 0
+    named: int = 0
+    hangs: int = 0
+    retries_equal: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and self.named == self.sites == self.retries_equal and self.hangs == 0
+
+
+def fault_key(
+    weights: Weights, kind: str, tp: int, rows: int, device, site: int | None, budget_ns: int, wall_s: float
+) -> FaultResult:
+    """Each site (or one) stuck in turn. A launch that outlives `wall_s` is reported as a hang and the
+    process ends (a hung GPU launch cannot be recovered from inside it)."""
+    spec = weights.spec
+    res = FaultResult(key_name(spec.name, kind, tp, rows))
+    k = KindLaunch(weights, kind, tp, rows, {}, device)
+    x = k.inputs(key_seed(0, res.key))[0].to(k.device)
+    peers = k.peer_partials(x)
+    clean = k(x, peers)
+    n_sites = len(k.launch.table.sites)
+    sites = range(n_sites) if site is None else [site]
+    if site is not None and not 0 <= site < n_sites:
+        from glm53ctl.errors import UsageError
+
+        raise UsageError(f"--site {site}: {res.key} has sites 0..{n_sites - 1}")
+    for s in sites:
+        res.sites += 1
+        watchdog = threading.Timer(wall_s, _hang, args=(res.key, s, wall_s))
+        watchdog.start()
+        t0 = time.perf_counter()
+        try:
+            k(x, peers, stuck_site=s, budget_ns=budget_ns)
+            res.problems.append(f"site {s}: no LaunchFault")
+        except LaunchFault as e:
+            if e.site == s:
+                res.named += 1
+            else:
+                res.problems.append(f"site {s}: LaunchFault named site {e.site}")
+        finally:
+            watchdog.cancel()
+        if time.perf_counter() - t0 > wall_s:
+            res.hangs += 1
+        if _same(clean, k(x, peers)):
+            res.retries_equal += 1
+        else:
+            res.problems.append(f"site {s}: the retried launch differs from a clean one")
+    return res
+
+
+def _hang(key: str, site: int, wall_s: float) -> None:
+    print(f"Error: {key}: site {site} stuck: the launch did not return within {wall_s:g} s (a hang)", flush=True)
+    os._exit(1)
+
+
+__all__ = ["BOUNDS", "TRITON_KINDS", "CheckResult", "FaultResult", "check_key", "fault_key", "launch_outputs"]

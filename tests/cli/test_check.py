@@ -1,0 +1,122 @@
+"""`glm53ctl check` and `glm53ctl fault` on tiny under the interpreter; `check --against` a git ref."""
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from glm53ctl.worktree import run_cli
+from tests.helpers import invoke, invoke_json
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.interpreter
+
+
+@pytest.mark.slow
+def test_check_passes_on_every_key(capsys):
+    doc = invoke_json(capsys, "check")
+    assert doc["device"] == "cpu" and doc["model"] == "tiny"
+    assert len(doc["keys"]) == 2 * 4 * 4  # embed and tail × TP 1/2/4/8 × rows 1/2/4/8
+    bad = [k for k in doc["keys"] if not k["ok"]]
+    assert not bad, bad
+    assert doc["summary"] == "32 of 32 configs pass"
+
+
+def test_check_fails_when_a_bound_is_broken(capsys, monkeypatch):
+    from glm53ctl.kernels import checks
+
+    monkeypatch.setitem(checks.BOUNDS, "tail", {"h_hat": 1e-2, "logits": 0.0})
+    code, out, err = invoke(capsys, "check", "--kind", "tail", "--tp", "1", "--rows", "2", "--json")
+    assert code == 1
+    doc = json.loads(out)
+    assert "logits: relative RMS error" in doc["keys"][0]["problems"][0]
+    assert "0 of 1 configs pass" in err
+
+
+@pytest.mark.parametrize("kind", ["embed", "tail"])
+def test_fault_all_sites_on_one_key_per_kind(capsys, kind):
+    doc = invoke_json(capsys, "fault", "--all", "--kind", kind, "--tp", "2", "--rows", "2")
+    t = doc["totals"]
+    assert t["sites"] > 0 and t["named"] == t["sites"] == t["retries_equal"] and t["hangs"] == 0
+
+
+def test_fault_one_site_and_bad_input(capsys):
+    doc = invoke_json(capsys, "fault", "--site", "0", "--kind", "embed", "--tp", "1", "--rows", "1")
+    assert doc["totals"]["sites"] == 1 and doc["totals"]["named"] == 1
+    code, _, err = invoke(capsys, "fault", "--site", "99", "--kind", "embed", "--tp", "1", "--rows", "1")
+    assert code == 2 and "--site 99: tiny/embed/tp1/r1 has sites 0..0" in err
+    code, _, err = invoke(capsys, "fault", "--site", "0", "--all")
+    assert code == 2 and "exclude each other" in err
+    code, _, err = invoke(capsys, "check", "--against", "no-such-ref-xyz", "--kind", "embed", "--tp", "1")
+    assert code == 2 and "no git ref 'no-such-ref-xyz'" in err
+
+
+def _git(cwd, *args):
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd, check=True, capture_output=True
+    )
+
+
+@pytest.fixture
+def repo(tmp_path):
+    """A copy of this project's tracked files as a fresh git repository with one commit."""
+    repo = tmp_path / "repo"
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    for f in files:
+        (repo / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / f, repo / f)
+    _git(repo, "init", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "one")
+    return repo
+
+
+def _edit(repo, path, old, new):
+    f = repo / path
+    text = f.read_text()
+    assert old in text, old
+    f.write_text(text.replace(old, new))
+    _git(repo, "commit", "-qam", f"edit {path}")
+
+
+def _check_against(repo, tmp_path, kind):
+    args = [
+        "check",
+        "--against",
+        "HEAD~1",
+        "--kind",
+        kind,
+        "--tp",
+        "1,2",
+        "--rows",
+        "2",
+        "--json",
+        "--cache",
+        str(tmp_path / "cache"),
+    ]
+    p = run_cli(repo, args, capture_stderr=True)
+    return p.returncode, json.loads(p.stdout) if p.stdout else None, p.stderr
+
+
+@pytest.mark.slow
+def test_against_a_schedule_knob_change_is_bitwise_equal(repo, tmp_path):
+    _edit(
+        repo, "tuning/knobs.py", 'Knob("handoff", ("flag", "box"), "box",', 'Knob("handoff", ("flag", "box"), "flag",'
+    )
+    code, doc, err = _check_against(repo, tmp_path, "tail")
+    assert code == 0, err
+    assert doc["summary"].startswith("2 of 2 configs bitwise equal to HEAD~1")
+    assert all(k["bitwise_equal"] for k in doc["keys"])
+
+
+@pytest.mark.slow
+def test_against_an_arithmetic_change_fails_naming_the_tensor(repo, tmp_path):
+    old = "b_e = tl.load(table + row * D + o_d, mask=(o_d < D) & mine, other=0.0).to(tl.float32)"
+    _edit(repo, "kernels/embed/kernel.py", old, old + " * 2.0")
+    code, doc, err = _check_against(repo, tmp_path, "embed")
+    assert code == 1
+    assert doc["summary"].startswith("0 of 2 configs bitwise equal to HEAD~1")
+    for k in doc["keys"]:
+        assert not k["bitwise_equal"] and k["against"][0].startswith("H[0, 0, 0]: ")
