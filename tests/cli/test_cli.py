@@ -71,7 +71,7 @@ def test_help_imports_no_torch_triton_optuna():
 def test_python_dash_m_and_console_script():
     p = subprocess.run([sys.executable, "-m", "glm53ctl", "--version"], capture_output=True, text=True)
     assert p.returncode == 0 and p.stdout.strip() == f"glm53ctl {__version__}"
-    p = subprocess.run([sys.executable, "-m", "glm53ctl", "check"], capture_output=True, text=True)
+    p = subprocess.run([sys.executable, "-m", "glm53ctl", "tune"], capture_output=True, text=True)
     assert p.returncode == 2 and p.stderr.startswith("Error:") and "Traceback" not in p.stderr
 
 
