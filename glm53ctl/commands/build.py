@@ -48,13 +48,16 @@ def build(
     """Compile every kernel per build key ahead of time; registers, spills, shared memory, stack, code hash."""
     from glm53ctl.kernels.build import BUILD_KINDS, BuildKey, parse_target
     from glm53ctl.kernels.build import build as run_build
-    from glm53ctl.kernels.spec import ROWS, TP_WIDTHS, model_names
+    from glm53ctl.kernels.spec import ROWS, TP_WIDTHS, load_model, model_names
 
     o = Output(as_json)
     arch = parse_target(target)
     if jobs < 1:
         raise UsageError(f"--jobs {jobs}: expected at least 1")
-    models = parse_list("--model", model, tuple(model_names()))
+    # a model by name or by the path of its .toml; every one must load
+    models = [m.strip() for m in model.split(",")] if model else model_names()
+    for m in models:
+        load_model(m)
     kinds = parse_list("--kind", kind, BUILD_KINDS)
     tps = parse_list("--tp", tp, TP_WIDTHS, int)
     rowss = parse_list("--rows", rows, ROWS, int)

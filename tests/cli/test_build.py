@@ -61,7 +61,9 @@ def test_build_refuses_a_key_the_model_cannot_shard(capsys, tmp_path):
     odd = tmp_path / "odd.toml"
     odd.write_text(text.replace('name = "tiny"', 'name = "odd"').replace("heads = 8 ", "heads = 12 "))
     code, _, err = invoke(capsys, "build", "--model", str(odd), "--kind", "embed", "--tp", "8", "--out", tmp_path)
-    assert code == 2
+    assert code == 2 and "cannot be sharded at TP 8: kda.heads = 12 not divisible by 8" in err
+    code, _, err = invoke(capsys, "build", "--model", "nope", "--out", tmp_path)
+    assert code == 2 and "unknown model 'nope'" in err
 
 
 def _git(cwd, *args):
