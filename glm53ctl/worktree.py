@@ -33,7 +33,8 @@ def _install_tree_finder(root):
                             name, base / "__init__.py", submodule_search_locations=[str(base)])
                     if base.with_suffix(".py").exists():
                         return importlib.util.spec_from_file_location(name, base.with_suffix(".py"))
-                    return None
+                    # never fall through to an installed copy of another tree
+                    raise ModuleNotFoundError(f"No module named {name!r} in {root}", name=name)
             return None
 
     sys.meta_path.insert(0, TreeFinder())

@@ -119,7 +119,10 @@ def _source(launch, target: int):
         if p.is_constexpr:
             signature[p.name] = "constexpr"
             continue
-        ty, spec = native_specialize_impl(BaseBackend, args[p.name], False, i not in fn.do_not_specialize, True)
+        # the JIT's own rule: value 1 -> constant, multiples of 16 and aligned pointers -> divisibility
+        ty, spec = native_specialize_impl(
+            BaseBackend, args[p.name], False, not p.do_not_specialize, not p.do_not_specialize_on_alignment
+        )
         if ty == "constexpr":
             signature[p.name] = "constexpr"
             constants[p.name] = spec
@@ -128,6 +131,14 @@ def _source(launch, target: int):
             if spec == "D":
                 attrs[(i,)] = [["tt.divisibility", 16]]
     return fn, ASTSource(fn, signature, constants, attrs), (signature, constants, attrs)
+
+
+def _toolchain(ptxas: Path) -> list:
+    """What else decides the code: the ptxas binary and Triton's cache-invalidating environment."""
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+
+    st = ptxas.stat()
+    return [str(ptxas), st.st_size, int(st.st_mtime), sorted(get_cache_invalidating_env_vars().items())]
 
 
 def _ptxas_report(ptxas: Path, ptx: str) -> dict:
@@ -159,7 +170,9 @@ def compile_key(key: BuildKey, target: int, cache_dir: str) -> list[dict]:
     for role, launch in launches(key, knobs_in_force(key.kind)):
         fn, src, spec = _source(launch, target)
         options = launch.options()
-        ident = json.dumps([fn.cache_key, repr(spec), options, target, triton.__version__], sort_keys=True)
+        ident = json.dumps(
+            [fn.cache_key, repr(spec), options, target, triton.__version__, _toolchain(ptxas)], sort_keys=True
+        )
         digest = hashlib.sha256(ident.encode()).hexdigest()
         cached = Path(cache_dir) / f"{digest}.json"
         if cached.exists():
@@ -183,8 +196,9 @@ def compile_key(key: BuildKey, target: int, cache_dir: str) -> list[dict]:
                 **rep,
             )
         )
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        cached.write_text(json.dumps(rec))
+        from glm53ctl.tuned import write_atomic
+
+        write_atomic(cached, json.dumps(rec))  # keys of the same code share an entry: never half-written
         records.append(rec)
     return records
 

@@ -70,7 +70,12 @@ def launch_outputs(weights: Weights, kind: str, tp: int, rows: int, seed: int, d
     """The kernel's outputs for a key's seeded inputs (what `check --against` compares bit for bit)."""
     k = KindLaunch(weights, kind, tp, rows, {}, device)
     x = k.inputs(key_seed(seed, key_name(weights.spec.name, kind, tp, rows)))[0]
-    return {n: t.cpu() for n, t in k(x, poison=True).items()}
+    return {n: t.cpu() for n, t in k(x, poison=True).items()} | writes(k)
+
+
+def writes(k: KindLaunch) -> dict[str, torch.Tensor]:
+    """What a launch writes besides its outputs: its hand-off buffers (embed's fp32 partial)."""
+    return {"partial": k.launch.partial.cpu().clone()} if k.kind == "embed" else {}
 
 
 def check_key(weights: Weights, kind: str, tp: int, rows: int, seed: int, device) -> tuple[CheckResult, dict]:
@@ -129,7 +134,7 @@ def fault_key(
     k = KindLaunch(weights, kind, tp, rows, {}, device)
     x = k.inputs(key_seed(0, res.key))[0].to(k.device)
     peers = k.peer_partials(x)
-    clean = k(x, peers)
+    clean = k(x, peers, poison=True)
     n_sites = len(k.launch.table.sites)
     sites = range(n_sites) if site is None else [site]
     if site is not None and not 0 <= site < n_sites:
@@ -153,7 +158,9 @@ def fault_key(
             watchdog.cancel()
         if time.perf_counter() - t0 > wall_s:
             res.hangs += 1
-        if _same(clean, k(x, peers)):
+        # poisoned: a retry that writes nothing cannot pass on the bits an earlier launch left behind
+        epoch = k.launch.runtime.epoch
+        if _same(clean, k(x, peers, poison=True)) and k.launch.runtime.epoch == epoch + 1:
             res.retries_equal += 1
         else:
             res.problems.append(f"site {s}: the retried launch differs from a clean one")

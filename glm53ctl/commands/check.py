@@ -101,7 +101,8 @@ def check(
             "problems": res.problems,
         }
         if ref_dir is not None:
-            theirs = load_file(str(ref_dir / (res.key.replace("/", "_") + ".safetensors")))
+            path = ref_dir / (res.key.replace("/", "_") + ".safetensors")
+            theirs = load_file(str(path)) if path.exists() else {}
             row["against"] = diff = _bitwise(launch_outputs(weights, k, t, r, seed, device), theirs)
             row["bitwise_equal"] = not diff
             if diff:
@@ -137,25 +138,26 @@ def check(
 
 
 def _bitwise(ours: dict, theirs: dict) -> list[str]:
-    """Per differing tensor: its name and the first differing element."""
+    """Per differing tensor, its name and the first differing element; bits compared, so -0.0 != +0.0
+    and two NaNs with the same bits are equal."""
     import torch
 
+    as_int = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
     out = []
     for name in sorted(set(ours) | set(theirs)):
         a, b = ours.get(name), theirs.get(name)
         if a is None or b is None:
             out.append(f"{name}: only in {'this tree' if b is None else 'the ref'}")
-        elif a.shape != b.shape or a.dtype != b.dtype:
+            continue
+        if a.shape != b.shape or a.dtype != b.dtype:
             out.append(f"{name}: {tuple(a.shape)} {a.dtype} vs {tuple(b.shape)} {b.dtype}")
-        elif not torch.equal(
-            a.view(torch.uint8) if a.dtype == torch.bfloat16 else a,
-            b.view(torch.uint8) if b.dtype == torch.bfloat16 else b,
-        ):
-            ne = (a != b) & ~(torch.isnan(a) & torch.isnan(b))
-            idx = tuple(int(i) for i in ne.nonzero()[0]) if ne.any() else ()
-            out.append(
-                f"{name}{list(idx)}: {float(a[idx]):.6g} vs {float(b[idx]):.6g}" if idx else f"{name}: NaN bits differ"
-            )
+            continue
+        ia = a.contiguous().view(as_int.get(a.dtype, a.dtype))
+        ib = b.contiguous().view(as_int.get(b.dtype, b.dtype))
+        ne = ia != ib
+        if ne.any():
+            idx = tuple(int(i) for i in ne.nonzero()[0])
+            out.append(f"{name}{list(idx)}: {float(a[idx]):.6g} vs {float(b[idx]):.6g}")
     return out
 
 

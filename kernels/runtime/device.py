@@ -5,7 +5,9 @@ Every launch kind's kernel is a loop over `claim`; these helpers are inlined int
 Buffers (int32, see runtime/table.py for the host side):
   ctl[0] tag: the last finished launch's epoch; this launch publishes epoch = tag + 1
   ctl[1] claim counter, ctl[2] programs done: reset by the last program, so no host reset
-  ctl[3] abort word (set by a program that timed out), ctl[4] the lowest task that timed out
+  ctl[3] abort word: the epoch of a launch a program timed out in, ctl[4] the lowest task that timed out;
+  the last program moves both to ctl[5] / ctl[6] for the host and clears them, so the next launch starts
+  clean even if nobody called the host check (a CUDA graph replaying a faulted launch, say)
   flags[task]: the epoch once task published (a word per producer)
   boxes[line * 32 + slot]: a consumer's own 128-byte lines, a word per producer
   errs[program, 0:5]: site, task, program, expected epoch, value seen (of that program's time-out)
@@ -133,6 +135,8 @@ def wait_site(
             aborted = tl.max(_ld_relaxed(ctl + 3 + o_t * 0), axis=0)
         if POLL == 1:
             _fence_acquire(o_t)
+            # each thread fenced after its own word: a barrier orders every thread's later payload loads
+            tl.debug_barrier()
     if ok == 0:
         if aborted == 0:
             # a time-out, not a stop on another program's abort: record it (the host names the lowest task)
@@ -144,7 +148,7 @@ def wait_site(
             tl.store(errs + pid * 5 + 4, tl.min(v, axis=0))
             tl.atomic_min(ctl + 4, task, sem="relaxed", scope="gpu")
         # the first to abort pushes the claim counter past every task: all programs stop claiming
-        if tl.atomic_xchg(ctl + 3, 1, sem="acq_rel", scope="gpu") == 0:
+        if tl.atomic_xchg(ctl + 3, epoch, sem="acq_rel", scope="gpu") == 0:
             tl.atomic_add(ctl + 1, 1 << 30, sem="relaxed", scope="gpu")
     return ok
 
@@ -224,6 +228,12 @@ def finish(ctl, flags, n_tasks, n_peers, n_programs, epoch):
     if done == n_programs - 1:
         o = tl.arange(0, 8)
         tl.store(flags + n_tasks + o, epoch + 1 + o * 0, mask=o < n_peers)
+        aborted = tl.atomic_xchg(ctl + 3, 0, sem="acq_rel", scope="gpu")
+        if aborted != 0:  # hand the fault to the host, and start the next launch unaborted
+            tl.atomic_xchg(ctl + 5, aborted, sem="relaxed", scope="gpu")
+            tl.atomic_xchg(
+                ctl + 6, tl.atomic_xchg(ctl + 4, 2**31 - 1, sem="relaxed", scope="gpu"), sem="relaxed", scope="gpu"
+            )
         tl.atomic_xchg(ctl + 1, 0, sem="relaxed", scope="gpu")
         tl.atomic_xchg(ctl + 2, 0, sem="relaxed", scope="gpu")
         tl.atomic_xchg(ctl + 0, epoch, sem="release", scope="gpu")

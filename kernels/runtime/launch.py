@@ -40,8 +40,11 @@ class Runtime:
     def __post_init__(self) -> None:
         t, dev = self.table, self.device
         self.arrays = t.build(dev)
+        # tag, claim counter, programs done, abort epoch, lowest timed-out task, and the host's copies of the
+        # last two (see runtime/device.py)
         self.ctl = torch.zeros(8, dtype=torch.int32, device=dev)
         self.ctl[4] = INT32_MAX
+        self.ctl[6] = INT32_MAX
         # tasks' flag words, then one word per peer: a peer's partial is in place before the launch,
         # so its word holds the epoch the next launch expects (the last program keeps it so)
         self.flags = torch.zeros(t.n_tasks + t.peers, dtype=torch.int32, device=dev)
@@ -57,16 +60,16 @@ class Runtime:
         }
 
     def check(self) -> None:
-        """After a launch: raise LaunchFault naming the root site, and clear the guard for the next launch."""
+        """After a launch: raise LaunchFault naming the root site of the last faulted launch (ctl[5] its
+        epoch, ctl[6] its lowest timed-out task, moved there by its last program), then clear them."""
         ctl = self.ctl.cpu()
-        if int(ctl[3]) == 0:
+        epoch, root_task = int(ctl[5]), int(ctl[6])
+        if epoch == 0:
             return
-        errs = self.errs.cpu()
-        root_task = int(ctl[4])
-        rows = [r for r in errs.tolist() if r[1] == root_task and r[3] != 0]
-        site, task, program, expected, seen = rows[0] if rows else (-1, root_task, -1, 0, 0)
-        self.ctl[3] = 0
-        self.ctl[4] = INT32_MAX
+        rows = [r for r in self.errs.cpu().tolist() if r[1] == root_task and r[3] == epoch]
+        site, task, program, expected, seen = rows[0] if rows else (-1, root_task, -1, epoch, 0)
+        self.ctl[5] = 0
+        self.ctl[6] = INT32_MAX
         self.errs.zero_()
         s = self.table.sites[site] if site >= 0 else None
         producer = ", ".join(self.table.describe_task(p) for p in s.producers) if s else "?"

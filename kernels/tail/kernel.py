@@ -59,6 +59,7 @@ def tail_kernel(
     POLL: tl.constexpr,
     THREADS: tl.constexpr,
     PREFETCH: tl.constexpr,
+    GATHER_COLS: tl.constexpr,
 ):
     epoch = launch_epoch(ctl, INTERPRET)
     task = claim(ctl, n_tasks)
@@ -112,7 +113,7 @@ def tail_kernel(
                 tl.store(p_o, acc, mask=(o_m[:, None] < R) & (o_n[None, :] < V_LOCAL))
             else:
                 # GATHER: peer a0's logits columns a1.. into its place in the full row
-                o_c = a1 + tl.arange(0, 1024)
+                o_c = a1 + tl.arange(0, GATHER_COLS)
                 m_c = o_c < V_LOCAL
                 for r in range(R):
                     src = peer_logits + ((a0 - 1) * R + r) * V_LOCAL + o_c
@@ -197,6 +198,7 @@ class TailLaunch:
             "POLL": self.knobs["poll"],
             "THREADS": 32 * self.knobs["warps"],
             "PREFETCH": self.knobs["prefetch"],
+            "GATHER_COLS": GATHER_N,
         }
 
     def options(self) -> dict:
@@ -220,7 +222,8 @@ class TailLaunch:
     def placeholder_args(self) -> dict:
         """The kernel's arguments with stand-in tensors of the right dtypes (ahead-of-time builds)."""
         bf16, f32 = (torch.empty(1, dtype=d) for d in (torch.bfloat16, torch.float32))
-        return self.kernel_args(bf16, bf16, bf16, f32, f32)
+        peers = f32 if self.tp > 1 and not self.partial_only else bf16  # __call__ passes H when no peers
+        return self.kernel_args(bf16, bf16, bf16, f32, peers)
 
 
 def interpreting() -> bool:

@@ -119,3 +119,29 @@ def test_against_an_arithmetic_change_fails_naming_the_tensor(repo, tmp_path):
     assert doc["summary"].startswith("0 of 2 configs bitwise equal to HEAD~1")
     for k in doc["keys"]:
         assert not k["bitwise_equal"] and k["against"][0].startswith("H[0, 0, 0]: ")
+
+
+def test_bitwise_compares_bits():
+    import torch
+
+    from glm53ctl.commands.check import _bitwise
+
+    nan = torch.tensor([float("nan"), 1.0])
+    assert _bitwise({"x": nan}, {"x": nan.clone()}) == []
+    assert _bitwise({"x": torch.tensor([0.0])}, {"x": torch.tensor([-0.0])}) == ["x[0]: 0 vs -0"]
+    h = torch.tensor([1.0, 2.0], dtype=torch.bfloat16)
+    assert _bitwise({"h": h}, {"h": h + torch.tensor([0.0, 0.015625], dtype=torch.bfloat16)})[0].startswith("h[1]")
+    assert _bitwise({"a": nan}, {}) == ["a: only in this tree"]
+
+
+def test_a_ref_child_never_falls_back_to_the_installed_tree(tmp_path):
+    tree = tmp_path / "tree"
+    for d in ("glm53ctl", "kernels", "tuning", "configs"):
+        shutil.copytree(ROOT / d, tree / d)
+    (tree / "kernels" / "tlx.py").unlink()
+    p = run_cli(
+        tree,
+        ["run", "--kind", "tail", "--backend", "triton", "--out", str(tmp_path / "x.safetensors")],
+        capture_stderr=True,
+    )
+    assert p.returncode != 0 and "No module named 'glm53ctl.kernels.tlx'" in p.stderr

@@ -122,3 +122,25 @@ def test_task_table_is_topological_and_boxes_fit_a_line():
         t.wait(len(t.tasks) - 1, [len(t.tasks)])
     arrays = t.build("cpu")
     assert int(arrays["pub_count"][0]) == 1 and arrays["tasks"].numel() == 6 * t.n_tasks
+
+
+def test_an_unchecked_fault_does_not_leak_into_the_next_launch(weights):
+    """A faulted launch that nobody checked (a graph replay, say): the next launches are clean, and the
+    host still hears of the fault when it checks."""
+    k, x, peers = _launch(weights, "tail", 2, 2, grid=3)
+    clean = k(x, peers, poison=True)
+    k(x, peers, stuck_site=0, check=False)
+    after = k(x, peers, poison=True, check=False)
+    assert _same(clean, after)
+    with pytest.raises(LaunchFault) as e:
+        k.launch.runtime.check()
+    assert e.value.site == 0
+    k.launch.runtime.check()  # reported once
+
+
+def test_build_placeholders_mirror_the_launch_arguments(weights):
+    """The ahead-of-time build must see the dtypes the launch passes (tail passes H when it has no peers)."""
+    for tp, partial, dtype in ((1, False, torch.bfloat16), (2, False, torch.float32), (2, True, torch.bfloat16)):
+        k = KindLaunch(weights, "tail", tp, 1, {}, "cpu")
+        launch = k.peers[0] if partial else k.launch
+        assert launch.placeholder_args()["peer_logits"].dtype == dtype
