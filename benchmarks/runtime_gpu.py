@@ -359,6 +359,25 @@ def main(out_dir: Path) -> None:
         )
 
     res["copy_ways"] = _COPY["ways"]
+    # a faulted launch nobody checked (as in a graph replay): the next launch must still be clean
+    for kind in ("tail", "embed"):
+        k = KindLaunch(w, kind, 4, 2, best if kind == "tail" else {}, DEV)
+        x = k.inputs(seed=5)[0].to(DEV)
+        peers = k.peer_partials(x)
+        clean = k(x, peers, poison=True)
+        k(x, peers, stuck_site=0, budget_ns=2_000_000, check=False)
+        after = k(x, peers, poison=True, check=False)
+        equal = all(torch.equal(clean[n], after[n]) for n in clean)
+        try:
+            k.launch.runtime.check()
+            reported = None
+        except LaunchFault as e:
+            reported = e.site
+        res.setdefault("unchecked_fault", []).append(
+            {"kind": kind, "next_launch_equal": equal, "reported_site": reported}
+        )
+        print(f"unchecked fault {kind}: next launch equal {equal}, host told of site {reported}", flush=True)
+
     (out_dir / "results.json").write_text(json.dumps(res, indent=2))
     print("\n| kind | TP | rows | µs | floor µs | % copy BW | rel RMS | bitwise grids/knobs | 3 launches | graph |")
     for r in res["checks"]:
