@@ -117,6 +117,7 @@ class FaultResult:
     named: int = 0
     hangs: int = 0
     retries_equal: int = 0
+    worst_s: float = 0.0  # the slowest stuck launch: its budget per wait, plus the launch
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -156,7 +157,9 @@ def fault_key(
                 res.problems.append(f"site {s}: LaunchFault named site {e.site}")
         finally:
             watchdog.cancel()
-        if time.perf_counter() - t0 > wall_s:
+        took = time.perf_counter() - t0
+        res.worst_s = max(res.worst_s, took)
+        if took > wall_s:
             res.hangs += 1
         # poisoned: a retry that writes nothing cannot pass on the bits an earlier launch left behind
         epoch = k.launch.runtime.epoch

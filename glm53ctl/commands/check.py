@@ -191,6 +191,7 @@ def fault(
                 "named": res.named,
                 "hangs": res.hangs,
                 "retries_equal": res.retries_equal,
+                "worst_s": round(res.worst_s, 4),
                 "ok": res.ok,
                 "problems": res.problems,
             }
@@ -205,7 +206,7 @@ def fault(
     o.json({"device": device, "model": weights.spec.name, "summary": summary, "totals": tot, "keys": results})
     o.table(
         f"fault {weights.spec.name} on {device} (budget {budget_ms:g} ms)",
-        ["key", "sites", "named", "hangs", "retries equal", "result"],
+        ["key", "sites", "named", "hangs", "retries equal", "slowest fault", "result"],
         [
             (
                 r["key"],
@@ -213,6 +214,7 @@ def fault(
                 r["named"],
                 r["hangs"],
                 r["retries_equal"],
+                f"{r['worst_s'] * 1e3:.1f} ms",
                 "ok" if r["ok"] else "FAIL: " + "; ".join(r["problems"][:3]),
             )
             for r in results

@@ -138,8 +138,9 @@ def wait_site(
             # each thread fenced after its own word: a barrier orders every thread's later payload loads
             tl.debug_barrier()
     if ok == 0:
-        if aborted == 0:
-            # a time-out, not a stop on another program's abort: record it (the host names the lowest task)
+        # a time-out, or a stop on another program's abort while this wait was still unsatisfied: either
+        # way this task was blocked; the host names the lowest blocked task as the root
+        if task >= 0:
             pid = tl.program_id(0).to(tl.int64)
             tl.store(errs + pid * 5 + 0, site)
             tl.store(errs + pid * 5 + 1, task)
