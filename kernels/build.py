@@ -95,10 +95,12 @@ def launches(key: BuildKey, knobs: dict) -> list[tuple[str, object]]:
     return out
 
 
-def knobs_in_force(kind: str) -> dict:
-    from glm53ctl.tuning.knobs import defaults
+def knobs_in_force(key: BuildKey) -> dict:
+    """Defaults, then the tuned entry for the key (configs/tuned), as a launch would take them."""
+    from glm53ctl.kernels.spec import load_model
+    from glm53ctl.tuning.knobs import knobs_for
 
-    knobs = defaults(kind)
+    knobs = knobs_for(load_model(key.model).name, key.kind, key.tp, key.rows)
     knobs["grid"] = knobs["grid"] or 396  # grid 0 resolves per device; the code does not depend on it
     return knobs
 
@@ -167,7 +169,7 @@ def compile_key(key: BuildKey, target: int, cache_dir: str) -> list[dict]:
 
     ptxas = find_ptxas()
     records = []
-    for role, launch in launches(key, knobs_in_force(key.kind)):
+    for role, launch in launches(key, knobs_in_force(key)):
         fn, src, spec = _source(launch, target)
         options = launch.options()
         ident = json.dumps(
@@ -233,7 +235,7 @@ def build(keys: list[BuildKey], target: int, out: Path, jobs: int, progress=None
             if progress:
                 progress(futures[f])
     entries = [
-        {**asdict(k), "key": k.name, "knobs": knobs_in_force(k.kind), "kernels": results[k]}
+        {**asdict(k), "key": k.name, "knobs": knobs_in_force(k), "kernels": results[k]}
         for k in sorted(keys, key=lambda k: (k.model, k.kind, k.tp, k.rows))
     ]
     kernels = [r for e in entries for r in e["kernels"]]

@@ -12,7 +12,7 @@ from glm53ctl.errors import UsageError
 from glm53ctl.kernels.harness import Inputs, RunKey, row_contexts
 from glm53ctl.kernels.numerics import FP32
 from glm53ctl.kernels.weights import ROOT, Weights
-from glm53ctl.tuning.knobs import check_knobs, defaults, resolve_grid
+from glm53ctl.tuning.knobs import knobs_for, resolve_grid
 
 TRITON_KINDS = ("embed", "tail")
 
@@ -27,9 +27,7 @@ class KindLaunch:
             )
         spec = weights.spec
         spec.check_tp(tp)
-        knobs = {**defaults(kind), **(knobs or {})}
-        check_knobs(kind, knobs)
-        knobs = resolve_grid(knobs, device)
+        knobs = resolve_grid(knobs_for(spec.name, kind, tp, rows, knobs, device), device)
         self.kind, self.tp, self.rows, self.knobs, self.device = kind, tp, rows, knobs, torch.device(device)
         self.spec, self.weights = spec, weights
         w = lambda name, r: weights.shard(name, r, tp).to(self.device).contiguous()

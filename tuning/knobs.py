@@ -91,3 +91,29 @@ def check_knobs(kind: str, knobs: dict) -> None:
             )
         if name != "grid" and value not in k.values:
             raise UsageError(f"knob {name}={value!r}: expected one of {', '.join(map(str, k.values))}")
+
+
+def knobs_for(model: str, kind: str, tp: int, rows: int, overrides: dict | None = None, device=None) -> dict:
+    """The knobs in force for one build key (DESIGN.md §6): the registry's defaults, then the tuned entry of
+    configs/tuned/<model>/tp<T>.json for (kind, rows) if there is one, then explicit overrides. A tuned
+    entry measured on another GPU capability or Triton minor version is used with a warning."""
+    from glm53ctl import tuned
+    from glm53ctl.output import print_warning
+    from glm53ctl.paths import tuned_path
+
+    knobs = defaults(kind)
+    path = tuned_path(model, tp)
+    if path.exists():
+        cap = triton_version = None
+        if device is not None and str(device).startswith("cuda"):
+            import torch
+            import triton
+
+            major, minor = torch.cuda.get_device_capability(device)
+            cap, triton_version = f"{major}.{minor}", triton.__version__
+        knobs, _, warnings = tuned.lookup(tuned.load(path), kind, rows, knobs, cap, triton_version)
+        for w in warnings:
+            print_warning(f"{path}: {kind} rows={rows}: {w}")
+    knobs = {**knobs, **(overrides or {})}
+    check_knobs(kind, knobs)
+    return knobs

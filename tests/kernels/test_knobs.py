@@ -24,3 +24,31 @@ def test_bad_knobs_are_refused():
 def test_grid_zero_resolves_per_device():
     assert resolve_grid({"grid": 0}, "cpu")["grid"] == 4
     assert resolve_grid({"grid": 7}, "cpu")["grid"] == 7
+
+
+def test_launches_take_the_tuned_entry_of_their_key(tmp_path, monkeypatch):
+    """Defaults, then configs/tuned/<model>/tp<T>.json's entry for (kind, rows), then explicit knobs."""
+    import json
+    import shutil
+
+    from glm53ctl.kernels.launches import KindLaunch
+    from glm53ctl.kernels.spec import load_model
+    from glm53ctl.kernels.weights import Weights
+    from glm53ctl.paths import config_root
+    from tests.configs.test_tuned import doc
+
+    shutil.copytree(config_root() / "models", tmp_path / "models")
+    d = doc(model="tiny", tp=4)
+    d["entries"] = {"tail": {"2": {"knobs": {"block_n": 32, "handoff": "flag"}}}}
+    (tmp_path / "tuned" / "tiny").mkdir(parents=True)
+    (tmp_path / "tuned" / "tiny" / "tp4.json").write_text(json.dumps(d))
+    monkeypatch.setenv("GLM53CTL_CONFIG_DIR", str(tmp_path))
+    w = Weights(load_model("tiny"))
+    assert KindLaunch(w, "tail", 4, 2, {}, "cpu").knobs["block_n"] == 32
+    assert KindLaunch(w, "tail", 4, 2, {}, "cpu").knobs["handoff"] == "flag"
+    assert KindLaunch(w, "tail", 4, 1, {}, "cpu").knobs == {**defaults("tail"), "grid": 4}
+    assert KindLaunch(w, "tail", 4, 2, {"block_n": 64}, "cpu").knobs["block_n"] == 64
+    d["entries"] = {"tail": {"2": {"knobs": {"chunk": 256}}}}
+    (tmp_path / "tuned" / "tiny" / "tp4.json").write_text(json.dumps(d))
+    with pytest.raises(UsageError, match="knob 'chunk' does not apply to tail"):
+        KindLaunch(w, "tail", 4, 2, {}, "cpu")
