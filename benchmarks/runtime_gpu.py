@@ -210,6 +210,28 @@ def main(out_dir: Path) -> None:
         us, _ = graph_time(lambda: p(x, k.norm, k.shards[1], check=False))
         res.setdefault("diagnose", []).append({"tp": 8, "rows": rows, "what": "no gathers (partial launch)", "us": us})
         print(f"diagnose TP8 rows{rows} no gathers: {us:.1f} us", flush=True)
+        # the same partial launch with GEMV tasks that do not wait for the norm rows (timing only: they
+        # read the previous launch's rows), and the bare runtime on this table (no task bodies)
+        from glm53ctl.kernels.runtime import Runtime
+        from glm53ctl.kernels.runtime.chain import ChainLaunch
+        from glm53ctl.kernels.runtime.table import TaskTable
+        from glm53ctl.kernels.tail.kernel import GEMV, NORM, TYPE_NAMES
+
+        t = TaskTable("tail", TYPE_NAMES)
+        for r in range(rows):
+            t.add(NORM, r)
+        for n0 in range(0, p.v_local, base["block_n"]):
+            t.add(GEMV, n0)
+        p.table, p.runtime = t, Runtime(t, DEV, max_programs=p.grid)
+        us_nowait, _ = graph_time(lambda: p(x, k.norm, k.shards[1], check=False))
+        bare = ChainLaunch(2, "flag", 1, p.grid, DEV)
+        bare.table, bare.runtime = t, Runtime(t, DEV, max_programs=p.grid)
+        us_bare, _ = graph_time(lambda: bare(check=False))
+        res["diagnose"] += [
+            {"tp": 8, "rows": rows, "what": "no gathers, GEMV not waiting for the norm", "us": us_nowait},
+            {"tp": 8, "rows": rows, "what": "bare runtime on the same table (no task bodies)", "us": us_bare},
+        ]
+        print(f"diagnose TP8 rows{rows} no norm wait: {us_nowait:.1f} us; bare runtime: {us_bare:.1f} us", flush=True)
     score = {i: 1.0 for i in range(len(candidates))}
     for tp in (4, 8):
         for rows in (1, 8):
