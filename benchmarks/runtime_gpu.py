@@ -213,7 +213,6 @@ def main(out_dir: Path) -> None:
         # the same partial launch with GEMV tasks that do not wait for the norm rows (timing only: they
         # read the previous launch's rows), and the bare runtime on this table (no task bodies)
         from glm53ctl.kernels.runtime import Runtime
-        from glm53ctl.kernels.runtime.chain import ChainLaunch
         from glm53ctl.kernels.runtime.table import TaskTable
         from glm53ctl.kernels.tail.kernel import GEMV, NORM, TYPE_NAMES
 
