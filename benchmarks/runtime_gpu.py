@@ -198,9 +198,9 @@ def main(out_dir: Path) -> None:
     base = {"block_n": 64, "block_k": 128, "stages": 4, "grid": 396, "handoff": "box"}
     candidates = [
         base,
-        {**base, "gathers": "last"},
-        {**base, "gathers": "last", "block_n": 32},
-        {**base, "gathers": "last", "grid": 264},
+        {**base, "norm": "inline"},
+        {**base, "norm": "inline", "block_n": 32},
+        {**base, "norm": "inline", "gathers": "last"},
     ]
     # where the persistent launch loses time at TP8: without the gathers (a rank's partial launch)
     for rows in (1, 8):
@@ -287,6 +287,8 @@ def main(out_dir: Path) -> None:
                         {"stages": 4},
                         {"prefetch": 1},
                         {"gathers": "last"},
+                        {"norm": "inline"},
+                        {"norm": "task"},
                     ]
                     if kind == "tail"
                     else [{"chunk": 256}, {"chunk": 512}]

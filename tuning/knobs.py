@@ -60,6 +60,14 @@ KNOBS = {
             "schedule",
             "the peers' logits copies: before the GEMV tasks (overlap the norm) or after (fill the end)",
         ),
+        Knob(
+            "norm",
+            ("task", "inline"),
+            "task",
+            ("tail",),
+            "schedule",
+            "ĥ from NORM tasks the GEMV tasks wait for, or computed by each GEMV task from H (no hand-off)",
+        ),
         Knob("chunk", (256, 512, 1024), 1024, ("embed",), "schedule", "hidden-dim columns per embed task"),
     )
 }

@@ -22,6 +22,60 @@ TYPE_NAMES = {NORM: "norm", GEMV: "lm_head", GATHER: "gather"}
 GATHER_N = 1024  # logits columns a GATHER task copies
 
 
+@triton.jit
+def _row_rstd(H, r, eps, D: tl.constexpr, HC: tl.constexpr):
+    """1 / RMS of row r's stream mean, with exactly the NORM task's operations (so the same bits)."""
+    o_d = tl.arange(0, D)
+    p_h = H + r * (HC * D) + o_d
+    b_h = tl.zeros((D,), dtype=tl.float32)
+    for j in tl.static_range(HC):
+        b_h += tl.load(p_h + j * D).to(tl.float32)
+    b_h = b_h / HC
+    return 1.0 / tl.sqrt(tl.sum(b_h * b_h, axis=0) / D + eps)
+
+
+@triton.jit
+def _gemv_norm_inline(
+    H,
+    norm_w,
+    w,
+    n0,
+    R,
+    eps,
+    D: tl.constexpr,
+    HC: tl.constexpr,
+    N: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    """gemv_tile over ĥ computed in place from H (no wait for the NORM tasks): the same ĥ bits, chunk by chunk."""
+    o_m = tl.arange(0, 16)
+    m_m = o_m < R
+    b_rstd = tl.zeros((16,), dtype=tl.float32)
+    for r in range(R):
+        b_rstd = tl.where(o_m == r, _row_rstd(H, r, eps, D, HC), b_rstd)
+    o_n = n0 + tl.arange(0, BLOCK_N)
+    m_n = o_n < N
+    acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, D, BLOCK_K):
+        o_k = k0 + tl.arange(0, BLOCK_K)
+        b_h = tl.zeros((16, BLOCK_K), dtype=tl.float32)
+        for j in tl.static_range(HC):
+            b_h += tl.load(H + o_m[:, None] * (HC * D) + j * D + o_k[None, :], mask=m_m[:, None], other=0.0).to(
+                tl.float32
+            )
+        b_h = b_h / HC
+        b_nw = tl.load(norm_w + o_k).to(tl.float32)
+        b_x = to_bf16(b_h * b_rstd[:, None] * b_nw[None, :], INTERPRET)
+        b_w = tl.load(w + o_n[:, None].to(tl.int64) * D + o_k[None, :], mask=m_n[:, None], other=0.0)
+        if INTERPRET:
+            acc += tl.dot(b_x.to(tl.float64), tl.trans(b_w.to(tl.float64))).to(tl.float32)
+        else:
+            acc = tl.dot(b_x, tl.trans(b_w), acc)
+    return acc
+
+
 @triton.jit(do_not_specialize=["stuck_site", "budget_ns"])
 def tail_kernel(
     ctl,
@@ -60,6 +114,7 @@ def tail_kernel(
     THREADS: tl.constexpr,
     PREFETCH: tl.constexpr,
     GATHER_COLS: tl.constexpr,
+    NORM_INLINE: tl.constexpr,
 ):
     epoch = launch_epoch(ctl, INTERPRET)
     task = claim(ctl, n_tasks)
@@ -106,7 +161,10 @@ def tail_kernel(
                 tl.store(h_hat + a0 * D + o_d, to_bf16(b_h * rstd * b_w, INTERPRET))
             elif ttype == 1:
                 # GEMV: logits[:, n0:n0+BLOCK_N] of this rank's vocab slice (rank 0: columns 0..V_LOCAL)
-                acc = gemv_tile(h_hat, D, lm_w, a0, R, V_LOCAL, D, BLOCK_N, BLOCK_K, INTERPRET)
+                if NORM_INLINE:
+                    acc = _gemv_norm_inline(H, norm_w, lm_w, a0, R, eps, D, HC, V_LOCAL, BLOCK_N, BLOCK_K, INTERPRET)
+                else:
+                    acc = gemv_tile(h_hat, D, lm_w, a0, R, V_LOCAL, D, BLOCK_N, BLOCK_K, INTERPRET)
                 o_m = tl.arange(0, 16)
                 o_n = a0 + tl.arange(0, BLOCK_N)
                 p_o = logits + o_m[:, None].to(tl.int64) * V + o_n[None, :]
@@ -124,7 +182,9 @@ def tail_kernel(
     finish(ctl, flags, n_tasks, n_peers, n_programs, epoch)
 
 
-def build_table(rows: int, v_local: int, tp: int, block_n: int, handoff: str, gathers: str = "first") -> TaskTable:
+def build_table(
+    rows: int, v_local: int, tp: int, block_n: int, handoff: str, gathers: str = "first", norm: str = "task"
+) -> TaskTable:
     """gathers "first": programs copy the peers' logits while the rows are normalized; "last": the copies
     fill the programs that run out of GEMV tasks at the end."""
     t = TaskTable("tail", TYPE_NAMES, peers=tp - 1)
@@ -140,7 +200,8 @@ def build_table(rows: int, v_local: int, tp: int, block_n: int, handoff: str, ga
         add_gathers()
     for n0 in range(0, v_local, block_n):
         g = t.add(GEMV, n0)
-        t.wait(g, norms, handoff)
+        if norm == "task":  # "inline": the GEMV task normalizes the rows itself and waits for nothing
+            t.wait(g, norms, handoff)
     if gathers == "last":
         add_gathers()
     return t
@@ -158,7 +219,13 @@ class TailLaunch:
         self.D, self.v_local = spec.hidden, spec.shards(tp).vocab
         self.partial_only = partial_only
         self.table = build_table(
-            rows, self.v_local, 1 if partial_only else tp, knobs["block_n"], knobs["handoff"], knobs["gathers"]
+            rows,
+            self.v_local,
+            1 if partial_only else tp,
+            knobs["block_n"],
+            knobs["handoff"],
+            knobs["gathers"],
+            knobs["norm"],
         )
         self.grid = knobs["grid"]
         self.runtime = Runtime(self.table, torch.device(device), max_programs=self.grid)
@@ -199,6 +266,7 @@ class TailLaunch:
             "THREADS": 32 * self.knobs["warps"],
             "PREFETCH": self.knobs["prefetch"],
             "GATHER_COLS": GATHER_N,
+            "NORM_INLINE": self.knobs["norm"] == "inline",
         }
 
     def options(self) -> dict:
