@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from glm53ctl.kernels.runtime.device import claim, finish, launch_epoch, publish, wait_task
+from glm53ctl.kernels.runtime.device import finish, launch_epoch, next_task, publish, wait_task
 from glm53ctl.kernels.runtime.launch import DEFAULT_BUDGET_NS
 from glm53ctl.kernels.runtime.table import TaskTable
 from glm53ctl.kernels.tail.kernel import interpreting
@@ -57,7 +57,8 @@ def embed_kernel(
     THREADS: tl.constexpr,
 ):
     epoch = launch_epoch(ctl, INTERPRET)
-    task = claim(ctl, n_tasks)
+    n_done = 0
+    task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET)
     while task >= 0:
         p_t = tasks + task * 6
         ttype = tl.load(p_t)
@@ -96,7 +97,8 @@ def embed_kernel(
                     for j in range(HC):
                         tl.store(H + (r * HC + j) * D + o_d, b_s.to(tl.bfloat16), mask=o_d < D)
             publish(ctl, flags, boxes, pub_first, pub_count, pub_slot, pub_flag, task, epoch)
-        task = claim(ctl, n_tasks)
+        n_done += 1
+        task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET)
     finish(ctl, flags, n_tasks, n_peers, n_programs, epoch)
 
 

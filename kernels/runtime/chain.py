@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from glm53ctl.kernels.runtime.device import claim, finish, launch_epoch, publish, wait_task
+from glm53ctl.kernels.runtime.device import finish, launch_epoch, next_task, publish, wait_task
 from glm53ctl.kernels.runtime.table import TaskTable
 
 HOP = 0
@@ -35,7 +35,8 @@ def chain_kernel(
     THREADS: tl.constexpr,
 ):
     epoch = launch_epoch(ctl, INTERPRET)
-    task = claim(ctl, n_tasks)
+    n_done = 0
+    task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET)
     while task >= 0:
         ok = wait_task(
             ctl,
@@ -56,7 +57,8 @@ def chain_kernel(
         )
         if ok:
             publish(ctl, flags, boxes, pub_first, pub_count, pub_slot, pub_flag, task, epoch)
-        task = claim(ctl, n_tasks)
+        n_done += 1
+        task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET)
     finish(ctl, flags, n_tasks, 0, n_programs, epoch)
 
 

@@ -89,6 +89,21 @@ def claim(ctl, n_tasks):
 
 
 @triton.jit
+def next_task(ctl, n_tasks, n_done, n_programs, INTERPRET: tl.constexpr):
+    """The next task to run, or -1. In the interpreter, which runs programs one after another, every program
+    but the last stops after its share of the tasks: so tasks and their hand-offs really spread over the
+    programs there too (else program 0 would run them all and every grid would look the same)."""
+    task = tl.full((), -1, tl.int32)
+    go = True
+    if INTERPRET:
+        share = (n_tasks + n_programs - 1) // n_programs
+        go = (n_done < share) | (tl.program_id(0) == n_programs - 1)
+    if go:
+        task = claim(ctl, n_tasks)
+    return task
+
+
+@triton.jit
 def wait_site(
     ctl,
     flags,

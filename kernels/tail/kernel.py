@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from glm53ctl.kernels.gemv import gemv_tile
-from glm53ctl.kernels.runtime.device import claim, finish, launch_epoch, prefetch_l2, publish, wait_task
+from glm53ctl.kernels.runtime.device import finish, launch_epoch, next_task, prefetch_l2, publish, wait_task
 from glm53ctl.kernels.runtime.launch import DEFAULT_BUDGET_NS
 from glm53ctl.kernels.runtime.table import TaskTable
 from glm53ctl.kernels.tlx import to_bf16
@@ -117,7 +117,8 @@ def tail_kernel(
     NORM_INLINE: tl.constexpr,
 ):
     epoch = launch_epoch(ctl, INTERPRET)
-    task = claim(ctl, n_tasks)
+    n_done = 0
+    task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET)
     while task >= 0:
         p_t = tasks + task * 6
         ttype = tl.load(p_t)
@@ -178,7 +179,8 @@ def tail_kernel(
                     dst = logits + r * V + a0 * V_LOCAL + o_c
                     tl.store(dst, tl.load(src, mask=m_c), mask=m_c)
             publish(ctl, flags, boxes, pub_first, pub_count, pub_slot, pub_flag, task, epoch)
-        task = claim(ctl, n_tasks)
+        n_done += 1
+        task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET)
     finish(ctl, flags, n_tasks, n_peers, n_programs, epoch)
 
 

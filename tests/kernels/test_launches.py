@@ -144,3 +144,15 @@ def test_build_placeholders_mirror_the_launch_arguments(weights):
         k = KindLaunch(weights, "tail", tp, 1, {}, "cpu")
         launch = k.peers[0] if partial else k.launch
         assert launch.placeholder_args()["peer_logits"].dtype == dtype
+
+
+def test_the_interpreter_spreads_tasks_over_programs(weights):
+    """Each program but the last takes its share, so hand-offs cross programs on the CPU as on a GPU: the
+    programs that time out at the sites are not all program 0 (tail: tiny's embed has one task per kind)."""
+    k, x, peers = _launch(weights, "tail", 2, 2, grid=3, block_n=32)
+    programs = set()
+    for site in range(len(k.launch.table.sites)):
+        with pytest.raises(LaunchFault) as e:
+            k(x, peers, stuck_site=site)
+        programs.add(e.value.program)
+    assert len(programs) > 1, programs
