@@ -24,6 +24,7 @@ import triton.language as tl
 
 from glm53ctl.kernels.gemv import gemv_tile
 from glm53ctl.kernels.launches import KindLaunch
+from glm53ctl.kernels.numerics import rel_rms
 from glm53ctl.kernels.reference import Reference
 from glm53ctl.kernels.runtime import LaunchFault
 from glm53ctl.kernels.runtime.chain import ChainLaunch
@@ -50,13 +51,6 @@ class DeviceWeights:
     def shard(self, name, rank=0, tp=1):
         t = self.full[name]
         return t if t.dim() == 1 else t.chunk(tp, dim=0)[rank].contiguous()
-
-
-def rel_rms(ref, out):
-    if torch.isnan(out).any():
-        return float("inf")
-    ref, out = ref.double(), out.double()
-    return float((out - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt())
 
 
 def graph_time(fn, inner=20, rounds=21):

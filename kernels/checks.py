@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from glm53ctl.kernels.launches import TRITON_KINDS, KindLaunch
+from glm53ctl.kernels.numerics import rel_rms
 from glm53ctl.kernels.reference import Reference
 from glm53ctl.kernels.runtime import LaunchFault
 from glm53ctl.kernels.weights import Weights
@@ -28,14 +29,6 @@ from glm53ctl.kernels.weights import Weights
 BOUNDS = {"embed": {"H": 0.0}, "tail": {"h_hat": 1e-2, "logits": 1e-2}}
 GRIDS = (1, 3, 64)
 REPEATS = 3
-
-
-def rel_rms(ref: torch.Tensor, out: torch.Tensor) -> float:
-    """RMS(out - ref) / RMS(ref); any NaN is infinitely wrong."""
-    if torch.isnan(out).any():
-        return float("inf")
-    ref, out = ref.double().cpu(), out.double().cpu()
-    return float((out - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt().clamp_min(1e-30))
 
 
 def key_seed(seed: int, key: str) -> int:

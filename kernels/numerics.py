@@ -41,3 +41,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x [..., in] @ w[out, in]^T in x's dtype (w upcast)."""
     return x @ w.to(x.dtype).t()
+
+
+def rel_rms(ref: torch.Tensor, out: torch.Tensor) -> float:
+    """RMS(out - ref) / RMS(ref), in fp64 on the CPU; any NaN in `out` is infinitely wrong."""
+    if torch.isnan(out).any():
+        return float("inf")
+    ref, out = ref.double().cpu(), out.double().cpu()
+    return float((out - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt().clamp_min(1e-300))

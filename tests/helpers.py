@@ -25,3 +25,17 @@ def write(path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path
+
+
+def assert_close(name: str, ref, out, bound: float) -> float:
+    """Relative RMS error of `out` against `ref` within `bound` (STYLE.md 18); NaN never passes."""
+    import torch
+
+    from glm53ctl.kernels.numerics import rel_rms
+
+    assert ref.shape == out.shape, f"{name}: shape {tuple(out.shape)} != {tuple(ref.shape)}"
+    assert not torch.isnan(ref).any(), f"{name}: NaN in the reference"
+    err = rel_rms(ref, out)
+    print(f"{name}: rel rms {err:.3e}, max abs {(out.double() - ref.double()).abs().max().item():.3e}")
+    assert err <= bound, f"{name}: relative RMS error {err:.3e} > {bound:.1e}"
+    return err

@@ -19,24 +19,13 @@ from glm53ctl.kernels.dsa import (
     select_tokens,
     sparse_mla,
 )
-from glm53ctl.kernels.numerics import FP32, FP64, Numerics
+from glm53ctl.kernels.numerics import FP32, FP64, Numerics, rel_rms
 from glm53ctl.kernels.spec import ModelSpec, load_model
 from glm53ctl.kernels.state import DsaCache
+from tests.helpers import assert_close
 
 SPEC = load_model("tiny")
 KP = SPEC.indexer.kpool
-
-
-def assert_close(name: str, ref: torch.Tensor, out: torch.Tensor, rel_rms: float) -> None:
-    ref, out = ref.double(), out.double()
-    assert not ref.isnan().any() and not out.isnan().any(), f"{name}: NaN"
-    err = ((out - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt()).item()
-    print(f"{name}: max abs {(out - ref).abs().max().item():.3e}, rel rms {err:.3e}")
-    assert err <= rel_rms, f"{name}: rel rms {err:.3e} > {rel_rms:.1e}"
-
-
-def rel_rms(ref: torch.Tensor, out: torch.Tensor) -> float:
-    return ((out - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt()).item()
 
 
 def make_weights(spec: ModelSpec = SPEC) -> dict[str, torch.Tensor]:

@@ -19,22 +19,11 @@ from glm53ctl.kernels.kda import (
 from glm53ctl.kernels.numerics import FP32, FP64, Numerics, rms_norm
 from glm53ctl.kernels.spec import ModelSpec, load_model
 from glm53ctl.kernels.state import KdaState
+from tests.helpers import assert_close
 
 TINY = load_model("tiny")
 FLASH = load_model("glm53_flash")
 _BY_HEAD_ROWS = ("q_proj", "k_proj", "v_proj", "f_b_proj", "g_b_proj", "q_conv1d", "k_conv1d", "v_conv1d")
-
-
-def assert_close(name: str, ref: torch.Tensor, out: torch.Tensor, rel_rms: float) -> None:
-    """Relative RMS error rms(out - ref) / rms(ref) <= rel_rms; any NaN fails."""
-    assert ref.shape == out.shape, f"{name}: shape {tuple(out.shape)} != {tuple(ref.shape)}"
-    ref, out = ref.double(), out.double()
-    assert not ref.isnan().any(), f"{name}: NaN in the reference"
-    assert not out.isnan().any(), f"{name}: NaN in the output"
-    diff = out - ref
-    err = (diff.pow(2).mean().sqrt() / ref.pow(2).mean().sqrt().clamp_min(1e-300)).item()
-    print(f"{name}: rel_rms={err:.3e} abs_max={diff.abs().max().item():.3e}")
-    assert err <= rel_rms, f"{name}: relative RMS error {err:.3e} > {rel_rms:.1e}"
 
 
 # ---- fixtures ---------------------------------------------------------------------------------

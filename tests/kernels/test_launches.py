@@ -5,6 +5,7 @@ import torch
 
 from glm53ctl.kernels.harness import RunKey, run_reference
 from glm53ctl.kernels.launches import KindLaunch, run_triton
+from glm53ctl.kernels.numerics import rel_rms
 from glm53ctl.kernels.reference import Reference
 from glm53ctl.kernels.runtime import LaunchFault
 from glm53ctl.kernels.runtime.table import BOX, TaskTable
@@ -16,12 +17,6 @@ pytestmark = pytest.mark.interpreter
 
 # a bound per output (DESIGN.md §7 check): logits read a bf16 ĥ through a bf16 GEMV with fp32 accumulation
 BOUNDS = {"H": 0.0, "h_hat": 1e-2, "logits": 1e-2}
-
-
-def rel_rms(ref, out):
-    assert not torch.isnan(out).any(), "NaN never passes"
-    ref, out = ref.double(), out.double()
-    return ((out - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt().clamp_min(1e-30)).item()
 
 
 @pytest.fixture(autouse=True)

@@ -9,17 +9,10 @@ from glm53ctl.errors import UsageError
 from glm53ctl.kernels.ffn.naive import route, swiglu_mlp, topk_ordered
 from glm53ctl.kernels.harness import RunKey, row_contexts, run_reference
 from glm53ctl.kernels.mhc.naive import hc_post, hc_pre, sinkhorn
-from glm53ctl.kernels.numerics import FP64
+from glm53ctl.kernels.numerics import FP64, rel_rms
 from glm53ctl.kernels.reference import Reference, empty_state
 from glm53ctl.kernels.spec import load_model
 from glm53ctl.kernels.weights import ROOT, Weights
-
-
-def rel_rms(ref, out):
-    assert not torch.isnan(out).any(), "NaN never passes"
-    return (
-        (out.double() - ref.double()).pow(2).mean().sqrt() / ref.double().pow(2).mean().sqrt().clamp_min(1e-30)
-    ).item()
 
 
 @pytest.fixture(scope="module")
