@@ -1,0 +1,173 @@
+"""The KDA core as a Triton task body, one (row, head) each: short conv with its state, safe gate, L2 norms,
+the gated delta rule on the fp32 state, and the gated RMSNorm (SPEC.md §4).
+
+The in-projections (u = q|k|v, b, f, og) come from GEMV tasks and o_proj follows; this body sits between
+them in the `dense` and `kda` launches (issue 7). `kda_core` runs it as a plain launch, one program per
+(row, head): the interpreter tests check it against `naive.py`, and it is the separate-launch baseline.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from glm53ctl.kernels.tlx import to_bf16
+
+
+@triton.jit
+def kda_head(
+    u,
+    b,
+    f,
+    og,
+    conv_in,
+    conv_out,
+    conv_w,
+    A_log,
+    dt_bias,
+    o_norm_w,
+    S_in,
+    S_out,
+    z,
+    r,
+    h,
+    lower_bound,
+    eps,
+    H: tl.constexpr,
+    K: tl.constexpr,
+    W: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    """Row r, local head h. u [R, 3P] raw q|k|v (fp32), b [R, H], f and og [R, P]; conv_in/out [R, W-1, 3P]
+    (bf16, oldest tap first); conv_w [3P, W] (tap W-1 on the current input); S_in/out [R, H, K, K] fp32
+    (S[i = key, j = value]); z [R, P] bf16, what o_proj reads."""
+    P: tl.constexpr = H * K
+    o_k = tl.arange(0, K)
+    # causal depthwise conv + SiLU over this head's q, k and v channels; the state keeps raw inputs
+    y_q = tl.zeros((K,), dtype=tl.float32)
+    y_k = tl.zeros((K,), dtype=tl.float32)
+    y_v = tl.zeros((K,), dtype=tl.float32)
+    for part in tl.static_range(3):
+        chan = part * P + h * K + o_k
+        b_u = tl.load(u + r * (3 * P) + chan)
+        acc = tl.load(conv_w + chan * W + (W - 1)) * b_u
+        for tau in tl.static_range(W - 1):
+            b_past = tl.load(conv_in + (r * (W - 1) + tau) * (3 * P) + chan).to(tl.float32)
+            acc += tl.load(conv_w + chan * W + tau) * b_past
+            if tau > 0:
+                tl.store(conv_out + (r * (W - 1) + tau - 1) * (3 * P) + chan, b_past.to(tl.bfloat16))
+        tl.store(conv_out + (r * (W - 1) + W - 2) * (3 * P) + chan, to_bf16(b_u, INTERPRET))
+        y = acc * tl.sigmoid(acc)
+        if part == 0:
+            y_q = y
+        elif part == 1:
+            y_k = y
+        else:
+            y_v = y
+    # safe gate, beta, L2 norms (q scaled after its norm)
+    a = tl.exp(tl.load(A_log + h))
+    g = lower_bound * tl.sigmoid(a * (tl.load(f + r * P + h * K + o_k) + tl.load(dt_bias + h * K + o_k)))
+    beta = tl.sigmoid(tl.load(b + r * H + h))
+    q = y_q / tl.sqrt(tl.sum(y_q * y_q, axis=0) + 1e-6) * (1.0 / tl.sqrt(K * 1.0))
+    k = y_k / tl.sqrt(tl.sum(y_k * y_k, axis=0) + 1e-6)
+    # gated delta rule: decay along the key dim, read S^T k, update, output from the UPDATED state
+    p_s = (r * H + h) * (K * K) + o_k[:, None] * K + o_k[None, :]
+    s = tl.load(S_in + p_s) * tl.exp(g)[:, None]
+    delta = beta * (y_v - tl.sum(s * k[:, None], axis=0))
+    s += k[:, None] * delta[None, :]
+    tl.store(S_out + p_s, s)
+    o = tl.sum(s * q[:, None], axis=0)
+    # gated RMSNorm per head, sigmoid gate
+    b_og = tl.load(og + r * P + h * K + o_k)
+    zz = o / tl.sqrt(tl.sum(o * o, axis=0) / K + eps) * tl.load(o_norm_w + o_k).to(tl.float32) * tl.sigmoid(b_og)
+    tl.store(z + r * P + h * K + o_k, to_bf16(zz, INTERPRET))
+
+
+@triton.jit
+def kda_core_kernel(
+    u,
+    b,
+    f,
+    og,
+    conv_in,
+    conv_out,
+    conv_w,
+    A_log,
+    dt_bias,
+    o_norm_w,
+    S_in,
+    S_out,
+    z,
+    lower_bound,
+    eps,
+    H: tl.constexpr,
+    K: tl.constexpr,
+    W: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    kda_head(
+        u,
+        b,
+        f,
+        og,
+        conv_in,
+        conv_out,
+        conv_w,
+        A_log,
+        dt_bias,
+        o_norm_w,
+        S_in,
+        S_out,
+        z,
+        tl.program_id(0),
+        tl.program_id(1),
+        lower_bound,
+        eps,
+        H,
+        K,
+        W,
+        INTERPRET,
+    )
+
+
+def kda_core(u, b, f, og, conv_state, S, conv_w, A_log, dt_bias, o_norm_w, spec):
+    """(z [R, P] bf16, new conv state [R, W-1, 3P] bf16, new S [R, H, K, K] fp32); the inputs are not written.
+
+    conv_w is [3P, W] fp32 (the q, k and v conv1d weights [P, 1, W] concatenated and squeezed)."""
+    R, H = b.shape
+    K, W = spec.kda.head_dim, spec.kda.conv_kernel
+    P = H * K
+    assert u.shape == (R, 3 * P) and f.shape == og.shape == (R, P) and S.shape == (R, H, K, K)
+    assert conv_state.shape == (R, W - 1, 3 * P) and conv_w.shape == (3 * P, W)
+    z = torch.empty(R, P, dtype=torch.bfloat16, device=u.device)
+    conv_out = torch.empty(R, W - 1, 3 * P, dtype=torch.bfloat16, device=u.device)
+    S_out = torch.empty_like(S)
+    kda_core_kernel[(R, H)](
+        u.float().contiguous(),
+        b.float().contiguous(),
+        f.float().contiguous(),
+        og.float().contiguous(),
+        conv_state.to(torch.bfloat16).contiguous(),
+        conv_out,
+        conv_w.float().contiguous(),
+        A_log.float().contiguous(),
+        dt_bias.float().contiguous(),
+        o_norm_w.contiguous(),
+        S.float().contiguous(),
+        S_out,
+        z,
+        spec.kda.gate_lower_bound,
+        spec.model.rms_norm_eps,
+        H=H,
+        K=K,
+        W=W,
+        INTERPRET=_interpreting(),
+    )
+    return z, conv_out, S_out
+
+
+def _interpreting() -> bool:
+    import os
+
+    return os.environ.get("TRITON_INTERPRET") == "1"
