@@ -37,3 +37,40 @@ def gemv_tile(
         else:
             acc = tl.dot(b_x, tl.trans(b_w), acc)
     return acc
+
+
+@triton.jit
+def gemv_kernel(
+    x, w, y, R, N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET: tl.constexpr
+):
+    """One GEMV tile per program as a plain launch: y [R, N] fp32 = x [R, K] @ w [N, K]^T."""
+    n0 = tl.program_id(0) * BLOCK_N
+    acc = gemv_tile(x, K, w, n0, R, N, K, BLOCK_N, BLOCK_K, INTERPRET)
+    o_m = tl.arange(0, 16)
+    o_n = n0 + tl.arange(0, BLOCK_N)
+    tl.store(y + o_m[:, None] * N + o_n[None, :], acc, mask=(o_m[:, None] < R) & (o_n[None, :] < N))
+
+
+def gemv(x, w, block_n: int = 64, block_k: int = 128):
+    """y = x @ w^T for x [R, K] bf16 (R <= 16) and w [N, K] bf16, as one plain launch: y [R, N] fp32."""
+    import os
+
+    import torch
+
+    R, K = x.shape
+    N = w.shape[0]
+    assert x.dtype == w.dtype == torch.bfloat16 and w.shape[1] == K and R <= 16
+    y = torch.empty(R, N, dtype=torch.float32, device=x.device)
+    bk = min(block_k, K)
+    gemv_kernel[(triton.cdiv(N, block_n),)](
+        x.contiguous(),
+        w.contiguous(),
+        y,
+        R,
+        N=N,
+        K=K,
+        BLOCK_N=block_n,
+        BLOCK_K=bk,
+        INTERPRET=os.environ.get("TRITON_INTERPRET") == "1",
+    )
+    return y
