@@ -47,13 +47,6 @@ class Output:
     def log(self, msg: str) -> None:
         err_console.print(escape(msg))
 
-    def warn(self, msg: str) -> None:
-        print_warning(msg)
-
-    def debug(self, msg: str) -> None:
-        if self.verbose:
-            err_console.print(f"[dim]{escape(msg)}[/dim]")
-
 
 def print_error(message: str, hint: str | None = None) -> None:
     """`Error: ...` (+ `Hint: ...`) on stderr; messages are plain text, never rich markup."""

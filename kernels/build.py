@@ -105,7 +105,7 @@ def knobs_in_force(key: BuildKey) -> dict:
     return knobs
 
 
-def _source(launch, target: int):
+def _source(launch):
     """ASTSource of a launch's kernel, specialized as the JIT specializes these argument values."""
     from triton._C.libtriton import native_specialize_impl
     from triton.backends.compiler import BaseBackend
@@ -170,7 +170,7 @@ def compile_key(key: BuildKey, target: int, cache_dir: str) -> list[dict]:
     ptxas = find_ptxas()
     records = []
     for role, launch in launches(key, knobs_in_force(key)):
-        fn, src, spec = _source(launch, target)
+        fn, src, spec = _source(launch)
         options = launch.options()
         ident = json.dumps(
             [fn.cache_key, repr(spec), options, target, triton.__version__, _toolchain(ptxas)], sort_keys=True

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from glm53ctl.kernels.launches import TRITON_KINDS, KindLaunch
+from glm53ctl.kernels.launches import KindLaunch
 from glm53ctl.kernels.numerics import rel_rms
 from glm53ctl.kernels.reference import Reference
 from glm53ctl.kernels.runtime import LaunchFault
@@ -168,4 +168,4 @@ def _hang(key: str, site: int, wall_s: float) -> None:
     os._exit(1)
 
 
-__all__ = ["BOUNDS", "TRITON_KINDS", "CheckResult", "FaultResult", "check_key", "fault_key", "launch_outputs"]
+__all__ = ["BOUNDS", "CheckResult", "FaultResult", "check_key", "fault_key", "launch_outputs"]

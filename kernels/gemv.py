@@ -4,6 +4,8 @@ over K in a fixed order (so the result depends on neither grid nor schedule)."""
 import triton
 import triton.language as tl
 
+from glm53ctl.kernels.tlx import interpreting
+
 
 @triton.jit
 def gemv_tile(
@@ -53,8 +55,6 @@ def gemv_kernel(
 
 def gemv(x, w, block_n: int = 64, block_k: int = 128):
     """y = x @ w^T for x [R, K] bf16 (R <= 16) and w [N, K] bf16, as one plain launch: y [R, N] fp32."""
-    import os
-
     import torch
 
     R, K = x.shape
@@ -71,6 +71,6 @@ def gemv(x, w, block_n: int = 64, block_k: int = 128):
         K=K,
         BLOCK_N=block_n,
         BLOCK_K=bk,
-        INTERPRET=os.environ.get("TRITON_INTERPRET") == "1",
+        INTERPRET=interpreting(),
     )
     return y

@@ -14,7 +14,7 @@ import torch
 from glm53ctl.errors import UsageError
 from glm53ctl.kernels.dsa.naive import dsa_attention_prefill
 from glm53ctl.kernels.kda.naive import kda_attention_prefill
-from glm53ctl.kernels.numerics import FP32, Numerics
+from glm53ctl.kernels.numerics import Numerics
 from glm53ctl.kernels.reference import (
     KINDS,
     LAYER_KINDS,
@@ -26,7 +26,6 @@ from glm53ctl.kernels.reference import (
     room,
 )
 from glm53ctl.kernels.spec import ModelSpec
-from glm53ctl.kernels.state import DsaCache, KdaState
 
 Tensors = dict[str, torch.Tensor]
 
@@ -177,6 +176,3 @@ def run_reference(ref: Reference, key: RunKey) -> Tensors:
 
 def _prefixed(prefix: str, d: Tensors) -> Tensors:
     return {prefix + k: v for k, v in d.items()}
-
-
-__all__ = ["FP32", "DsaCache", "Inputs", "KdaState", "RunKey", "layer_for", "row_contexts", "run_reference"]

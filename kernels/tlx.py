@@ -1,7 +1,14 @@
 """Small Triton helpers shared by the launch kinds."""
 
+import os
+
 import triton
 import triton.language as tl
+
+
+def interpreting() -> bool:
+    """Whether kernels run in Triton's interpreter (TRITON_INTERPRET=1, read before kernels are defined)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit

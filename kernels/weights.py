@@ -182,9 +182,6 @@ class Weights:
     def layer(self, i: int, rank: int = 0, tp: int = 1) -> PartView:
         return self.part(f"{ROOT}layers.{i}.", rank, tp)
 
-    def drop_cache(self) -> None:
-        self._cache.clear()
-
 
 @dataclass(frozen=True)
 class PartView(Mapping[str, torch.Tensor]):

@@ -15,7 +15,7 @@ import triton.language as tl
 from glm53ctl.kernels.runtime.device import finish, launch_epoch, next_task, publish, wait_task
 from glm53ctl.kernels.runtime.launch import DEFAULT_BUDGET_NS
 from glm53ctl.kernels.runtime.table import TaskTable
-from glm53ctl.kernels.tail.kernel import interpreting
+from glm53ctl.kernels.tlx import interpreting
 
 GATHER, REDUCE = 0, 1
 TYPE_NAMES = {GATHER: "gather", REDUCE: "reduce"}

@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from glm53ctl.kernels.tlx import to_bf16
+from glm53ctl.kernels.tlx import interpreting, to_bf16
 
 
 @triton.jit
@@ -21,8 +21,6 @@ def swiglu_kernel(gu, act, I: tl.constexpr, LIMIT: tl.constexpr, BLOCK: tl.const
 
 
 def swiglu(gu: torch.Tensor, limit: float) -> torch.Tensor:
-    import os
-
     R, two_i = gu.shape
     inter = two_i // 2
     act = torch.empty(R, inter, dtype=torch.bfloat16, device=gu.device)
@@ -32,6 +30,6 @@ def swiglu(gu: torch.Tensor, limit: float) -> torch.Tensor:
         I=inter,
         LIMIT=limit,
         BLOCK=min(inter, 1024),
-        INTERPRET=os.environ.get("TRITON_INTERPRET") == "1",
+        INTERPRET=interpreting(),
     )
     return act

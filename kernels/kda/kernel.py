@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from glm53ctl.kernels.tlx import to_bf16
+from glm53ctl.kernels.tlx import interpreting, to_bf16
 
 
 @triton.jit
@@ -162,12 +162,6 @@ def kda_core(u, b, f, og, conv_state, S, conv_w, A_log, dt_bias, o_norm_w, spec)
         H=H,
         K=K,
         W=W,
-        INTERPRET=_interpreting(),
+        INTERPRET=interpreting(),
     )
     return z, conv_out, S_out
-
-
-def _interpreting() -> bool:
-    import os
-
-    return os.environ.get("TRITON_INTERPRET") == "1"

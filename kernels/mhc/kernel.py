@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from glm53ctl.kernels.tlx import to_bf16
+from glm53ctl.kernels.tlx import interpreting, to_bf16
 
 
 @triton.jit
@@ -140,12 +140,6 @@ def hc_post_kernel(a, H, post, comb, H_out, D: tl.constexpr, HC: tl.constexpr, I
     hc_post_row(a, H, post, comb, H_out, tl.program_id(0), D, HC, INTERPRET)
 
 
-def _interpreting() -> bool:
-    import os
-
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
 def gate(H, fn, base, scale, norm_w, spec):
     """x̂ [R, D] bf16, post [R, hc] and comb [R, hc, hc] fp32 for H [R, hc, D] bf16: one program per row."""
     R, hc, D = H.shape
@@ -169,7 +163,7 @@ def gate(H, fn, base, scale, norm_w, spec):
         HC=hc,
         ITERS=spec.mhc.sinkhorn_iters,
         BLOCK_D=min(D, 256),
-        INTERPRET=_interpreting(),
+        INTERPRET=interpreting(),
     )
     return x_hat, post, comb
 
@@ -180,6 +174,6 @@ def hc_post(a, H, post, comb):
     assert a.shape == (R, D) and H.dtype == torch.bfloat16 and H.is_contiguous()
     H_out = torch.empty_like(H)
     hc_post_kernel[(R,)](
-        a.contiguous(), H, post.contiguous(), comb.contiguous(), H_out, D=D, HC=hc, INTERPRET=_interpreting()
+        a.contiguous(), H, post.contiguous(), comb.contiguous(), H_out, D=D, HC=hc, INTERPRET=interpreting()
     )
     return H_out

@@ -8,6 +8,7 @@ import triton.language as tl
 
 from glm53ctl.kernels.runtime.device import finish, launch_epoch, next_task, publish, wait_task
 from glm53ctl.kernels.runtime.table import TaskTable
+from glm53ctl.kernels.tlx import interpreting
 
 HOP = 0
 
@@ -78,15 +79,13 @@ class ChainLaunch:
         self.runtime = Runtime(t, torch.device(device), max_programs=grid)
 
     def __call__(self, stuck_site: int = -1, budget_ns: int = 200_000_000, check: bool = True) -> None:
-        import os
-
         chain_kernel[(self.grid,)](
             **self.runtime.args(),
             n_tasks=self.table.n_tasks,
             n_programs=self.grid,
             stuck_site=stuck_site,
             budget_ns=budget_ns,
-            INTERPRET=os.environ.get("TRITON_INTERPRET") == "1",
+            INTERPRET=interpreting(),
             POLL=self.poll,
             THREADS=128,
             num_warps=4,

@@ -15,7 +15,7 @@ from glm53ctl.kernels.gemv import gemv_tile
 from glm53ctl.kernels.runtime.device import finish, launch_epoch, next_task, prefetch_l2, publish, wait_task
 from glm53ctl.kernels.runtime.launch import DEFAULT_BUDGET_NS
 from glm53ctl.kernels.runtime.table import TaskTable
-from glm53ctl.kernels.tlx import to_bf16
+from glm53ctl.kernels.tlx import interpreting, to_bf16
 
 NORM, GEMV, GATHER = 0, 1, 2
 TYPE_NAMES = {NORM: "norm", GEMV: "lm_head", GATHER: "gather"}
@@ -294,9 +294,3 @@ class TailLaunch:
         bf16, f32 = (torch.empty(1, dtype=d) for d in (torch.bfloat16, torch.float32))
         peers = f32 if self.tp > 1 and not self.partial_only else bf16  # __call__ passes H when no peers
         return self.kernel_args(bf16, bf16, bf16, f32, peers)
-
-
-def interpreting() -> bool:
-    import os
-
-    return os.environ.get("TRITON_INTERPRET") == "1"
