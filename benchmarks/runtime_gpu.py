@@ -91,7 +91,7 @@ def _copy_kernel(src, dst, n, BLOCK: tl.constexpr):
 def _plain_gemv(x, w, y, R, N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """The same GEMV tile as one ordinary launch (one program per tile): what the tile alone reaches."""
     n0 = tl.program_id(0) * BLOCK_N
-    acc = gemv_tile(x, K, w, n0, R, N, K, BLOCK_N, BLOCK_K, False)
+    acc = gemv_tile(x, K, w, n0, R, N, K, K, BLOCK_N, BLOCK_K, False)
     o_m = tl.arange(0, 16)
     o_n = n0 + tl.arange(0, BLOCK_N)
     tl.store(y + o_m[:, None] * N + o_n[None, :], acc, mask=(o_m[:, None] < R) & (o_n[None, :] < N))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from glm53ctl.errors import Glm53Error, UsageError
 
-BUILD_KINDS = ("embed", "tail")  # the kinds that have kernels
+BUILD_KINDS = ("embed", "dense", "tail")  # the kinds that have kernels
 
 
 class BuildError(Glm53Error):
@@ -83,6 +83,11 @@ def launches(key: BuildKey, knobs: dict) -> list[tuple[str, object]]:
 
     spec = load_model(key.model)
     spec.check_tp(key.tp)
+    if key.kind == "dense":
+        from glm53ctl.kernels.dense.kernel import DenseLaunch
+
+        # a peer's partial launches differ from rank 0's in the task table and runtime arguments only
+        return [("launch", DenseLaunch(spec, key.tp, key.rows, knobs, "cpu"))]
     if key.kind == "embed":
         from glm53ctl.kernels.embed.kernel import EmbedLaunch as Launch
     elif key.kind == "tail":
@@ -111,10 +116,11 @@ def _source(launch):
     from triton.backends.compiler import BaseBackend
     from triton.compiler import ASTSource
 
+    from glm53ctl.kernels.dense.kernel import dense_kernel
     from glm53ctl.kernels.embed.kernel import embed_kernel
     from glm53ctl.kernels.tail.kernel import tail_kernel
 
-    fn = {"EmbedLaunch": embed_kernel, "TailLaunch": tail_kernel}[type(launch).__name__]
+    fn = {"EmbedLaunch": embed_kernel, "TailLaunch": tail_kernel, "DenseLaunch": dense_kernel}[type(launch).__name__]
     args, consts = launch.placeholder_args(), launch.constexprs()
     signature, constants, attrs = {}, dict(consts), {}
     for i, p in enumerate(fn.params):

@@ -16,13 +16,15 @@ def gemv_tile(
     R,
     N: tl.constexpr,
     K: tl.constexpr,
+    STRIDE_W: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
     """acc[m, n] = sum_k x[m, k] * w[n0 + n, k] for m < R: [16, BLOCK_N] fp32 (rows >= R are zero).
 
-    x: [R, K] bf16 rows with stride stride_x; w: [N, K] bf16, row-major (K contiguous)."""
+    x: [R, K] bf16 rows with stride stride_x; w: [N, K] bf16 rows STRIDE_W apart (K contiguous; a split-K
+    slice of a wider matrix has STRIDE_W > K). Both strides constexpr: loads keep their 16-byte width."""
     o_m = tl.arange(0, 16)
     o_n = n0 + tl.arange(0, BLOCK_N)
     m_m = o_m < R
@@ -31,7 +33,7 @@ def gemv_tile(
     for k0 in range(0, K, BLOCK_K):
         o_k = k0 + tl.arange(0, BLOCK_K)
         b_x = tl.load(x + o_m[:, None].to(tl.int64) * stride_x + o_k[None, :], mask=m_m[:, None], other=0.0)
-        b_w = tl.load(w + o_n[:, None].to(tl.int64) * K + o_k[None, :], mask=m_n[:, None], other=0.0)
+        b_w = tl.load(w + o_n[:, None].to(tl.int64) * STRIDE_W + o_k[None, :], mask=m_n[:, None], other=0.0)
         if INTERPRET:
             # the interpreter's bf16 tl.dot returns garbage (DESIGN.md §4), and its fp32 one sums in an
             # order that depends on the tile's shape; in fp64 the bf16 products sum exactly
@@ -47,7 +49,7 @@ def gemv_kernel(
 ):
     """One GEMV tile per program as a plain launch: y [R, N] fp32 = x [R, K] @ w [N, K]^T."""
     n0 = tl.program_id(0) * BLOCK_N
-    acc = gemv_tile(x, K, w, n0, R, N, K, BLOCK_N, BLOCK_K, INTERPRET)
+    acc = gemv_tile(x, K, w, n0, R, N, K, K, BLOCK_N, BLOCK_K, INTERPRET)
     o_m = tl.arange(0, 16)
     o_n = n0 + tl.arange(0, BLOCK_N)
     tl.store(y + o_m[:, None] * N + o_n[None, :], acc, mask=(o_m[:, None] < R) & (o_n[None, :] < N))

@@ -26,6 +26,7 @@ from glm53ctl.kernels.reference import (
     room,
 )
 from glm53ctl.kernels.spec import ModelSpec
+from glm53ctl.kernels.state import KdaState
 
 Tensors = dict[str, torch.Tensor]
 
@@ -74,6 +75,14 @@ class Inputs:
 
     def rows_normal(self, *shape: int) -> torch.Tensor:
         return self.num.store(torch.randn(shape, generator=self.gen, dtype=torch.float64))
+
+    def kda_state(self, rows: int) -> KdaState:
+        """A random KDA state (all heads): conv inputs as after a few tokens (bf16), a recurrent state of the
+        size a few hundred tokens leave (fp32)."""
+        st = self.spec.shards(1).state_shapes(rows, 1)
+        conv = torch.randn(st["kda.conv"], generator=self.gen).to(torch.bfloat16)
+        rec = 0.2 * torch.randn(st["kda.recurrent"], generator=self.gen)
+        return KdaState(conv, rec)
 
     def H(self, rows: int) -> torch.Tensor:
         """A layer's input streams: a shared row plus per-stream differences, as after a few layers."""

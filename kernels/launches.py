@@ -6,22 +6,25 @@ same kernels on ranks 1..T-1's shards (`partial_only`), in same-GPU buffers (DES
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from glm53ctl.errors import UsageError
-from glm53ctl.kernels.harness import Inputs, RunKey, row_contexts
+from glm53ctl.kernels.harness import Inputs, RunKey, layer_for, row_contexts
 from glm53ctl.kernels.numerics import FP32
+from glm53ctl.kernels.state import KdaState
 from glm53ctl.kernels.weights import ROOT, Weights
 from glm53ctl.tuning.knobs import knobs_for, resolve_grid
 
-TRITON_KINDS = ("embed", "tail")
+TRITON_KINDS = ("embed", "dense", "tail")
 
 
 class KindLaunch:
     """The launch of one key (kind, tp, rows, knobs) with its peers' partials; callable per step."""
 
     def __init__(self, weights: Weights, kind: str, tp: int, rows: int, knobs: dict | None, device) -> None:
-        if kind not in TRITON_KINDS:
+        if kind not in ("embed", "tail"):
             raise UsageError(
                 f"the Triton backend has no {kind} launch yet", hint=f"kinds with kernels: {', '.join(TRITON_KINDS)}"
             )
@@ -84,6 +87,12 @@ def run_triton(weights: Weights, key: RunKey, knobs: dict | None = None, device=
     """`glm53ctl run --backend triton`: the saved tensors of run_reference's layout for this kind."""
     if key.rows not in range(1, 9):
         raise UsageError(f"rows {key.rows} is out of range 1..8")
+    if key.kind == "dense":
+        return _run_dense(weights, key, knobs, device)
+    if key.kind not in TRITON_KINDS:
+        raise UsageError(
+            f"the Triton backend has no {key.kind} launch yet", hint=f"kinds with kernels: {', '.join(TRITON_KINDS)}"
+        )
     k = KindLaunch(weights, key.kind, key.tp, key.rows, knobs, device)
     xs = k.inputs(key.seed, key.steps, key.tokens)
     for x in xs:
@@ -91,3 +100,129 @@ def run_triton(weights: Weights, key: RunKey, knobs: dict | None = None, device=
     saved = {"inputs.contexts": torch.tensor(row_contexts(key.context, key.rows, weights.spec.indexer.kpool))}
     saved["inputs.tokens" if key.kind == "embed" else "inputs.H"] = xs[-1].cpu()
     return saved | {f"outputs.{n}": t.cpu() for n, t in out.items()}
+
+
+def make_launch(weights: Weights, kind: str, tp: int, rows: int, knobs: dict | None, device):
+    """The launch harness of one key: KindLaunch for embed and tail, DenseKind for dense."""
+    if kind == "dense":
+        return DenseKind(weights, tp, rows, knobs, device)
+    return KindLaunch(weights, kind, tp, rows, knobs, device)
+
+
+@dataclass
+class LayerInput:
+    """A layer launch's input: the streams H [R, hc, D] bf16 and the layer's KDA state before the step
+    (TP-independent: all heads; conv bf16, recurrent fp32)."""
+
+    H: torch.Tensor
+    state: KdaState
+
+    def to(self, device) -> LayerInput:
+        return LayerInput(self.H.to(device), KdaState(self.state.conv.to(device), self.state.recurrent.to(device)))
+
+
+@dataclass
+class DensePeers:
+    """What the other ranks contribute to rank 0's launch: their partials [T, R, D] and their state writes."""
+
+    parts_a: torch.Tensor
+    parts_f: torch.Tensor
+    writes: list[tuple[torch.Tensor, torch.Tensor]]  # (conv, recurrent) of ranks 1..T-1
+
+
+class DenseKind:
+    """The `dense` launch of one key with its peers. Rank 0 runs the whole layer; the other ranks' partials
+    come from the same kernel on their shards in two phases, as the all-reduces need them: every rank's
+    attention partial first, then each peer's FFN partial given all attention partials."""
+
+    kind = "dense"
+
+    def __init__(self, weights: Weights, tp: int, rows: int, knobs: dict | None, device, layer=None) -> None:
+        from glm53ctl.kernels.dense.kernel import DenseLaunch, prepare_weights
+
+        spec = weights.spec
+        spec.check_tp(tp)
+        knobs = resolve_grid(knobs_for(spec.name, "dense", tp, rows, knobs, device), device)
+        self.tp, self.rows, self.knobs, self.device = tp, rows, knobs, torch.device(device)
+        self.spec, self.weights = spec, weights
+        self.layer = layer_for(spec, "dense", layer)
+        self.w = [prepare_weights(weights.layer(self.layer, r, tp), spec, tp, device) for r in range(tp)]
+        self.launch = DenseLaunch(spec, tp, rows, knobs, device)
+        if tp > 1:
+            self.attn = [DenseLaunch(spec, tp, rows, knobs, device, rank=q, mode="attn") for q in range(tp)]
+            self.ffn = [DenseLaunch(spec, tp, rows, knobs, device, rank=q, mode="ffn") for q in range(1, tp)]
+
+    def rank_state(self, x: LayerInput, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rank's slices of the state: its q, k and v conv channels and its heads (contiguous, on device)."""
+        from glm53ctl.kernels.reference import _conv_slice, _head_slice
+
+        conv = _conv_slice(x.state.conv, rank, self.tp).to(self.device, torch.bfloat16).contiguous()
+        rec = _head_slice(x.state.recurrent, rank, self.tp).to(self.device, torch.float32).contiguous()
+        return conv, rec
+
+    def peer_partials(self, x: LayerInput) -> DensePeers | None:
+        if self.tp == 1:
+            return None
+        x = x.to(self.device)
+        T, R, D = self.tp, self.rows, self.spec.hidden
+        parts_a = torch.zeros(T, R, D, device=self.device)
+        parts_f = torch.zeros(T, R, D, device=self.device)
+        writes = []
+        for q, launch in enumerate(self.attn):
+            launch(x.H, self.w[q], *self.rank_state(x, q))
+            parts_a[q] = launch.buf["parts_a"][q]
+            if q:
+                writes.append((launch.conv_out.clone(), launch.S_out.clone()))
+        for q, launch in enumerate(self.ffn, start=1):
+            launch.set_peers(parts_a=parts_a)
+            launch(x.H, self.w[q], *self.rank_state(x, q))
+            parts_f[q] = launch.buf["parts_f"][q]
+        return DensePeers(parts_a, parts_f, writes)
+
+    def __call__(self, x: LayerInput, peers=None, poison: bool = False, **guard) -> dict[str, torch.Tensor]:
+        """One launch of rank 0 (after the peers' partials): every output and the whole layer's state writes."""
+        from glm53ctl.kernels.reference import _conv_join
+
+        x = x.to(self.device)
+        peers = self.peer_partials(x) if peers is None and self.tp > 1 else peers
+        launch = self.launch
+        if peers is not None:
+            launch.set_peers(peers.parts_a, peers.parts_f)
+        if poison:
+            launch.poison()
+        out = {n: t.clone() for n, t in launch(x.H, self.w[0], *self.rank_state(x, 0), **guard).items()}
+        writes = [(launch.conv_out, launch.S_out)] + (peers.writes if peers is not None else [])
+        out["kda.conv"] = _conv_join([c for c, _ in writes])
+        out["kda.recurrent"] = torch.cat([s for _, s in writes], dim=1)
+        return out
+
+    def inputs(self, seed: int, steps: int = 1) -> list[LayerInput]:
+        """Seeded H and a random layer state per step (fresh draws: every row at its own state)."""
+        gen = Inputs(self.spec, seed, FP32)
+        return [LayerInput(gen.H(self.rows).to(torch.bfloat16), gen.kda_state(self.rows)) for _ in range(steps)]
+
+
+def _run_dense(weights: Weights, key: RunKey, knobs: dict | None, device) -> dict[str, torch.Tensor]:
+    """`run --backend triton` for dense: run_reference's inputs (the same draws: the layer's state prefilled to
+    each row's context, then H per step) through the launch, each step's state writes read by the next."""
+    from glm53ctl.kernels.harness import layer_state
+    from glm53ctl.kernels.reference import Reference, room
+
+    spec = weights.spec
+    k = DenseKind(weights, key.tp, key.rows, knobs, device, layer=key.layer)
+    i = k.layer
+    inputs = Inputs(spec, key.seed, FP32)
+    contexts = row_contexts(key.context, key.rows, spec.indexer.kpool)
+    state = layer_state(Reference(weights), i, contexts, inputs, room(spec, max(contexts) + key.steps)).kda[i]
+    for _ in range(key.steps):
+        x = LayerInput(inputs.H(key.rows).to(torch.bfloat16), state)
+        out = k(x)
+        state = KdaState(out.pop("kda.conv").float().cpu(), out.pop("kda.recurrent").cpu())
+    pre = f"layers.{i}.kda."
+    return (
+        {"inputs.contexts": torch.tensor(contexts), "inputs.H": x.H, "inputs.layer": torch.tensor(i)}
+        | {"inputs.pos": torch.tensor(contexts) + key.steps - 1}
+        | {f"inputs.state.{pre}conv": x.state.conv, f"inputs.state.{pre}recurrent": x.state.recurrent}
+        | {f"outputs.{n}": t.cpu() for n, t in out.items()}
+        | {f"writes.{pre}conv": state.conv, f"writes.{pre}recurrent": state.recurrent}
+    )

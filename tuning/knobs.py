@@ -28,13 +28,13 @@ class Knob:
 KNOBS = {
     k.name: k
     for k in (
-        Knob("grid", (0, 132, 264, 396), 0, ("embed", "tail"), "schedule", "programs in the persistent grid"),
-        Knob("warps", (4, 8), 4, ("embed", "tail"), "schedule", "warps per program"),
+        Knob("grid", (0, 132, 264, 396), 0, ("embed", "tail", "dense"), "schedule", "programs in the persistent grid"),
+        Knob("warps", (4, 8), 4, ("embed", "tail", "dense"), "schedule", "warps per program"),
         Knob(
             "handoff",
             ("flag", "box"),
             "box",
-            ("embed", "tail"),
+            ("embed", "tail", "dense"),
             "schedule",
             "broadcast hand-off: one flag word per producer, or per-consumer 128-byte box lines",
         ),
@@ -42,15 +42,61 @@ KNOBS = {
             "poll",
             (0, 1),
             1,
-            ("embed", "tail"),
+            ("embed", "tail", "dense"),
             "schedule",
             "0: every thread polls with ld.acquire.gpu; 1: relaxed polls (+nanosleep), then one acquire",
         ),
-        Knob("block_n", (16, 32, 64, 128), 64, ("tail",), "schedule", "GEMV output rows per task"),
         Knob(
-            "block_k", (64, 128, 256, 512), 128, ("tail",), "numeric", "GEMV K tile: it sets the fp32 reduction order"
+            "block_n",
+            (16, 32, 64, 128),
+            64,
+            ("tail", "dense"),
+            "schedule",
+            "GEMV output rows per task (dense: in_proj and gate/up)",
         ),
-        Knob("stages", (1, 2, 3, 4), 4, ("tail",), "schedule", "software-pipelining depth of the GEMV's K loop"),
+        Knob(
+            "block_n_out",
+            (16, 32, 64, 128),
+            32,
+            ("dense",),
+            "schedule",
+            "GEMV output rows per task of the narrow stages that end in a reduce (o_proj, down_proj)",
+        ),
+        Knob(
+            "box_words",
+            (8, 16, 32),
+            32,
+            ("dense",),
+            "schedule",
+            "producers per 128-byte box line a consumer polls (fewer: more lines, less contention per line)",
+        ),
+        Knob(
+            "oproj_first",
+            (0, 1),
+            0,
+            ("dense",),
+            "schedule",
+            "a KDA task publishes z, its program runs the next task (o_proj), then writes the states back",
+        ),
+        Knob(
+            "ksplit",
+            (1, 2, 4),
+            1,
+            ("dense",),
+            "numeric",
+            "K slices of o_proj and down_proj (more tasks on narrow stages); fewer where K is narrow",
+        ),
+        Knob(
+            "block_k",
+            (64, 128, 256, 512),
+            128,
+            ("tail", "dense"),
+            "numeric",
+            "GEMV K tile: it sets the fp32 reduction order",
+        ),
+        Knob(
+            "stages", (1, 2, 3, 4), 4, ("tail", "dense"), "schedule", "software-pipelining depth of the GEMV's K loop"
+        ),
         Knob("prefetch", (0, 1), 0, ("tail",), "schedule", "prefetch a GEMV task's weights to L2 before its wait"),
         Knob(
             "gathers",

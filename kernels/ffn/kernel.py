@@ -10,14 +10,21 @@ from glm53ctl.kernels.tlx import interpreting, to_bf16
 
 
 @triton.jit
+def swiglu_act(g, u, LIMIT: tl.constexpr):
+    """silu(min(g, L)) * clamp(u, -L, L) in fp32, elementwise."""
+    g = tl.minimum(g, LIMIT)
+    u = tl.minimum(tl.maximum(u, -LIMIT), LIMIT)
+    return g * tl.sigmoid(g) * u
+
+
+@triton.jit
 def swiglu_kernel(gu, act, I: tl.constexpr, LIMIT: tl.constexpr, BLOCK: tl.constexpr, INTERPRET: tl.constexpr):
     """Row program_id(0): gu [R, 2I] fp32 (gate | up) -> act [R, I] bf16, what the down projection reads."""
     r = tl.program_id(0)
     for c0 in range(0, I, BLOCK):
         o = c0 + tl.arange(0, BLOCK)
-        g = tl.minimum(tl.load(gu + r * (2 * I) + o), LIMIT)
-        u = tl.minimum(tl.maximum(tl.load(gu + r * (2 * I) + I + o), -LIMIT), LIMIT)
-        tl.store(act + r * I + o, to_bf16(g * tl.sigmoid(g) * u, INTERPRET))
+        b_act = swiglu_act(tl.load(gu + r * (2 * I) + o), tl.load(gu + r * (2 * I) + I + o), LIMIT)
+        tl.store(act + r * I + o, to_bf16(b_act, INTERPRET))
 
 
 def swiglu(gu: torch.Tensor, limit: float) -> torch.Tensor:

@@ -16,11 +16,64 @@ from glm53ctl.kernels.tlx import interpreting, to_bf16
 
 
 @triton.jit
+def kda_conv_shift(
+    u,
+    u_row,
+    u_part,
+    u_head,
+    conv_in,
+    conv_out,
+    r,
+    h,
+    H: tl.constexpr,
+    K: tl.constexpr,
+    W: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    """Head h's conv state after this token (row r): the last W-2 raw inputs moved up, then this token's."""
+    P: tl.constexpr = H * K
+    o_k = tl.arange(0, K)
+    for part in tl.static_range(3):
+        chan = part * P + h * K + o_k
+        for tau in tl.static_range(1, W - 1):
+            b_past = tl.load(conv_in + (r * (W - 1) + tau) * (3 * P) + chan)
+            tl.store(conv_out + (r * (W - 1) + tau - 1) * (3 * P) + chan, b_past)
+        b_u = tl.load(u + r * u_row + part * u_part + h * u_head + o_k)
+        tl.store(conv_out + (r * (W - 1) + W - 2) * (3 * P) + chan, to_bf16(b_u, INTERPRET))
+
+
+@triton.jit
+def kda_write_state(
+    s,
+    u,
+    u_row,
+    u_part,
+    u_head,
+    conv_in,
+    conv_out,
+    S_out,
+    r,
+    h,
+    H: tl.constexpr,
+    K: tl.constexpr,
+    W: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    """The write-back of head h's states (row r): the recurrent state s [K, K] and the shifted conv state."""
+    o_k = tl.arange(0, K)
+    tl.store(S_out + (r * H + h) * (K * K) + o_k[:, None] * K + o_k[None, :], s)
+    kda_conv_shift(u, u_row, u_part, u_head, conv_in, conv_out, r, h, H, K, W, INTERPRET)
+
+
+@triton.jit
 def kda_head(
     u,
-    b,
-    f,
-    og,
+    u_row,
+    u_part,
+    u_head,
+    beta_logit,
+    b_f,
+    b_og,
     conv_in,
     conv_out,
     conv_w,
@@ -38,10 +91,15 @@ def kda_head(
     K: tl.constexpr,
     W: tl.constexpr,
     INTERPRET: tl.constexpr,
+    WRITE_STATE: tl.constexpr,
 ):
-    """Row r, local head h. u [R, 3P] raw q|k|v (fp32), b [R, H], f and og [R, P]; conv_in/out [R, W-1, 3P]
-    (bf16, oldest tap first); conv_w [3P, W] (tap W-1 on the current input); S_in/out [R, H, K, K] fp32
-    (S[i = key, j = value]); z [R, P] bf16, what o_proj reads."""
+    """Row r, local head h; returns the new recurrent state [K, K] (written back here if WRITE_STATE, else
+    by the caller with kda_write_state, after it has published z).
+
+    u: raw q|k|v (fp32), head h's part p at u + r*u_row + p*u_part + h*u_head; beta_logit (b), b_f (f) and
+    b_og (og) this head's values [K]; conv_in/out [R, W-1, 3P] bf16 (oldest tap first, q|k|v channels);
+    conv_w [3P, W] (tap W-1 on the current input); S_in/out [R, H, K, K] fp32 (S[i = key, j = value]);
+    z [R, P] bf16, what o_proj reads."""
     P: tl.constexpr = H * K
     o_k = tl.arange(0, K)
     # causal depthwise conv + SiLU over this head's q, k and v channels; the state keeps raw inputs
@@ -50,14 +108,11 @@ def kda_head(
     y_v = tl.zeros((K,), dtype=tl.float32)
     for part in tl.static_range(3):
         chan = part * P + h * K + o_k
-        b_u = tl.load(u + r * (3 * P) + chan)
+        b_u = tl.load(u + r * u_row + part * u_part + h * u_head + o_k)
         acc = tl.load(conv_w + chan * W + (W - 1)) * b_u
         for tau in tl.static_range(W - 1):
             b_past = tl.load(conv_in + (r * (W - 1) + tau) * (3 * P) + chan).to(tl.float32)
             acc += tl.load(conv_w + chan * W + tau) * b_past
-            if tau > 0:
-                tl.store(conv_out + (r * (W - 1) + tau - 1) * (3 * P) + chan, b_past.to(tl.bfloat16))
-        tl.store(conv_out + (r * (W - 1) + W - 2) * (3 * P) + chan, to_bf16(b_u, INTERPRET))
         y = acc * tl.sigmoid(acc)
         if part == 0:
             y_q = y
@@ -67,8 +122,8 @@ def kda_head(
             y_v = y
     # safe gate, beta, L2 norms (q scaled after its norm)
     a = tl.exp(tl.load(A_log + h))
-    g = lower_bound * tl.sigmoid(a * (tl.load(f + r * P + h * K + o_k) + tl.load(dt_bias + h * K + o_k)))
-    beta = tl.sigmoid(tl.load(b + r * H + h))
+    g = lower_bound * tl.sigmoid(a * (b_f + tl.load(dt_bias + h * K + o_k)))
+    beta = tl.sigmoid(beta_logit)
     q = y_q / tl.sqrt(tl.sum(y_q * y_q, axis=0) + 1e-6) * (1.0 / tl.sqrt(K * 1.0))
     k = y_k / tl.sqrt(tl.sum(y_k * y_k, axis=0) + 1e-6)
     # gated delta rule: decay along the key dim, read S^T k, update, output from the UPDATED state
@@ -76,12 +131,13 @@ def kda_head(
     s = tl.load(S_in + p_s) * tl.exp(g)[:, None]
     delta = beta * (y_v - tl.sum(s * k[:, None], axis=0))
     s += k[:, None] * delta[None, :]
-    tl.store(S_out + p_s, s)
     o = tl.sum(s * q[:, None], axis=0)
     # gated RMSNorm per head, sigmoid gate
-    b_og = tl.load(og + r * P + h * K + o_k)
     zz = o / tl.sqrt(tl.sum(o * o, axis=0) / K + eps) * tl.load(o_norm_w + o_k).to(tl.float32) * tl.sigmoid(b_og)
     tl.store(z + r * P + h * K + o_k, to_bf16(zz, INTERPRET))
+    if WRITE_STATE:
+        kda_write_state(s, u, u_row, u_part, u_head, conv_in, conv_out, S_out, r, h, H, K, W, INTERPRET)
+    return s
 
 
 @triton.jit
@@ -106,11 +162,18 @@ def kda_core_kernel(
     W: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
+    r = tl.program_id(0)
+    h = tl.program_id(1)
+    P: tl.constexpr = H * K
+    o_k = tl.arange(0, K)
     kda_head(
         u,
-        b,
-        f,
-        og,
+        3 * P,
+        P,
+        K,
+        tl.load(b + r * H + h),
+        tl.load(f + r * P + h * K + o_k),
+        tl.load(og + r * P + h * K + o_k),
         conv_in,
         conv_out,
         conv_w,
@@ -120,14 +183,15 @@ def kda_core_kernel(
         S_in,
         S_out,
         z,
-        tl.program_id(0),
-        tl.program_id(1),
+        r,
+        h,
         lower_bound,
         eps,
         H,
         K,
         W,
         INTERPRET,
+        True,
     )
 
 

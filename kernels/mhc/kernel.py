@@ -58,7 +58,32 @@ def gate_row(
             b_f = tl.load(p_h + j * D + o_k).to(tl.float32) * rs
             b_fn = tl.load(fn + o_m[:, None] * (HC * D) + j * D + o_k[None, :], mask=m_m[:, None], other=0.0)
             mix += tl.sum(b_fn * b_f[None, :], axis=1)
+    gate_finish(mix, p_h, base, scale, norm_w, x_hat, post, comb, r, hc_eps, norm_eps, D, HC, ITERS, INTERPRET)
+
+
+@triton.jit
+def gate_finish(
+    mix,
+    p_h,
+    base,
+    scale,
+    norm_w,
+    x_hat,
+    post,
+    comb,
+    r,
+    hc_eps,
+    norm_eps,
+    D: tl.constexpr,
+    HC: tl.constexpr,
+    ITERS: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    """The gate of row r from its mix logits (fn @ f, padded to 32) and its streams at p_h [HC, D]: pre, post,
+    the Sinkhorn comb, x = sum_j pre[j] H[j], then the RMSNorm. Stores x̂[r], post[r] and comb[r]."""
+    o_m = tl.arange(0, 32)
     o_c = tl.arange(0, HC)
+    o_d = tl.arange(0, D)
     s0 = tl.load(scale)
     s1 = tl.load(scale + 1)
     s2 = tl.load(scale + 2)

@@ -47,16 +47,18 @@ class TaskTable:
         self.first_site.append(len(self.sites))
         return len(self.tasks) - 1
 
-    def wait(self, task: int, producers: list[int], mechanism: str = "flag") -> None:
-        """The last-added task waits on producers (earlier tasks), by flag or by box."""
+    def wait(self, task: int, producers: list[int], mechanism: str = "flag", words: int = BOX_WORDS) -> None:
+        """The last-added task waits on producers (earlier tasks), by flag or by box (`words` producers per
+        128-byte line: fewer words, more lines to poll, less contention per line)."""
+        assert 1 <= words <= BOX_WORDS
         assert task == len(self.tasks) - 1, "waits are added right after their task"
         assert all(p < task for p in producers), "a task waits only on earlier tasks (topological order)"
         if mechanism == "flag":
             for p in producers:
                 self.sites.append(Site(task, FLAG, p, 1, [p]))
         elif mechanism == "box":
-            for i in range(0, len(producers), BOX_WORDS):
-                group = producers[i : i + BOX_WORDS]
+            for i in range(0, len(producers), words):
+                group = producers[i : i + words]
                 line = self.box_lines
                 self.box_lines += 1
                 for slot, p in enumerate(group):

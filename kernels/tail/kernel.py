@@ -165,7 +165,7 @@ def tail_kernel(
                 if NORM_INLINE:
                     acc = _gemv_norm_inline(H, norm_w, lm_w, a0, R, eps, D, HC, V_LOCAL, BLOCK_N, BLOCK_K, INTERPRET)
                 else:
-                    acc = gemv_tile(h_hat, D, lm_w, a0, R, V_LOCAL, D, BLOCK_N, BLOCK_K, INTERPRET)
+                    acc = gemv_tile(h_hat, D, lm_w, a0, R, V_LOCAL, D, D, BLOCK_N, BLOCK_K, INTERPRET)
                 o_m = tl.arange(0, 16)
                 o_n = a0 + tl.arange(0, BLOCK_N)
                 p_o = logits + o_m[:, None].to(tl.int64) * V + o_n[None, :]

@@ -1,0 +1,731 @@
+"""The `dense` launch: one KDA layer with the dense MLP (layers 0-2), one persistent launch per step.
+
+Tasks, in table order (a rank's shapes; every GEMV is `gemv_tile` over rows padded to 16):
+
+  MIX_A   a column chunk of the attention gate's mix logits (fn @ H) and sum of squares, all rows
+  GATE_A  row r: hc_pre (Sinkhorn), the RMSNorm: x̂, post, comb                waits on every MIX_A
+  INPROJ  a tile of the fused in-projection f_a | g_a | b | (q_h | k_h | v_h per head)   waits on GATE_A
+  KDA     (head h, row r): f_b and g_b for the head, conv with its state, safe gate, delta rule, gated
+          RMSNorm; publishes z                                     waits on the INPROJ tiles it reads
+  OPROJ   a tile of o_proj over a K slice (ks): this rank's partial        waits on the slice's heads
+  RED_A   a column chunk: the partials summed in rank order (attn), hc_post (H1), and the FFN gate's mix
+          logits over the chunk                              waits on its OPROJ tiles and the peers
+  GATE_F  row r: the FFN gate on H1                                          waits on every RED_A
+  GU      a tile of gate and up, clamped SwiGLU: act                          waits on every GATE_F
+  DOWN    a tile of down_proj over a K slice: this rank's partial         waits on the slice's GU tiles
+  RED_F   a column chunk: the partials summed in rank order (ffn.out), hc_post (H)
+          waits on its DOWN tiles and the peers
+
+The in-projection rows are laid out per head (q_h | k_h | v_h) after the small f_a | g_a | b rows, so a
+KDA task waits only on the tiles of its own head. OWN_A / OWN_F replace RED_A / RED_F in a peer's partial
+launch (mode "attn" / "ffn"): they write this rank's partial (its K slices summed in order) for the others.
+
+Knob `oproj_first`: a KDA task publishes z and keeps its new recurrent state in registers; its program
+runs its next task (an o_proj tile, as the table orders them) and only then writes both states back.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from glm53ctl.kernels.ffn.kernel import swiglu_act
+from glm53ctl.kernels.gemv import gemv_tile
+from glm53ctl.kernels.kda.kernel import kda_head, kda_write_state
+from glm53ctl.kernels.mhc.kernel import gate_finish
+from glm53ctl.kernels.runtime.device import finish, launch_epoch, next_task, publish, wait_task
+from glm53ctl.kernels.runtime.launch import DEFAULT_BUDGET_NS
+from glm53ctl.kernels.runtime.table import TaskTable
+from glm53ctl.kernels.tlx import interpreting, to_bf16
+
+MIX_A, GATE_A, INPROJ, KDA, OPROJ, RED_A, GATE_F, GU, DOWN, RED_F, OWN_A, OWN_F = range(12)
+TYPE_NAMES = {
+    MIX_A: "attn mix",
+    GATE_A: "attn gate",
+    INPROJ: "in_proj",
+    KDA: "kda head",
+    OPROJ: "o_proj",
+    RED_A: "attn reduce",
+    GATE_F: "ffn gate",
+    GU: "gate_up",
+    DOWN: "down_proj",
+    RED_F: "ffn reduce",
+    OWN_A: "attn partial",
+    OWN_F: "ffn partial",
+}
+MODES = ("full", "attn", "ffn")
+
+
+@triton.jit
+def _mix_chunk(mix, ss, fn, b_h, j, o_k, D: tl.constexpr, HC: tl.constexpr):
+    """Add stream j's columns o_k (values b_h, fp32) to a row's mix logits [32] and sum of squares."""
+    NMIX: tl.constexpr = (2 + HC) * HC
+    o_m = tl.arange(0, 32)
+    b_fn = tl.load(fn + o_m[:, None] * (HC * D) + j * D + o_k[None, :], mask=o_m[:, None] < NMIX, other=0.0)
+    return mix + tl.sum(b_fn * b_h[None, :], axis=1), ss + tl.sum(b_h * b_h, axis=0)
+
+
+@triton.jit
+def _gate(
+    mixp,
+    ssp,
+    H,
+    base,
+    scale,
+    norm_w,
+    x_hat,
+    post,
+    comb,
+    r,
+    hc_eps,
+    norm_eps,
+    D: tl.constexpr,
+    HC: tl.constexpr,
+    ITERS: tl.constexpr,
+    NCH: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    """Row r's gate from its chunks' mix logits and sums of squares, summed in chunk order."""
+    o_m = tl.arange(0, 32)
+    mix = tl.zeros((32,), dtype=tl.float32)
+    ss = 0.0
+    for c in tl.static_range(NCH):
+        mix += tl.load(mixp + (c * 16 + r) * 32 + o_m)
+        ss += tl.load(ssp + c * 16 + r)
+    # fn @ (H / rms(H)) = (fn @ H) / rms(H): the unweighted RMSNorm over all streams, applied once
+    rs = 1.0 / tl.sqrt(ss / (HC * D) + norm_eps)
+    gate_finish(
+        mix * rs, H + r * (HC * D), base, scale, norm_w, x_hat, post, comb, r, hc_eps, norm_eps, D, HC, ITERS, INTERPRET
+    )
+
+
+@triton.jit
+def _own_partial(kpart, r, o_c, R, D: tl.constexpr, KS: tl.constexpr):
+    """This rank's partial of row r over columns o_c: its K slices summed in slice order."""
+    acc = tl.load(kpart + r * D + o_c)
+    for ks in tl.static_range(1, KS):
+        acc += tl.load(kpart + (ks * R + r) * D + o_c)
+    return acc
+
+
+@triton.jit
+def _reduced(kpart, parts, r, o_c, R, RANK, D: tl.constexpr, KS: tl.constexpr, T: tl.constexpr):
+    """Row r's all-reduce over columns o_c: the ranks' partials summed in rank order (this rank's own from
+    its K slices, the peers' from `parts` [T, R, D]): the same bits on every rank."""
+    own = _own_partial(kpart, r, o_c, R, D, KS)
+    acc = tl.where(RANK == 0, own, tl.load(parts + r * D + o_c, mask=RANK != 0, other=0.0))
+    for q in tl.static_range(1, T):
+        acc += tl.where(RANK == q, own, tl.load(parts + (q * R + r) * D + o_c, mask=RANK != q, other=0.0))
+    return acc
+
+
+@triton.jit
+def _hc_post_chunk(a, H, post, comb, H_out, r, o_c, D: tl.constexpr, HC: tl.constexpr, INTERPRET: tl.constexpr):
+    """hc_post over columns o_c of row r (hc_post_row's operations, chunked); returns nothing."""
+    for j in tl.static_range(HC):
+        acc = tl.load(post + r * HC + j) * a
+        for i in tl.static_range(HC):
+            acc += tl.load(comb + r * (HC * HC) + i * HC + j) * tl.load(H + (r * HC + i) * D + o_c).to(tl.float32)
+        tl.store(H_out + (r * HC + j) * D + o_c, to_bf16(acc, INTERPRET))
+
+
+@triton.jit(do_not_specialize=["stuck_site", "budget_ns", "RANK"])
+def dense_kernel(
+    ctl,
+    flags,
+    boxes,
+    errs,
+    tasks,
+    wait_kind,
+    wait_index,
+    wait_count,
+    pub_first,
+    pub_count,
+    pub_slot,
+    pub_flag,
+    # inputs and weights
+    H,
+    fn_a,
+    base_a,
+    scale_a,
+    norm_a,
+    fn_f,
+    base_f,
+    scale_f,
+    norm_f,
+    w_in,
+    w_fb,
+    w_gb,
+    conv_w,
+    A_log,
+    dt_bias,
+    o_norm,
+    w_o,
+    w_gate,
+    w_up,
+    w_down,
+    conv_in,
+    S_in,
+    # writes
+    conv_out,
+    S_out,
+    # hand-off buffers
+    mixp,
+    ssp,
+    y_in,
+    lr,
+    z,
+    kpart_a,
+    parts_a,
+    act,
+    kpart_f,
+    parts_f,
+    # outputs
+    x_hat_a,
+    post_a,
+    comb_a,
+    attn,
+    H1,
+    x_hat_f,
+    post_f,
+    comb_f,
+    ffn_out,
+    H2,
+    R,
+    RANK,
+    hc_eps,
+    norm_eps,
+    lower_bound,
+    n_tasks,
+    n_peers,
+    n_programs,
+    stuck_site,
+    budget_ns,
+    D: tl.constexpr,
+    HC: tl.constexpr,
+    ITERS: tl.constexpr,
+    HL: tl.constexpr,
+    K: tl.constexpr,
+    W: tl.constexpr,
+    RG: tl.constexpr,
+    I: tl.constexpr,
+    T: tl.constexpr,
+    CH: tl.constexpr,
+    NCH: tl.constexpr,
+    KS_O: tl.constexpr,
+    KS_F: tl.constexpr,
+    BN: tl.constexpr,
+    BN_O: tl.constexpr,
+    BK_D: tl.constexpr,
+    BK_R: tl.constexpr,
+    BK_O: tl.constexpr,
+    BK_I: tl.constexpr,
+    LIMIT: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    POLL: tl.constexpr,
+    THREADS: tl.constexpr,
+    OPROJ_FIRST: tl.constexpr,
+):
+    P: tl.constexpr = HL * K
+    NIN: tl.constexpr = 2 * RG + HL + 3 * P
+    HDR: tl.constexpr = 2 * RG + HL  # where the per-head q|k|v rows start in the in-projection
+    PK: tl.constexpr = P // KS_O
+    IK: tl.constexpr = I // KS_F
+    o_m = tl.arange(0, 16)
+    epoch = launch_epoch(ctl, INTERPRET)
+    n_done = 0
+    # oproj_first: the KDA head whose states this program still has to write back
+    pend = 0
+    pend_r = 0
+    pend_h = 0
+    pend_s = tl.zeros((K, K), dtype=tl.float32)
+    task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET)
+    while task >= 0:
+        p_t = tasks + task * 6
+        ttype = tl.load(p_t)
+        a0 = tl.load(p_t + 1)
+        a1 = tl.load(p_t + 2)
+        ok = wait_task(
+            ctl,
+            flags,
+            boxes,
+            errs,
+            tasks,
+            wait_kind,
+            wait_index,
+            wait_count,
+            task,
+            epoch,
+            stuck_site,
+            budget_ns,
+            INTERPRET,
+            POLL,
+            THREADS,
+        )
+        if ok:
+            if ttype == 0:
+                # MIX_A: chunk a0 of the attention gate's mix logits, every row
+                o_c = a0 * CH + tl.arange(0, CH)
+                for r in range(R):
+                    mix = tl.zeros((32,), dtype=tl.float32)
+                    ss = 0.0
+                    for j in tl.static_range(HC):
+                        b_h = tl.load(H + (r * HC + j) * D + o_c).to(tl.float32)
+                        mix, ss = _mix_chunk(mix, ss, fn_a, b_h, j, o_c, D, HC)
+                    tl.store(mixp + (a0 * 16 + r) * 32 + tl.arange(0, 32), mix)
+                    tl.store(ssp + a0 * 16 + r, ss)
+            elif ttype == 1:
+                # GATE_A: row a0
+                _gate(
+                    mixp,
+                    ssp,
+                    H,
+                    base_a,
+                    scale_a,
+                    norm_a,
+                    x_hat_a,
+                    post_a,
+                    comb_a,
+                    a0,
+                    hc_eps,
+                    norm_eps,
+                    D,
+                    HC,
+                    ITERS,
+                    NCH,
+                    INTERPRET,
+                )
+            elif ttype == 2:
+                # INPROJ: rows a0.. of the fused in-projection; the low-rank f_a | g_a rows also in bf16
+                acc = gemv_tile(x_hat_a, D, w_in, a0, R, NIN, D, D, BN, BK_D, INTERPRET)
+                o_n = a0 + tl.arange(0, BN)
+                m_r = o_m[:, None] < R
+                tl.store(y_in + o_m[:, None] * NIN + o_n[None, :], acc, mask=m_r & (o_n[None, :] < NIN))
+                tl.store(
+                    lr + o_m[:, None] * (2 * RG) + o_n[None, :],
+                    to_bf16(acc, INTERPRET),
+                    mask=m_r & (o_n[None, :] < 2 * RG),
+                )
+            elif ttype == 3:
+                # KDA: head a0, row a1
+                if OPROJ_FIRST:
+                    if pend != 0:
+                        kda_write_state(
+                            pend_s,
+                            y_in + HDR,
+                            NIN,
+                            K,
+                            3 * K,
+                            conv_in,
+                            conv_out,
+                            S_out,
+                            pend_r,
+                            pend_h,
+                            HL,
+                            K,
+                            W,
+                            INTERPRET,
+                        )
+                        pend = 0
+                h = a0
+                r = a1
+                sel = o_m[:, None] == r
+                f_h = gemv_tile(lr, 2 * RG, w_fb, h * K, R, P, RG, RG, K, BK_R, INTERPRET)
+                og_h = gemv_tile(lr + RG, 2 * RG, w_gb, h * K, R, P, RG, RG, K, BK_R, INTERPRET)
+                s = kda_head(
+                    y_in + HDR,
+                    NIN,
+                    K,
+                    3 * K,
+                    tl.load(y_in + r * NIN + 2 * RG + h),
+                    tl.sum(tl.where(sel, f_h, 0.0), axis=0),
+                    tl.sum(tl.where(sel, og_h, 0.0), axis=0),
+                    conv_in,
+                    conv_out,
+                    conv_w,
+                    A_log,
+                    dt_bias,
+                    o_norm,
+                    S_in,
+                    S_out,
+                    z,
+                    r,
+                    h,
+                    lower_bound,
+                    norm_eps,
+                    HL,
+                    K,
+                    W,
+                    INTERPRET,
+                    not OPROJ_FIRST,
+                )
+                if OPROJ_FIRST:
+                    pend = 1
+                    pend_r = r
+                    pend_h = h
+                    pend_s = s
+            elif (ttype == 4) | (ttype == 8):
+                # OPROJ / DOWN: output rows a0.. over K slice a1: this rank's partial of that slice
+                if ttype == 4:
+                    acc = gemv_tile(z + a1 * PK, P, w_o + a1 * PK, a0, R, D, PK, P, BN_O, BK_O, INTERPRET)
+                    p_out = kpart_a
+                else:
+                    acc = gemv_tile(act + a1 * IK, I, w_down + a1 * IK, a0, R, D, IK, I, BN_O, BK_I, INTERPRET)
+                    p_out = kpart_f
+                o_n = a0 + tl.arange(0, BN_O)
+                tl.store(
+                    p_out + (a1 * R + o_m[:, None]) * D + o_n[None, :],
+                    acc,
+                    mask=(o_m[:, None] < R) & (o_n[None, :] < D),
+                )
+            elif ttype == 5:
+                # RED_A: chunk a0: attn, H1 = hc_post(attn), and the FFN gate's mix logits over the chunk
+                o_c = a0 * CH + tl.arange(0, CH)
+                for r in range(R):
+                    a = _reduced(kpart_a, parts_a, r, o_c, R, RANK, D, KS_O, T)
+                    tl.store(attn + r * D + o_c, a)
+                    _hc_post_chunk(a, H, post_a, comb_a, H1, r, o_c, D, HC, INTERPRET)
+                    mix = tl.zeros((32,), dtype=tl.float32)
+                    ss = 0.0
+                    for j in tl.static_range(HC):
+                        # the stored (bf16) H1 values, as the FFN gate reads them
+                        b_h = tl.load(H1 + (r * HC + j) * D + o_c).to(tl.float32)
+                        mix, ss = _mix_chunk(mix, ss, fn_f, b_h, j, o_c, D, HC)
+                    tl.store(mixp + ((NCH + a0) * 16 + r) * 32 + tl.arange(0, 32), mix)
+                    tl.store(ssp + (NCH + a0) * 16 + r, ss)
+            elif ttype == 6:
+                # GATE_F: row a0, on H1
+                _gate(
+                    mixp + NCH * 16 * 32,
+                    ssp + NCH * 16,
+                    H1,
+                    base_f,
+                    scale_f,
+                    norm_f,
+                    x_hat_f,
+                    post_f,
+                    comb_f,
+                    a0,
+                    hc_eps,
+                    norm_eps,
+                    D,
+                    HC,
+                    ITERS,
+                    NCH,
+                    INTERPRET,
+                )
+            elif ttype == 7:
+                # GU: gate and up rows a0.., clamped SwiGLU, stored bf16 for down_proj
+                g = gemv_tile(x_hat_f, D, w_gate, a0, R, I, D, D, BN, BK_D, INTERPRET)
+                u = gemv_tile(x_hat_f, D, w_up, a0, R, I, D, D, BN, BK_D, INTERPRET)
+                o_n = a0 + tl.arange(0, BN)
+                tl.store(
+                    act + o_m[:, None] * I + o_n[None, :],
+                    to_bf16(swiglu_act(g, u, LIMIT), INTERPRET),
+                    mask=(o_m[:, None] < R) & (o_n[None, :] < I),
+                )
+            elif ttype == 9:
+                # RED_F: chunk a0: ffn.out and H = hc_post(ffn.out) on H1
+                o_c = a0 * CH + tl.arange(0, CH)
+                for r in range(R):
+                    m = _reduced(kpart_f, parts_f, r, o_c, R, RANK, D, KS_F, T)
+                    tl.store(ffn_out + r * D + o_c, m)
+                    _hc_post_chunk(m, H1, post_f, comb_f, H2, r, o_c, D, HC, INTERPRET)
+            else:
+                # OWN_A / OWN_F: this rank's partial of chunk a0, for the other ranks' reduces
+                o_c = a0 * CH + tl.arange(0, CH)
+                for r in range(R):
+                    if ttype == 10:
+                        tl.store(parts_a + (RANK * R + r) * D + o_c, _own_partial(kpart_a, r, o_c, R, D, KS_O))
+                    else:
+                        tl.store(parts_f + (RANK * R + r) * D + o_c, _own_partial(kpart_f, r, o_c, R, D, KS_F))
+            publish(ctl, flags, boxes, pub_first, pub_count, pub_slot, pub_flag, task, epoch)
+        if OPROJ_FIRST:
+            # the write-back after the task that followed the KDA head (z is out, o_proj's loads issued)
+            if (pend != 0) & (ttype != 3):
+                kda_write_state(
+                    pend_s, y_in + HDR, NIN, K, 3 * K, conv_in, conv_out, S_out, pend_r, pend_h, HL, K, W, INTERPRET
+                )
+                pend = 0
+        n_done += 1
+        task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET)
+    if OPROJ_FIRST:
+        if pend != 0:
+            kda_write_state(
+                pend_s, y_in + HDR, NIN, K, 3 * K, conv_in, conv_out, S_out, pend_r, pend_h, HL, K, W, INTERPRET
+            )
+    finish(ctl, flags, n_tasks, n_peers, n_programs, epoch)
+
+
+def _covering(tiles: list[tuple[int, int, int]], lo: int, hi: int) -> list[int]:
+    """The tasks of tiles (lo, hi, task) that overlap [lo, hi)."""
+    return [t for a, b, t in tiles if a < hi and lo < b]
+
+
+def k_slices(knob: int, k: int) -> int:
+    """A GEMV's K slices: the knob's value, or fewer where K is too narrow for slices of 16 and more."""
+    n = knob
+    while n > 1 and (k % n or k // n < 16):
+        n //= 2
+    return n
+
+
+class Dims:
+    """One rank's shapes of a dense layer, and the tile and slice sizes a key's knobs give them."""
+
+    def __init__(self, spec, tp: int, knobs: dict) -> None:
+        sh = spec.shards(tp)
+        self.D, self.HC, self.iters = spec.hidden, spec.mhc.streams, spec.mhc.sinkhorn_iters
+        self.HL, self.K, self.W, self.RG = sh.kda_heads, spec.kda.head_dim, spec.kda.conv_kernel, spec.kda.gate_rank
+        self.P, self.I, self.T = self.HL * self.K, sh.dense_inter, tp
+        self.NIN = 2 * self.RG + self.HL + 3 * self.P
+        self.HDR = 2 * self.RG + self.HL
+        # the reduce / mix column chunk: fixed by the model (it sets the gate's summation order)
+        self.CH = min(256, self.D // 4)
+        self.NCH = self.D // self.CH
+        self.KS_O, self.KS_F = k_slices(knobs["ksplit"], self.P), k_slices(knobs["ksplit"], self.I)
+        self.PK, self.IK = self.P // self.KS_O, self.I // self.KS_F
+        self.BN, self.BN_O = knobs["block_n"], knobs["block_n_out"]
+        bk = knobs["block_k"]
+        self.BK_D, self.BK_R, self.BK_O, self.BK_I = (min(bk, n) for n in (self.D, self.RG, self.PK, self.IK))
+
+
+def build_table(d: Dims, rows: int, knobs: dict, mode: str = "full") -> TaskTable:
+    """The tasks of one rank's launch in topological order. mode "attn": up to this rank's attention partial;
+    "ffn": up to its FFN partial (given every rank's attention partial); "full": the whole layer."""
+    assert mode in MODES
+    t = TaskTable("dense", TYPE_NAMES, peers=0 if mode == "attn" else d.T - 1)
+    how, words = knobs["handoff"], knobs["box_words"]
+
+    def add(ttype: int, *args: int, waits: list[int] = (), peers: bool = False) -> int:
+        task = t.add(ttype, *args)
+        if waits:
+            t.wait(task, sorted(set(waits)), how, words)
+        if peers:
+            for q in range(1, d.T):
+                t.wait_peer(task, q)
+        return task
+
+    mix = [add(MIX_A, c) for c in range(d.NCH)]
+    gates = [add(GATE_A, r, waits=mix) for r in range(rows)]
+    inproj = [(n0, n0 + d.BN, add(INPROJ, n0, waits=gates)) for n0 in range(0, d.NIN, d.BN)]
+    small = _covering(inproj, 0, 2 * d.RG)  # f_a | g_a: every head's low-rank rows
+    heads = []
+    for h in range(d.HL):
+        own = small + _covering(inproj, 2 * d.RG + h, 2 * d.RG + h + 1)
+        own += _covering(inproj, d.HDR + 3 * d.K * h, d.HDR + 3 * d.K * (h + 1))
+        heads.append([add(KDA, h, r, waits=own) for r in range(rows)])
+    oproj = []
+    for ks in range(d.KS_O):
+        lo, hi = ks * d.PK, (ks + 1) * d.PK
+        need = [task for h in range(d.HL) if h * d.K < hi and lo < (h + 1) * d.K for task in heads[h]]
+        oproj += [(n0, n0 + d.BN_O, add(OPROJ, n0, ks, waits=need)) for n0 in range(0, d.D, d.BN_O)]
+    chunks = range(d.NCH)
+    if mode == "attn":
+        for c in chunks:
+            add(OWN_A, c, waits=_covering(oproj, c * d.CH, (c + 1) * d.CH))
+        return t
+    reds = [add(RED_A, c, waits=_covering(oproj, c * d.CH, (c + 1) * d.CH), peers=True) for c in chunks]
+    gates_f = [add(GATE_F, r, waits=reds) for r in range(rows)]
+    gu = [(n0, n0 + d.BN, add(GU, n0, waits=gates_f)) for n0 in range(0, d.I, d.BN)]
+    down = []
+    for ks in range(d.KS_F):
+        need = _covering(gu, ks * d.IK, (ks + 1) * d.IK)
+        down += [(n0, n0 + d.BN_O, add(DOWN, n0, ks, waits=need)) for n0 in range(0, d.D, d.BN_O)]
+    for c in chunks:
+        add(OWN_F if mode == "ffn" else RED_F, c, waits=_covering(down, c * d.CH, (c + 1) * d.CH), peers=mode == "full")
+    return t
+
+
+def prepare_weights(w, spec, tp: int, device) -> dict[str, torch.Tensor]:
+    """One rank's layer weights as the kernel reads them (done once per key, like a checkpoint's fused
+    layout): the in-projection rows f_a | g_a | b | (q_h | k_h | v_h per head), the conv taps [3P, W] fp32."""
+    a_ = "self_attn."
+    d = Dims(spec, tp, {"ksplit": 1, "block_n": 16, "block_n_out": 16, "block_k": 16})
+    qkv = torch.stack([w[f"{a_}{n}_proj.weight"].view(d.HL, d.K, d.D) for n in ("q", "k", "v")], dim=1)
+    w_in = torch.cat([w[f"{a_}{n}.weight"] for n in ("f_a_proj", "g_a_proj", "b_proj")] + [qkv.reshape(-1, d.D)])
+    out = {
+        "fn_a": w["hc_attn_fn"].float(),
+        "base_a": w["hc_attn_base"].float(),
+        "scale_a": w["hc_attn_scale"].float(),
+        "norm_a": w["input_layernorm.weight"],
+        "fn_f": w["hc_ffn_fn"].float(),
+        "base_f": w["hc_ffn_base"].float(),
+        "scale_f": w["hc_ffn_scale"].float(),
+        "norm_f": w["post_attention_layernorm.weight"],
+        "w_in": w_in.to(torch.bfloat16),
+        "w_fb": w[f"{a_}f_b_proj.weight"],
+        "w_gb": w[f"{a_}g_b_proj.weight"],
+        "conv_w": torch.cat([w[f"{a_}{n}_conv1d.weight"][:, 0] for n in ("q", "k", "v")]).float(),
+        "A_log": w[f"{a_}A_log"].float(),
+        "dt_bias": w[f"{a_}dt_bias"].float(),
+        "o_norm": w[f"{a_}o_norm.weight"],
+        "w_o": w[f"{a_}o_proj.weight"],
+        "w_gate": w["mlp.gate_proj.weight"],
+        "w_up": w["mlp.up_proj.weight"],
+        "w_down": w["mlp.down_proj.weight"],
+    }
+    return {k: v.to(device).contiguous() for k, v in out.items()}
+
+
+OUTPUTS = (
+    "attn.x_hat",
+    "attn.post",
+    "attn.comb",
+    "attn.out",
+    "attn.H",
+    "ffn.x_hat",
+    "ffn.post",
+    "ffn.comb",
+    "ffn.out",
+    "H",
+)
+
+
+class DenseLaunch:
+    """One build key of `dense` for one rank: table and buffers laid out once; each call is one launch.
+
+    mode "full" (rank 0 of a TP launch, or TP1): every output; the peers' partials are read from
+    `parts_a` / `parts_f` [T, R, D] (set_peers). Modes "attn" and "ffn" are the peers' partial launches."""
+
+    def __init__(self, spec, tp: int, rows: int, knobs: dict, device, rank: int = 0, mode: str = "full") -> None:
+        from glm53ctl.kernels.runtime import Runtime
+
+        self.spec, self.tp, self.rows, self.knobs, self.rank, self.mode = spec, tp, rows, knobs, rank, mode
+        self.device = torch.device(device)
+        self.d = d = Dims(spec, tp, knobs)
+        self.table = build_table(d, rows, knobs, mode)
+        self.grid = knobs["grid"]
+        self.runtime = Runtime(self.table, self.device, max_programs=self.grid)
+        f32, bf16 = torch.float32, torch.bfloat16
+        e = lambda *shape, dtype=f32: torch.zeros(shape, dtype=dtype, device=self.device)
+        R, D, HC = rows, d.D, d.HC
+        self.buf = {
+            "mixp": e(2, d.NCH, 16, 32),
+            "ssp": e(2, d.NCH, 16),
+            "y_in": e(R, d.NIN),
+            "lr": e(R, 2 * d.RG, dtype=bf16),
+            "z": e(R, d.P, dtype=bf16),
+            "kpart_a": e(d.KS_O, R, D),
+            "parts_a": e(tp, R, D),
+            "act": e(R, d.I, dtype=bf16),
+            "kpart_f": e(d.KS_F, R, D),
+            "parts_f": e(tp, R, D),
+        }
+        self.out = {
+            "attn.x_hat": e(R, D, dtype=bf16),
+            "attn.post": e(R, HC),
+            "attn.comb": e(R, HC, HC),
+            "attn.out": e(R, D),
+            "attn.H": e(R, HC, D, dtype=bf16),
+            "ffn.x_hat": e(R, D, dtype=bf16),
+            "ffn.post": e(R, HC),
+            "ffn.comb": e(R, HC, HC),
+            "ffn.out": e(R, D),
+            "H": e(R, HC, D, dtype=bf16),
+        }
+        st = spec.shards(tp).state_shapes(rows, 1)
+        self.conv_out = e(*st["kda.conv"], dtype=bf16)
+        self.S_out = e(*st["kda.recurrent"])
+
+    def set_peers(self, parts_a: torch.Tensor | None = None, parts_f: torch.Tensor | None = None) -> None:
+        """The other ranks' partials [T, R, D] (this rank's slot is ignored): what the all-reduces read."""
+        if parts_a is not None:
+            self.buf["parts_a"].copy_(parts_a)
+        if parts_f is not None:
+            self.buf["parts_f"].copy_(parts_f)
+
+    def poison(self) -> None:
+        """NaN in every output and write, so an element the launch leaves alone fails every check."""
+        for t in [*self.out.values(), self.conv_out, self.S_out]:
+            t.fill_(float("nan"))
+
+    def kernel_args(self, H, w, conv_in, S_in, stuck_site=-1, budget_ns=DEFAULT_BUDGET_NS) -> dict:
+        o = self.out
+        return (
+            self.runtime.args()
+            | {"H": H, **w, "conv_in": conv_in, "S_in": S_in, "conv_out": self.conv_out, "S_out": self.S_out}
+            | self.buf
+            | {
+                "x_hat_a": o["attn.x_hat"],
+                "post_a": o["attn.post"],
+                "comb_a": o["attn.comb"],
+                "attn": o["attn.out"],
+                "H1": o["attn.H"],
+                "x_hat_f": o["ffn.x_hat"],
+                "post_f": o["ffn.post"],
+                "comb_f": o["ffn.comb"],
+                "ffn_out": o["ffn.out"],
+                "H2": o["H"],
+                "R": self.rows,
+                "RANK": self.rank,
+                "hc_eps": self.spec.mhc.eps,
+                "norm_eps": self.spec.model.rms_norm_eps,
+                "lower_bound": self.spec.kda.gate_lower_bound,
+                "n_tasks": self.table.n_tasks,
+                "n_peers": self.table.peers,
+                "n_programs": self.grid,
+                "stuck_site": stuck_site,
+                "budget_ns": budget_ns,
+            }
+        )
+
+    def constexprs(self) -> dict:
+        d = self.d
+        names = ("D", "HC", "HL", "K", "W", "RG", "I", "T", "CH", "NCH", "KS_O", "KS_F", "BN", "BN_O")
+        return {n: getattr(d, n) for n in names} | {
+            "ITERS": d.iters,
+            "BK_D": d.BK_D,
+            "BK_R": d.BK_R,
+            "BK_O": d.BK_O,
+            "BK_I": d.BK_I,
+            "LIMIT": self.spec.moe.swiglu_limit,
+            "INTERPRET": interpreting(),
+            "POLL": self.knobs["poll"],
+            "THREADS": 32 * self.knobs["warps"],
+            "OPROJ_FIRST": bool(self.knobs["oproj_first"]),
+        }
+
+    def options(self) -> dict:
+        return {"num_warps": self.knobs["warps"], "num_stages": self.knobs["stages"]}
+
+    def __call__(self, H, w, conv_in, S_in, stuck_site=-1, budget_ns=None, check=True) -> dict[str, torch.Tensor]:
+        R, d = self.rows, self.d
+        assert H.shape == (R, d.HC, d.D) and H.dtype == torch.bfloat16 and H.is_contiguous()
+        assert conv_in.shape == self.conv_out.shape and conv_in.dtype == torch.bfloat16 and conv_in.is_contiguous()
+        assert S_in.shape == self.S_out.shape and S_in.dtype == torch.float32 and S_in.is_contiguous()
+        args = self.kernel_args(H, w, conv_in, S_in, stuck_site, budget_ns or DEFAULT_BUDGET_NS)
+        dense_kernel[(self.grid,)](**args, **self.constexprs(), **self.options())
+        if check:
+            self.runtime.check()
+        return self.out
+
+    def placeholder_args(self) -> dict:
+        """The kernel's arguments with stand-in tensors of the right dtypes (ahead-of-time builds)."""
+        bf16, f32 = (torch.empty(1, dtype=t) for t in (torch.bfloat16, torch.float32))
+        w = {k: (bf16 if k.startswith("w_") or k in ("norm_a", "norm_f", "o_norm") else f32) for k in WEIGHTS}
+        return self.kernel_args(bf16, w, bf16, f32)
+
+
+WEIGHTS = (
+    "fn_a",
+    "base_a",
+    "scale_a",
+    "norm_a",
+    "fn_f",
+    "base_f",
+    "scale_f",
+    "norm_f",
+    "w_in",
+    "w_fb",
+    "w_gb",
+    "conv_w",
+    "A_log",
+    "dt_bias",
+    "o_norm",
+    "w_o",
+    "w_gate",
+    "w_up",
+    "w_down",
+)
