@@ -130,12 +130,10 @@ def tail_bytes(spec, tp, rows):
     return vl * D * 2 + rows * 4 * D * 2 + (tp - 1) * rows * vl * 4 + rows * vl * tp * 4
 
 
-def main(out_dir: Path) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    spec = load_model("glm53_flash")
-    w = DeviceWeights(spec)
+def environment() -> dict:
+    """The GPU, driver, CUDA, torch, Triton and Python versions, the date and the git sha (DESIGN.md §8)."""
     props = torch.cuda.get_device_properties(DEV)
-    env = {
+    return {
         "gpu": props.name,
         "capability": f"{props.major}.{props.minor}",
         "sms": props.multi_processor_count,
@@ -149,6 +147,13 @@ def main(out_dir: Path) -> None:
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "git_sha": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
     }
+
+
+def main(out_dir: Path) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    spec = load_model("glm53_flash")
+    w = DeviceWeights(spec)
+    env = environment()
     res = {"env": env, "checks": [], "timings": [], "hops": [], "faults": []}
     print(json.dumps(env), flush=True)
 
@@ -330,7 +335,7 @@ def main(out_dir: Path) -> None:
     for handoff in ("flag", "box"):
         for poll in (0, 1):
             n = 4096
-            c = ChainLaunch(n, handoff, poll, props.multi_processor_count, DEV)
+            c = ChainLaunch(n, handoff, poll, env["sms"], DEV)
             c()
             us, _ = graph_time(lambda: c(check=False), inner=5, rounds=11)
             c.runtime.check()

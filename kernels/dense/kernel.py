@@ -130,7 +130,8 @@ def _hc_post_chunk(a, H, post, comb, H_out, r, o_c, D: tl.constexpr, HC: tl.cons
         tl.store(H_out + (r * HC + j) * D + o_c, to_bf16(acc, INTERPRET))
 
 
-@triton.jit(do_not_specialize=["stuck_site", "budget_ns", "RANK"])
+# the table's sizes do not change the code: no recompile per count that happens to be 1 or a multiple of 16
+@triton.jit(do_not_specialize=["stuck_site", "budget_ns", "RANK", "n_tasks", "n_peers", "n_programs"])
 def dense_kernel(
     ctl,
     flags,
@@ -538,6 +539,31 @@ def build_table(d: Dims, rows: int, knobs: dict, mode: str = "full") -> TaskTabl
     return t
 
 
+def stage_table(full: TaskTable, ttype: int) -> TaskTable:
+    """One stage of the layer as its own launch: the tasks of one type, with no waits (the launch before
+    it has finished). `SeparateLaunches` runs the stages one after another: the baseline to beat."""
+    t = TaskTable("dense", TYPE_NAMES)
+    for task in full.tasks:
+        if task[0] == ttype:
+            t.add(*task)
+    return t
+
+
+class SeparateLaunches:
+    """The same task bodies as one launch per stage (10 launches, the same buffers and the same bits)."""
+
+    STAGES = (MIX_A, GATE_A, INPROJ, KDA, OPROJ, RED_A, GATE_F, GU, DOWN, RED_F)
+
+    def __init__(self, spec, tp: int, rows: int, knobs: dict, device) -> None:
+        self.whole = DenseLaunch(spec, tp, rows, knobs, device)
+        self.stages = [DenseLaunch(spec, tp, rows, knobs, device, stage=s, share=self.whole) for s in self.STAGES]
+
+    def __call__(self, H, w, conv_in, S_in, check=True) -> dict[str, torch.Tensor]:
+        for s in self.stages:
+            s(H, w, conv_in, S_in, check=check)
+        return self.whole.out
+
+
 def prepare_weights(w, spec, tp: int, device) -> dict[str, torch.Tensor]:
     """One rank's layer weights as the kernel reads them (done once per key, like a checkpoint's fused
     layout): the in-projection rows f_a | g_a | b | (q_h | k_h | v_h per head), the conv taps [3P, W] fp32."""
@@ -589,7 +615,18 @@ class DenseLaunch:
     mode "full" (rank 0 of a TP launch, or TP1): every output; the peers' partials are read from
     `parts_a` / `parts_f` [T, R, D] (set_peers). Modes "attn" and "ffn" are the peers' partial launches."""
 
-    def __init__(self, spec, tp: int, rows: int, knobs: dict, device, rank: int = 0, mode: str = "full") -> None:
+    def __init__(
+        self,
+        spec,
+        tp: int,
+        rows: int,
+        knobs: dict,
+        device,
+        rank: int = 0,
+        mode: str = "full",
+        stage: int | None = None,
+        share: DenseLaunch | None = None,
+    ) -> None:
         from glm53ctl.kernels.runtime import Runtime
 
         self.spec, self.tp, self.rows, self.knobs, self.rank, self.mode = spec, tp, rows, knobs, rank, mode
@@ -597,6 +634,13 @@ class DenseLaunch:
         self.d = d = Dims(spec, tp, knobs)
         self.table = build_table(d, rows, knobs, mode)
         self.grid = knobs["grid"]
+        if stage is not None:
+            self.table = stage_table(self.table, stage)
+            self.grid = min(self.grid, self.table.n_tasks)
+        if share is not None:  # a stage of separate launches works in the buffers of the whole launch
+            self.runtime = Runtime(self.table, self.device, max_programs=self.grid)
+            self.buf, self.out, self.conv_out, self.S_out = share.buf, share.out, share.conv_out, share.S_out
+            return
         self.runtime = Runtime(self.table, self.device, max_programs=self.grid)
         f32, bf16 = torch.float32, torch.bfloat16
         e = lambda *shape, dtype=f32: torch.zeros(shape, dtype=dtype, device=self.device)

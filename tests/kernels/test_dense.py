@@ -1,0 +1,135 @@
+"""The `dense` launch (a KDA layer with the dense MLP) under TRITON_INTERPRET=1 on `tiny`: every output and
+every state write against the reference, bitwise equality across grids and every schedule knob, repeated
+launches with no host reset, every wait site stuck in turn, and the separate-launches baseline."""
+
+import pytest
+import torch
+
+from glm53ctl.kernels.checks import BOUNDS, fault_key, reference_outputs
+from glm53ctl.kernels.dense.kernel import KDA, OPROJ, SeparateLaunches, k_slices
+from glm53ctl.kernels.harness import RunKey, run_reference
+from glm53ctl.kernels.launches import DenseKind, run_triton
+from glm53ctl.kernels.numerics import rel_rms
+from glm53ctl.kernels.reference import Reference
+from glm53ctl.kernels.spec import load_model
+from glm53ctl.kernels.weights import Weights
+from glm53ctl.tuning.knobs import KNOBS
+
+pytestmark = pytest.mark.interpreter
+
+
+@pytest.fixture(scope="module")
+def weights():
+    return Weights(load_model("tiny"), seed=5)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The bit pattern (so -0 != +0 and NaN payloads count)."""
+    return t.contiguous().view({4: torch.int32, 2: torch.int16, 8: torch.int64}[t.element_size()])
+
+
+def assert_same_bits(a: dict, b: dict, what: str) -> None:
+    assert a.keys() == b.keys()
+    for n in a:
+        assert torch.equal(_bits(a[n]), _bits(b[n])), f"{what}: {n} differs"
+
+
+def assert_accurate(weights, k, x, out) -> None:
+    ref = reference_outputs(weights, k, x)
+    for name, bound in BOUNDS["dense"].items():
+        err = rel_rms(ref[name], out[name])
+        assert err <= bound, (name, err)  # NaN fails here too
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+@pytest.mark.parametrize("rows", [1, 2, 4, 8])
+def test_against_the_reference(weights, tp, rows):
+    k = DenseKind(weights, tp, rows, {"grid": 3}, "cpu")
+    x = k.inputs(seed=100 * tp + rows)[0]  # fresh H and state per key
+    assert_accurate(weights, k, x, k(x, poison=True))
+
+
+def _variants():
+    """Every schedule knob of dense at every value but its default, and grids 1, 2 and 7."""
+    out = [("grid", g) for g in (1, 2, 7)]
+    for knob in KNOBS.values():
+        if "dense" in knob.kinds and knob.cls == "schedule" and knob.name != "grid":
+            out += [(knob.name, v) for v in knob.values if v != knob.default]
+    return out
+
+
+@pytest.mark.parametrize(
+    ("tp", "rows", "base", "knobs"),
+    [(2, 3, {}, None), (4, 2, {"ksplit": 2}, ("grid", "oproj_first", "block_n_out", "handoff"))],
+)
+def test_schedule_knobs_are_bitwise_equal(weights, tp, rows, base, knobs):
+    """Each value of each schedule knob gives the default's bits (ksplit, a numeric knob: its own baseline).
+    The peers' partials are the default's: what is compared is rank 0's whole launch under the knob."""
+    k = DenseKind(weights, tp, rows, {"grid": 4, **base}, "cpu")
+    x = k.inputs(seed=3)[0]
+    peers = k.peer_partials(x)
+    ref = k(x, peers, poison=True)
+    assert_accurate(weights, k, x, ref)
+    for name, value in _variants():
+        if knobs is None or name in knobs:
+            other = DenseKind(weights, tp, rows, {"grid": 4, **base, name: value}, "cpu")
+            assert_same_bits(ref, other(x, peers, poison=True), f"{name}={value}")
+
+
+@pytest.mark.parametrize("ksplit", [2, 4])
+def test_ksplit_is_numeric_and_accurate(weights, ksplit):
+    k = DenseKind(weights, 2, 2, {"ksplit": ksplit}, "cpu")
+    assert k.launch.d.KS_O == k_slices(ksplit, k.launch.d.P) > 1
+    x = k.inputs(seed=9)[0]
+    assert_accurate(weights, k, x, k(x, poison=True))
+    # o_proj tiles of a K slice wait only on the heads of that slice
+    t = k.launch.table
+    first = next(i for i, task in enumerate(t.tasks) if task[0] == OPROJ)
+    waited = {p for s in t.sites if s.task == first for p in s.producers}
+    heads = {t.tasks[p][1] for p in waited}
+    assert all(t.tasks[p][0] == KDA for p in waited) and heads == set(range(k.launch.d.HL // k.launch.d.KS_O))
+
+
+def test_three_launches_in_a_row_without_host_reset(weights):
+    k = DenseKind(weights, 4, 3, {"grid": 3}, "cpu")
+    x = k.inputs(seed=4)[0]
+    peers = k.peer_partials(x)
+    first = k(x, peers, poison=True)
+    epoch = k.launch.runtime.epoch
+    for _ in range(3):
+        assert_same_bits(first, k(x, peers, poison=True), "a repeated launch")
+    assert k.launch.runtime.epoch == epoch + 3
+
+
+def test_each_site_stuck_is_named_and_the_retry_is_clean(weights):
+    res = fault_key(weights, "dense", 2, 1, "cpu", None, budget_ns=10**6, wall_s=60)
+    assert res.sites > 20 and res.ok, res.problems
+    assert res.named == res.retries_equal == res.sites
+
+
+@pytest.mark.parametrize("oproj_first", [0, 1])
+def test_separate_launches_give_the_same_bits(weights, oproj_first):
+    """The baseline a persistent launch must beat: one launch per stage, the same bodies and bits."""
+    k = DenseKind(weights, 2, 2, {"oproj_first": oproj_first}, "cpu")
+    x = k.inputs(seed=6)[0]
+    peers = k.peer_partials(x)
+    whole = k(x, peers, poison=True)
+    sep = SeparateLaunches(k.spec, 2, 2, k.knobs, "cpu")
+    sep.whole.set_peers(peers.parts_a, peers.parts_f)
+    sep.whole.poison()
+    out = sep(x.H, k.w[0], *k.rank_state(x, 0))
+    assert_same_bits({n: whole[n] for n in out}, out, "separate launches")
+    assert len(sep.stages) == 10
+
+
+def test_run_backend_triton_matches_the_reference_over_steps(weights):
+    key = RunKey("dense", 2, 2, context=5, steps=2, seed=1)
+    ref = run_reference(Reference(weights, 2), key)
+    out = run_triton(weights, key)
+    assert set(ref) == set(out)
+    for name in ref:
+        if name.startswith(("outputs.", "writes.", "inputs.state.")):  # step 2 reads step 1's writes
+            bound = BOUNDS["dense"].get(name.removeprefix("outputs."), 1e-2)
+            assert rel_rms(ref[name], out[name]) <= bound, name
+        else:
+            assert torch.equal(ref[name].float(), out[name].float()), name
