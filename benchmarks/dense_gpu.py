@@ -29,16 +29,19 @@ VARIANTS = (
     {"grid": 264},
     {"handoff": "flag"},
     {"poll": 0},
-    {"block_n": 32},
-    {"block_n": 128},
+    {"poll": 2},
+    {"block_n_in": 16},
+    {"block_n_in": 64},
+    {"block_n_gu": 32},
+    {"block_n_gu": 64},
     {"block_n_out": 16},
     {"block_n_out": 64},
     {"box_words": 8},
     {"oproj_first": 1},
-    {"warps": 8},
     {"stages": 2},
+    {"prefetch": 1},
 )
-TIMED = ({}, {"warps": 8}, {"oproj_first": 1})
+TIMED = ({}, {"oproj_first": 1}, {"ksplit": 1})
 COPIES = 3
 
 
@@ -237,7 +240,105 @@ def main(out_dir: Path, tps=TPS, checks=True) -> None:
         print(f"fault TP{f['tp']} rows{f['rows']}: {f['named']}/{f['sites']} named, retries {f['retries_equal']}")
 
 
+def stage_breakdown(out_dir: Path, keys=((4, 1), (8, 1), (4, 8)), variants=({}, {"warps": 8})) -> None:
+    """Where the time goes: each stage of the separate launches timed alone, and a plain GEMV of the
+    in-projection's and gate/up's shapes (one ordinary launch, one tile per program) beside them."""
+    from glm53ctl.kernels.dense.kernel import TYPE_NAMES, SeparateLaunches
+    from glm53ctl.kernels.gemv import gemv
+    from glm53ctl.kernels.launches import DenseKind
+    from glm53ctl.kernels.spec import load_model
+    from glm53ctl.kernels.weights import Weights
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    spec = load_model("glm53_flash")
+    precompile([(tp, rows, v, True) for tp, rows in keys for v in variants])
+    w = Weights(spec, seed=0, device="cuda")
+    warm_clocks()
+    rows_out = []
+    for tp, rows in keys:
+        for v in variants:
+            k = DenseKind(w, tp, rows, v, DEV)
+            x = k.inputs(seed=1)[0].to(DEV)
+            peers = k.peer_partials(x)
+            conv0, S0 = k.rank_state(x, 0)
+            sep = SeparateLaunches(spec, tp, rows, k.knobs, DEV)
+            sep.whole.set_peers(peers.parts_a, peers.parts_f)
+            sep(x.H, k.w[0], conv0, S0)
+            row = {"tp": tp, "rows": rows, "knobs": v, "stages": {}}
+            for s, la in zip(sep.STAGES, sep.stages, strict=True):
+                row["stages"][TYPE_NAMES[s]] = graph_time(
+                    lambda la=la: la(x.H, k.w[0], conv0, S0, check=False), inner=20, rounds=11
+                )[0]
+            xh = sep.whole.out["attn.x_hat"]
+            for name, wt in (("plain in_proj", k.w[0]["w_in"]), ("plain gate", k.w[0]["w_gate"])):
+                row["stages"][name] = graph_time(lambda wt=wt: gemv(xh, wt), inner=20, rounds=11)[0]
+            rows_out.append(row)
+            print(f"TP{tp} rows{rows} {v}: " + ", ".join(f"{a} {b:.1f}" for a, b in row["stages"].items()), flush=True)
+    (out_dir / "stages.json").write_text(json.dumps(rows_out, indent=2))
+
+
+SWEEP = (
+    {},
+    {"block_n_in": 32, "block_n_gu": 16, "ksplit": 2},
+    {"block_n_in": 32, "block_n_gu": 16, "ksplit": 2, "poll": 2},
+    {"block_n_in": 32, "block_n_gu": 16, "ksplit": 2, "poll": 2, "oproj_first": 1},
+    {"block_n_in": 32, "block_n_gu": 16, "ksplit": 2, "poll": 2, "grid": 264},
+    {"block_n_in": 32, "block_n_gu": 16, "ksplit": 2, "poll": 2, "block_n_out": 16},
+    {"block_n_in": 32, "block_n_gu": 16, "ksplit": 2, "poll": 2, "block_n_out": 64},
+    {"block_n_in": 32, "block_n_gu": 32, "ksplit": 2, "poll": 2},
+    {"block_n_in": 32, "block_n_gu": 16, "ksplit": 4, "poll": 2},
+    {"block_n_in": 16, "block_n_gu": 16, "ksplit": 2, "poll": 2},
+)
+
+
+def sweep(out_dir: Path, keys=((4, 1), (8, 1), (4, 8), (8, 8)), configs=SWEEP) -> None:
+    """Knob configurations timed: the persistent launch and the separate launches with the same knobs."""
+    from glm53ctl.kernels.dense.kernel import SeparateLaunches
+    from glm53ctl.kernels.launches import DenseKind
+    from glm53ctl.kernels.spec import load_model
+    from glm53ctl.kernels.weights import Weights
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    spec = load_model("glm53_flash")
+    precompile([(tp, rows, v, False) for tp, rows in keys for v in configs])
+    w = Weights(spec, seed=0, device="cuda")
+    warm_clocks()
+    bw, _ = copy_bandwidth()
+    res = {"env": environment(), "copy_tb_s": bw, "rows": []}
+    for tp, rows in keys:
+        base = DenseKind(w, tp, rows, {}, DEV)
+        x = base.inputs(seed=1)[0].to(DEV)
+        peers = base.peer_partials(x)
+        conv0, S0 = base.rank_state(x, 0)
+        ws = [base.w[0]] + [{n: t.clone() for n, t in base.w[0].items()} for _ in range(COPIES - 1)]
+        it = iter(range(10**9))
+        floor = launch_bytes(base, x) / (bw * 1e12) * 1e6
+        for v in configs:
+            k = DenseKind(w, tp, rows, v, DEV)
+            la = k.launch
+            la.set_peers(peers.parts_a, peers.parts_f)
+            sep = SeparateLaunches(spec, tp, rows, k.knobs, DEV)
+            sep.whole.set_peers(peers.parts_a, peers.parts_f)
+            us = graph_time(lambda la=la: la(x.H, ws[next(it) % COPIES], conv0, S0, check=False))[0]
+            sep_us = graph_time(lambda sep=sep: sep(x.H, ws[next(it) % COPIES], conv0, S0, check=False))[0]
+            la.runtime.check()
+            row = {"tp": tp, "rows": rows, "knobs": v, "us": us, "separate_us": sep_us, "floor_us": floor}
+            res["rows"].append(row)
+            print(
+                f"TP{tp} rows{rows} {json.dumps(v)}: {us:.1f} us ({100 * floor / us:.1f}% copy), separate {sep_us:.1f}",
+                flush=True,
+            )
+            del k, sep
+    (out_dir / "sweep.json").write_text(json.dumps(res, indent=2))
+
+
 if __name__ == "__main__":
     # OUT_DIR [TPS, e.g. 4,8] [--no-checks]: one device call stays under its time limit
+    if "--sweep" in sys.argv:
+        sweep(Path(sys.argv[1]))
+        sys.exit(0)
+    if "--stages" in sys.argv:
+        stage_breakdown(Path(sys.argv[1]))
+        sys.exit(0)
     tps = tuple(int(t) for t in sys.argv[2].split(",")) if len(sys.argv) > 2 else TPS
     main(Path(sys.argv[1] if len(sys.argv) > 1 else "out"), tps, "--no-checks" not in sys.argv)

@@ -29,7 +29,9 @@ KNOBS = {
     k.name: k
     for k in (
         Knob("grid", (0, 132, 264, 396), 0, ("embed", "tail", "dense"), "schedule", "programs in the persistent grid"),
-        Knob("warps", (4, 8), 4, ("embed", "tail", "dense"), "schedule", "warps per program"),
+        # warps: the layout of a tl.sum's operands, so its reduction order (dense's gates and KDA heads differ in
+        # the last bit at 8 warps on the H200, docs/perf/2026-11-30-dense.md): numeric
+        Knob("warps", (4, 8), 4, ("embed", "tail", "dense"), "numeric", "warps per program"),
         Knob(
             "handoff",
             ("flag", "box"),
@@ -40,19 +42,24 @@ KNOBS = {
         ),
         Knob(
             "poll",
-            (0, 1),
+            (0, 1, 2),
             1,
             ("embed", "tail", "dense"),
             "schedule",
-            "0: every thread polls with ld.acquire.gpu; 1: relaxed polls (+nanosleep), then one acquire",
+            "0: every thread polls with ld.acquire.gpu; 1: relaxed polls (+64 ns sleep), then one acquire; "
+            "2: as 1 with 512 ns sleeps and the abort word read every 8th poll (less traffic from many waiters)",
         ),
+        Knob("block_n", (16, 32, 64, 128), 64, ("tail",), "schedule", "GEMV output rows per task"),
+        # dense: a tile per stage, so each stage has enough tasks (defaults: the best of the H200 sweep in
+        # docs/perf/2026-11-30-dense.md)
+        Knob("block_n_in", (16, 32, 64), 32, ("dense",), "schedule", "in-projection rows per task"),
         Knob(
-            "block_n",
-            (16, 32, 64, 128),
-            64,
-            ("tail", "dense"),
+            "block_n_gu",
+            (16, 32, 64),
+            16,
+            ("dense",),
             "schedule",
-            "GEMV output rows per task (dense: in_proj and gate/up)",
+            "gate/up rows per task (each task runs both GEMVs and the SwiGLU over them)",
         ),
         Knob(
             "block_n_out",
@@ -81,7 +88,7 @@ KNOBS = {
         Knob(
             "ksplit",
             (1, 2, 4),
-            1,
+            2,
             ("dense",),
             "numeric",
             "K slices of o_proj and down_proj (more tasks on narrow stages); fewer where K is narrow",
@@ -97,7 +104,14 @@ KNOBS = {
         Knob(
             "stages", (1, 2, 3, 4), 4, ("tail", "dense"), "schedule", "software-pipelining depth of the GEMV's K loop"
         ),
-        Knob("prefetch", (0, 1), 0, ("tail",), "schedule", "prefetch a GEMV task's weights to L2 before its wait"),
+        Knob(
+            "prefetch",
+            (0, 1),
+            0,
+            ("tail", "dense"),
+            "schedule",
+            "before its wait, a task asks L2 for what no producer writes (GEMV weights; dense: the KDA state)",
+        ),
         Knob(
             "gathers",
             ("first", "last"),

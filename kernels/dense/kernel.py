@@ -2,26 +2,27 @@
 
 Tasks, in table order (a rank's shapes; every GEMV is `gemv_tile` over rows padded to 16):
 
-  MIX_A   a column chunk of the attention gate's mix logits (fn @ H) and sum of squares, all rows
-  GATE_A  row r: hc_pre (Sinkhorn), the RMSNorm: x̂, post, comb                waits on every MIX_A
+  MIX_A   a column chunk of one row's attention-gate mix logits (fn @ H) and sum of squares
+  GATE_A  row r: hc_pre (Sinkhorn), the RMSNorm: x̂, post, comb             waits on its row's MIX_A
   INPROJ  a tile of the fused in-projection f_a | g_a | b | (q_h | k_h | v_h per head)   waits on GATE_A
   KDA     (head h, row r): f_b and g_b for the head, conv with its state, safe gate, delta rule, gated
           RMSNorm; publishes z                                     waits on the INPROJ tiles it reads
   OPROJ   a tile of o_proj over a K slice (ks): this rank's partial        waits on the slice's heads
-  RED_A   a column chunk: the partials summed in rank order (attn), hc_post (H1), and the FFN gate's mix
-          logits over the chunk                              waits on its OPROJ tiles and the peers
-  GATE_F  row r: the FFN gate on H1                                          waits on every RED_A
+  RED_A   a column chunk of one row: the partials summed in rank order (attn), hc_post (H1), and the FFN
+          gate's mix logits over the chunk                   waits on its OPROJ tiles and the peers
+  GATE_F  row r: the FFN gate on H1                                    waits on its row's RED_A
   GU      a tile of gate and up, clamped SwiGLU: act                          waits on every GATE_F
   DOWN    a tile of down_proj over a K slice: this rank's partial         waits on the slice's GU tiles
-  RED_F   a column chunk: the partials summed in rank order (ffn.out), hc_post (H)
+  RED_F   a column chunk of one row: the partials summed in rank order (ffn.out), hc_post (H)
           waits on its DOWN tiles and the peers
 
 The in-projection rows are laid out per head (q_h | k_h | v_h) after the small f_a | g_a | b rows, so a
 KDA task waits only on the tiles of its own head. OWN_A / OWN_F replace RED_A / RED_F in a peer's partial
 launch (mode "attn" / "ffn"): they write this rank's partial (its K slices summed in order) for the others.
 
-Knob `oproj_first`: a KDA task publishes z and keeps its new recurrent state in registers; its program
-runs its next task (an o_proj tile, as the table orders them) and only then writes both states back.
+Knob `oproj_first`: a KDA task publishes z and leaves its step (decay, k, delta: 3 vectors) in scratch; its
+program runs its next task (an o_proj tile, as the table orders them), then recomputes the new recurrent
+state from S_in with the same operations (the same bits) and writes both states back.
 """
 
 from __future__ import annotations
@@ -32,9 +33,9 @@ import triton.language as tl
 
 from glm53ctl.kernels.ffn.kernel import swiglu_act
 from glm53ctl.kernels.gemv import gemv_tile
-from glm53ctl.kernels.kda.kernel import kda_head, kda_write_state
+from glm53ctl.kernels.kda.kernel import SCRATCH, kda_head, kda_write_state
 from glm53ctl.kernels.mhc.kernel import gate_finish
-from glm53ctl.kernels.runtime.device import finish, launch_epoch, next_task, publish, wait_task
+from glm53ctl.kernels.runtime.device import finish, launch_epoch, next_task, prefetch_l2, publish, wait_task
 from glm53ctl.kernels.runtime.launch import DEFAULT_BUDGET_NS
 from glm53ctl.kernels.runtime.table import TaskTable
 from glm53ctl.kernels.tlx import interpreting, to_bf16
@@ -66,7 +67,7 @@ def _mix_chunk(mix, ss, fn, b_h, j, o_k, D: tl.constexpr, HC: tl.constexpr):
     return mix + tl.sum(b_fn * b_h[None, :], axis=1), ss + tl.sum(b_h * b_h, axis=0)
 
 
-@triton.jit
+@triton.jit(noinline=True)
 def _gate(
     mixp,
     ssp,
@@ -101,6 +102,58 @@ def _gate(
 
 
 @triton.jit
+def _prefetch_rows(w, n0, stride, k0, N: tl.constexpr, BLOCK_N: tl.constexpr, K: tl.constexpr):
+    """Ask L2 for rows n0.. (BLOCK_N, clamped to N) of a bf16 matrix, columns k0..k0+K: one address per line."""
+    o_n = tl.minimum(n0 + tl.arange(0, BLOCK_N), N - 1)
+    LINES: tl.constexpr = max(K // 64, 1)
+    for c in tl.static_range(0, LINES, 16):  # 16 lines a row at a time (K need not be a power of 2)
+        o_l = k0 + tl.minimum(c + tl.arange(0, 16), LINES - 1) * 64
+        prefetch_l2(w + o_n[:, None].to(tl.int64) * stride + o_l[None, :])
+
+
+@triton.jit
+def _prefetch(
+    ttype,
+    a0,
+    a1,
+    w_in,
+    w_gate,
+    w_up,
+    w_o,
+    w_down,
+    S_in,
+    D: tl.constexpr,
+    HL: tl.constexpr,
+    K: tl.constexpr,
+    RG: tl.constexpr,
+    I: tl.constexpr,
+    P: tl.constexpr,
+    PK: tl.constexpr,
+    IK: tl.constexpr,
+    BN: tl.constexpr,
+    BN_GU: tl.constexpr,
+    BN_O: tl.constexpr,
+):
+    """Before a task waits, start what it reads that no producer writes: a GEMV task's weight tile, a KDA
+    task's recurrent state. Launch-wide, the small latency-bound steps (gates, KDA, reduces) then overlap
+    the next stage's weight streaming."""
+    NIN: tl.constexpr = 2 * RG + HL + 3 * P
+    if ttype == 2:
+        _prefetch_rows(w_in, a0, D, 0, NIN, BN, D)
+    elif ttype == 3:
+        o_k = tl.arange(0, K)
+        o_l = tl.arange(0, K // 32) * 32
+        prefetch_l2(S_in + (a1 * HL + a0) * (K * K) + o_k[:, None] * K + o_l[None, :])
+    elif ttype == 4:
+        _prefetch_rows(w_o, a0, P, a1 * PK, D, BN_O, PK)
+    elif ttype == 7:
+        _prefetch_rows(w_gate, a0, D, 0, I, BN_GU, D)
+        _prefetch_rows(w_up, a0, D, 0, I, BN_GU, D)
+    elif ttype == 8:
+        _prefetch_rows(w_down, a0, I, a1 * IK, D, BN_O, IK)
+
+
+@triton.jit
 def _own_partial(kpart, r, o_c, R, D: tl.constexpr, KS: tl.constexpr):
     """This rank's partial of row r over columns o_c: its K slices summed in slice order."""
     acc = tl.load(kpart + r * D + o_c)
@@ -128,6 +181,207 @@ def _hc_post_chunk(a, H, post, comb, H_out, r, o_c, D: tl.constexpr, HC: tl.cons
         for i in tl.static_range(HC):
             acc += tl.load(comb + r * (HC * HC) + i * HC + j) * tl.load(H + (r * HC + i) * D + o_c).to(tl.float32)
         tl.store(H_out + (r * HC + j) * D + o_c, to_bf16(acc, INTERPRET))
+
+
+# ---- task bodies: one function each, not inlined, so the persistent loop carries none of their registers
+# (inlined, the compiler hoists their address vectors out of the loop: 255 registers and spills)
+
+
+@triton.jit(noinline=True)
+def _task_mix(H, fn, mixp, ssp, c, r, D: tl.constexpr, HC: tl.constexpr, CH: tl.constexpr):
+    """MIX_A: chunk c of row r's attention-gate mix logits and sum of squares."""
+    o_c = c * CH + tl.arange(0, CH)
+    mix = tl.zeros((32,), dtype=tl.float32)
+    ss = 0.0
+    for j in tl.static_range(HC):
+        b_h = tl.load(H + (r * HC + j) * D + o_c).to(tl.float32)
+        mix, ss = _mix_chunk(mix, ss, fn, b_h, j, o_c, D, HC)
+    tl.store(mixp + (c * 16 + r) * 32 + tl.arange(0, 32), mix)
+    tl.store(ssp + c * 16 + r, ss)
+
+
+@triton.jit(noinline=True)
+def _task_inproj(
+    x_hat,
+    w_in,
+    y_in,
+    lr,
+    n0,
+    R,
+    D: tl.constexpr,
+    NIN: tl.constexpr,
+    RG: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    """INPROJ: rows n0.. of the fused in-projection; the low-rank f_a | g_a rows also in bf16."""
+    acc = gemv_tile(x_hat, D, w_in, n0, R, NIN, D, D, BN, BK, INTERPRET)
+    o_m = tl.arange(0, 16)
+    o_n = n0 + tl.arange(0, BN)
+    m_r = o_m[:, None] < R
+    tl.store(y_in + o_m[:, None] * NIN + o_n[None, :], acc, mask=m_r & (o_n[None, :] < NIN))
+    tl.store(lr + o_m[:, None] * (2 * RG) + o_n[None, :], to_bf16(acc, INTERPRET), mask=m_r & (o_n[None, :] < 2 * RG))
+
+
+@triton.jit(noinline=True)
+def _task_kda(
+    y_in,
+    lr,
+    w_fb,
+    w_gb,
+    conv_in,
+    conv_out,
+    conv_w,
+    A_log,
+    dt_bias,
+    o_norm,
+    S_in,
+    S_out,
+    z,
+    kscr,
+    h,
+    r,
+    R,
+    lower_bound,
+    eps,
+    HL: tl.constexpr,
+    K: tl.constexpr,
+    W: tl.constexpr,
+    RG: tl.constexpr,
+    BK_R: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    WRITE_STATE: tl.constexpr,
+):
+    """KDA: head h of row r, its f_b and g_b rows first (a [16, K] GEMV over the low-rank rows each)."""
+    P: tl.constexpr = HL * K
+    NIN: tl.constexpr = 2 * RG + HL + 3 * P
+    sel = tl.arange(0, 16)[:, None] == r
+    f_h = gemv_tile(lr, 2 * RG, w_fb, h * K, R, P, RG, RG, K, BK_R, INTERPRET)
+    og_h = gemv_tile(lr + RG, 2 * RG, w_gb, h * K, R, P, RG, RG, K, BK_R, INTERPRET)
+    kda_head(
+        y_in + 2 * RG + HL,
+        NIN,
+        K,
+        3 * K,
+        tl.load(y_in + r * NIN + 2 * RG + h),
+        tl.sum(tl.where(sel, f_h, 0.0), axis=0),
+        tl.sum(tl.where(sel, og_h, 0.0), axis=0),
+        conv_in,
+        conv_out,
+        conv_w,
+        A_log,
+        dt_bias,
+        o_norm,
+        S_in,
+        S_out,
+        z,
+        kscr,
+        r,
+        h,
+        lower_bound,
+        eps,
+        HL,
+        K,
+        W,
+        INTERPRET,
+        WRITE_STATE,
+    )
+
+
+@triton.jit(noinline=True)
+def _task_partial(
+    x,
+    w,
+    out,
+    n0,
+    R,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    STRIDE: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    """OPROJ / DOWN: output rows n0.. over one K slice (x, w already offset to it): out [R, N]."""
+    acc = gemv_tile(x, STRIDE, w, n0, R, N, K, STRIDE, BN, BK, INTERPRET)
+    o_m = tl.arange(0, 16)
+    o_n = n0 + tl.arange(0, BN)
+    tl.store(out + o_m[:, None] * N + o_n[None, :], acc, mask=(o_m[:, None] < R) & (o_n[None, :] < N))
+
+
+@triton.jit(noinline=True)
+def _task_reduce(
+    kpart,
+    parts,
+    out,
+    H,
+    post,
+    comb,
+    H_out,
+    fn,
+    mixp,
+    ssp,
+    c,
+    r,
+    R,
+    RANK,
+    D: tl.constexpr,
+    HC: tl.constexpr,
+    CH: tl.constexpr,
+    KS: tl.constexpr,
+    T: tl.constexpr,
+    MIX: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    """RED_A / RED_F: chunk c of row r: the all-reduce (out), hc_post (H_out); RED_A (MIX) also the FFN gate's
+    mix logits over the chunk, from the stored (bf16) H_out values the gate reads."""
+    o_c = c * CH + tl.arange(0, CH)
+    a = _reduced(kpart, parts, r, o_c, R, RANK, D, KS, T)
+    tl.store(out + r * D + o_c, a)
+    _hc_post_chunk(a, H, post, comb, H_out, r, o_c, D, HC, INTERPRET)
+    if MIX:
+        mix = tl.zeros((32,), dtype=tl.float32)
+        ss = 0.0
+        for j in tl.static_range(HC):
+            b_h = tl.load(H_out + (r * HC + j) * D + o_c).to(tl.float32)
+            mix, ss = _mix_chunk(mix, ss, fn, b_h, j, o_c, D, HC)
+        tl.store(mixp + (c * 16 + r) * 32 + tl.arange(0, 32), mix)
+        tl.store(ssp + c * 16 + r, ss)
+
+
+@triton.jit(noinline=True)
+def _task_gate_up(
+    x_hat,
+    w_gate,
+    w_up,
+    act,
+    n0,
+    R,
+    D: tl.constexpr,
+    I: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    LIMIT: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    """GU: gate and up rows n0.., the clamped SwiGLU, stored bf16 for down_proj."""
+    g = gemv_tile(x_hat, D, w_gate, n0, R, I, D, D, BN, BK, INTERPRET)
+    u = gemv_tile(x_hat, D, w_up, n0, R, I, D, D, BN, BK, INTERPRET)
+    o_m = tl.arange(0, 16)
+    o_n = n0 + tl.arange(0, BN)
+    tl.store(
+        act + o_m[:, None] * I + o_n[None, :],
+        to_bf16(swiglu_act(g, u, LIMIT), INTERPRET),
+        mask=(o_m[:, None] < R) & (o_n[None, :] < I),
+    )
+
+
+@triton.jit(noinline=True)
+def _task_own(kpart, parts, c, r, R, RANK, D: tl.constexpr, CH: tl.constexpr, KS: tl.constexpr):
+    """OWN_A / OWN_F: this rank's partial of chunk c of row r, for the other ranks' reduces."""
+    o_c = c * CH + tl.arange(0, CH)
+    tl.store(parts + (RANK * R + r) * D + o_c, _own_partial(kpart, r, o_c, R, D, KS))
 
 
 # the table's sizes do not change the code: no recompile per count that happens to be 1 or a multiple of 16
@@ -177,6 +431,7 @@ def dense_kernel(
     y_in,
     lr,
     z,
+    kscr,
     kpart_a,
     parts_a,
     act,
@@ -217,6 +472,7 @@ def dense_kernel(
     KS_O: tl.constexpr,
     KS_F: tl.constexpr,
     BN: tl.constexpr,
+    BN_GU: tl.constexpr,
     BN_O: tl.constexpr,
     BK_D: tl.constexpr,
     BK_R: tl.constexpr,
@@ -227,26 +483,27 @@ def dense_kernel(
     POLL: tl.constexpr,
     THREADS: tl.constexpr,
     OPROJ_FIRST: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     P: tl.constexpr = HL * K
     NIN: tl.constexpr = 2 * RG + HL + 3 * P
     HDR: tl.constexpr = 2 * RG + HL  # where the per-head q|k|v rows start in the in-projection
     PK: tl.constexpr = P // KS_O
     IK: tl.constexpr = I // KS_F
-    o_m = tl.arange(0, 16)
     epoch = launch_epoch(ctl, INTERPRET)
     n_done = 0
     # oproj_first: the KDA head whose states this program still has to write back
     pend = 0
     pend_r = 0
     pend_h = 0
-    pend_s = tl.zeros((K, K), dtype=tl.float32)
     task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET)
     while task >= 0:
         p_t = tasks + task * 6
         ttype = tl.load(p_t)
         a0 = tl.load(p_t + 1)
         a1 = tl.load(p_t + 2)
+        if PREFETCH and not INTERPRET:  # the interpreter has no inline asm; a prefetch changes no bits
+            _prefetch(ttype, a0, a1, w_in, w_gate, w_up, w_o, w_down, S_in, D, HL, K, RG, I, P, PK, IK, BN, BN_GU, BN_O)
         ok = wait_task(
             ctl,
             flags,
@@ -266,18 +523,8 @@ def dense_kernel(
         )
         if ok:
             if ttype == 0:
-                # MIX_A: chunk a0 of the attention gate's mix logits, every row
-                o_c = a0 * CH + tl.arange(0, CH)
-                for r in range(R):
-                    mix = tl.zeros((32,), dtype=tl.float32)
-                    ss = 0.0
-                    for j in tl.static_range(HC):
-                        b_h = tl.load(H + (r * HC + j) * D + o_c).to(tl.float32)
-                        mix, ss = _mix_chunk(mix, ss, fn_a, b_h, j, o_c, D, HC)
-                    tl.store(mixp + (a0 * 16 + r) * 32 + tl.arange(0, 32), mix)
-                    tl.store(ssp + a0 * 16 + r, ss)
+                _task_mix(H, fn_a, mixp, ssp, a0, a1, D, HC, CH)
             elif ttype == 1:
-                # GATE_A: row a0
                 _gate(
                     mixp,
                     ssp,
@@ -298,28 +545,19 @@ def dense_kernel(
                     INTERPRET,
                 )
             elif ttype == 2:
-                # INPROJ: rows a0.. of the fused in-projection; the low-rank f_a | g_a rows also in bf16
-                acc = gemv_tile(x_hat_a, D, w_in, a0, R, NIN, D, D, BN, BK_D, INTERPRET)
-                o_n = a0 + tl.arange(0, BN)
-                m_r = o_m[:, None] < R
-                tl.store(y_in + o_m[:, None] * NIN + o_n[None, :], acc, mask=m_r & (o_n[None, :] < NIN))
-                tl.store(
-                    lr + o_m[:, None] * (2 * RG) + o_n[None, :],
-                    to_bf16(acc, INTERPRET),
-                    mask=m_r & (o_n[None, :] < 2 * RG),
-                )
+                _task_inproj(x_hat_a, w_in, y_in, lr, a0, R, D, NIN, RG, BN, BK_D, INTERPRET)
             elif ttype == 3:
-                # KDA: head a0, row a1
                 if OPROJ_FIRST:
                     if pend != 0:
                         kda_write_state(
-                            pend_s,
+                            kscr,
                             y_in + HDR,
                             NIN,
                             K,
                             3 * K,
                             conv_in,
                             conv_out,
+                            S_in,
                             S_out,
                             pend_r,
                             pend_h,
@@ -329,19 +567,11 @@ def dense_kernel(
                             INTERPRET,
                         )
                         pend = 0
-                h = a0
-                r = a1
-                sel = o_m[:, None] == r
-                f_h = gemv_tile(lr, 2 * RG, w_fb, h * K, R, P, RG, RG, K, BK_R, INTERPRET)
-                og_h = gemv_tile(lr + RG, 2 * RG, w_gb, h * K, R, P, RG, RG, K, BK_R, INTERPRET)
-                s = kda_head(
-                    y_in + HDR,
-                    NIN,
-                    K,
-                    3 * K,
-                    tl.load(y_in + r * NIN + 2 * RG + h),
-                    tl.sum(tl.where(sel, f_h, 0.0), axis=0),
-                    tl.sum(tl.where(sel, og_h, 0.0), axis=0),
+                _task_kda(
+                    y_in,
+                    lr,
+                    w_fb,
+                    w_gb,
                     conv_in,
                     conv_out,
                     conv_w,
@@ -351,52 +581,55 @@ def dense_kernel(
                     S_in,
                     S_out,
                     z,
-                    r,
-                    h,
+                    kscr,
+                    a0,
+                    a1,
+                    R,
                     lower_bound,
                     norm_eps,
                     HL,
                     K,
                     W,
+                    RG,
+                    BK_R,
                     INTERPRET,
                     not OPROJ_FIRST,
                 )
                 if OPROJ_FIRST:
                     pend = 1
-                    pend_r = r
-                    pend_h = h
-                    pend_s = s
-            elif (ttype == 4) | (ttype == 8):
-                # OPROJ / DOWN: output rows a0.. over K slice a1: this rank's partial of that slice
-                if ttype == 4:
-                    acc = gemv_tile(z + a1 * PK, P, w_o + a1 * PK, a0, R, D, PK, P, BN_O, BK_O, INTERPRET)
-                    p_out = kpart_a
-                else:
-                    acc = gemv_tile(act + a1 * IK, I, w_down + a1 * IK, a0, R, D, IK, I, BN_O, BK_I, INTERPRET)
-                    p_out = kpart_f
-                o_n = a0 + tl.arange(0, BN_O)
-                tl.store(
-                    p_out + (a1 * R + o_m[:, None]) * D + o_n[None, :],
-                    acc,
-                    mask=(o_m[:, None] < R) & (o_n[None, :] < D),
+                    pend_h = a0
+                    pend_r = a1
+            elif ttype == 4:
+                _task_partial(z + a1 * PK, w_o + a1 * PK, kpart_a + a1 * R * D, a0, R, D, PK, P, BN_O, BK_O, INTERPRET)
+            elif ttype == 8:
+                _task_partial(
+                    act + a1 * IK, w_down + a1 * IK, kpart_f + a1 * R * D, a0, R, D, IK, I, BN_O, BK_I, INTERPRET
                 )
             elif ttype == 5:
-                # RED_A: chunk a0: attn, H1 = hc_post(attn), and the FFN gate's mix logits over the chunk
-                o_c = a0 * CH + tl.arange(0, CH)
-                for r in range(R):
-                    a = _reduced(kpart_a, parts_a, r, o_c, R, RANK, D, KS_O, T)
-                    tl.store(attn + r * D + o_c, a)
-                    _hc_post_chunk(a, H, post_a, comb_a, H1, r, o_c, D, HC, INTERPRET)
-                    mix = tl.zeros((32,), dtype=tl.float32)
-                    ss = 0.0
-                    for j in tl.static_range(HC):
-                        # the stored (bf16) H1 values, as the FFN gate reads them
-                        b_h = tl.load(H1 + (r * HC + j) * D + o_c).to(tl.float32)
-                        mix, ss = _mix_chunk(mix, ss, fn_f, b_h, j, o_c, D, HC)
-                    tl.store(mixp + ((NCH + a0) * 16 + r) * 32 + tl.arange(0, 32), mix)
-                    tl.store(ssp + (NCH + a0) * 16 + r, ss)
+                _task_reduce(
+                    kpart_a,
+                    parts_a,
+                    attn,
+                    H,
+                    post_a,
+                    comb_a,
+                    H1,
+                    fn_f,
+                    mixp + NCH * 16 * 32,
+                    ssp + NCH * 16,
+                    a0,
+                    a1,
+                    R,
+                    RANK,
+                    D,
+                    HC,
+                    CH,
+                    KS_O,
+                    T,
+                    True,
+                    INTERPRET,
+                )
             elif ttype == 6:
-                # GATE_F: row a0, on H1
                 _gate(
                     mixp + NCH * 16 * 32,
                     ssp + NCH * 16,
@@ -417,36 +650,41 @@ def dense_kernel(
                     INTERPRET,
                 )
             elif ttype == 7:
-                # GU: gate and up rows a0.., clamped SwiGLU, stored bf16 for down_proj
-                g = gemv_tile(x_hat_f, D, w_gate, a0, R, I, D, D, BN, BK_D, INTERPRET)
-                u = gemv_tile(x_hat_f, D, w_up, a0, R, I, D, D, BN, BK_D, INTERPRET)
-                o_n = a0 + tl.arange(0, BN)
-                tl.store(
-                    act + o_m[:, None] * I + o_n[None, :],
-                    to_bf16(swiglu_act(g, u, LIMIT), INTERPRET),
-                    mask=(o_m[:, None] < R) & (o_n[None, :] < I),
-                )
+                _task_gate_up(x_hat_f, w_gate, w_up, act, a0, R, D, I, BN_GU, BK_D, LIMIT, INTERPRET)
             elif ttype == 9:
-                # RED_F: chunk a0: ffn.out and H = hc_post(ffn.out) on H1
-                o_c = a0 * CH + tl.arange(0, CH)
-                for r in range(R):
-                    m = _reduced(kpart_f, parts_f, r, o_c, R, RANK, D, KS_F, T)
-                    tl.store(ffn_out + r * D + o_c, m)
-                    _hc_post_chunk(m, H1, post_f, comb_f, H2, r, o_c, D, HC, INTERPRET)
+                _task_reduce(
+                    kpart_f,
+                    parts_f,
+                    ffn_out,
+                    H1,
+                    post_f,
+                    comb_f,
+                    H2,
+                    fn_f,
+                    mixp,
+                    ssp,
+                    a0,
+                    a1,
+                    R,
+                    RANK,
+                    D,
+                    HC,
+                    CH,
+                    KS_F,
+                    T,
+                    False,
+                    INTERPRET,
+                )
+            elif ttype == 10:
+                _task_own(kpart_a, parts_a, a0, a1, R, RANK, D, CH, KS_O)
             else:
-                # OWN_A / OWN_F: this rank's partial of chunk a0, for the other ranks' reduces
-                o_c = a0 * CH + tl.arange(0, CH)
-                for r in range(R):
-                    if ttype == 10:
-                        tl.store(parts_a + (RANK * R + r) * D + o_c, _own_partial(kpart_a, r, o_c, R, D, KS_O))
-                    else:
-                        tl.store(parts_f + (RANK * R + r) * D + o_c, _own_partial(kpart_f, r, o_c, R, D, KS_F))
+                _task_own(kpart_f, parts_f, a0, a1, R, RANK, D, CH, KS_F)
             publish(ctl, flags, boxes, pub_first, pub_count, pub_slot, pub_flag, task, epoch)
         if OPROJ_FIRST:
             # the write-back after the task that followed the KDA head (z is out, o_proj's loads issued)
             if (pend != 0) & (ttype != 3):
                 kda_write_state(
-                    pend_s, y_in + HDR, NIN, K, 3 * K, conv_in, conv_out, S_out, pend_r, pend_h, HL, K, W, INTERPRET
+                    kscr, y_in + HDR, NIN, K, 3 * K, conv_in, conv_out, S_in, S_out, pend_r, pend_h, HL, K, W, INTERPRET
                 )
                 pend = 0
         n_done += 1
@@ -454,7 +692,7 @@ def dense_kernel(
     if OPROJ_FIRST:
         if pend != 0:
             kda_write_state(
-                pend_s, y_in + HDR, NIN, K, 3 * K, conv_in, conv_out, S_out, pend_r, pend_h, HL, K, W, INTERPRET
+                kscr, y_in + HDR, NIN, K, 3 * K, conv_in, conv_out, S_in, S_out, pend_r, pend_h, HL, K, W, INTERPRET
             )
     finish(ctl, flags, n_tasks, n_peers, n_programs, epoch)
 
@@ -487,7 +725,7 @@ class Dims:
         self.NCH = self.D // self.CH
         self.KS_O, self.KS_F = k_slices(knobs["ksplit"], self.P), k_slices(knobs["ksplit"], self.I)
         self.PK, self.IK = self.P // self.KS_O, self.I // self.KS_F
-        self.BN, self.BN_O = knobs["block_n"], knobs["block_n_out"]
+        self.BN, self.BN_GU, self.BN_O = knobs["block_n_in"], knobs["block_n_gu"], knobs["block_n_out"]
         bk = knobs["block_k"]
         self.BK_D, self.BK_R, self.BK_O, self.BK_I = (min(bk, n) for n in (self.D, self.RG, self.PK, self.IK))
 
@@ -508,8 +746,8 @@ def build_table(d: Dims, rows: int, knobs: dict, mode: str = "full") -> TaskTabl
                 t.wait_peer(task, q)
         return task
 
-    mix = [add(MIX_A, c) for c in range(d.NCH)]
-    gates = [add(GATE_A, r, waits=mix) for r in range(rows)]
+    mix = [[add(MIX_A, c, r) for c in range(d.NCH)] for r in range(rows)]
+    gates = [add(GATE_A, r, waits=mix[r]) for r in range(rows)]
     inproj = [(n0, n0 + d.BN, add(INPROJ, n0, waits=gates)) for n0 in range(0, d.NIN, d.BN)]
     small = _covering(inproj, 0, 2 * d.RG)  # f_a | g_a: every head's low-rank rows
     heads = []
@@ -522,20 +760,21 @@ def build_table(d: Dims, rows: int, knobs: dict, mode: str = "full") -> TaskTabl
         lo, hi = ks * d.PK, (ks + 1) * d.PK
         need = [task for h in range(d.HL) if h * d.K < hi and lo < (h + 1) * d.K for task in heads[h]]
         oproj += [(n0, n0 + d.BN_O, add(OPROJ, n0, ks, waits=need)) for n0 in range(0, d.D, d.BN_O)]
-    chunks = range(d.NCH)
+    chunks = [(c, r) for r in range(rows) for c in range(d.NCH)]  # row by row: row 0's gate goes first
     if mode == "attn":
-        for c in chunks:
-            add(OWN_A, c, waits=_covering(oproj, c * d.CH, (c + 1) * d.CH))
+        for c, r in chunks:
+            add(OWN_A, c, r, waits=_covering(oproj, c * d.CH, (c + 1) * d.CH))
         return t
-    reds = [add(RED_A, c, waits=_covering(oproj, c * d.CH, (c + 1) * d.CH), peers=True) for c in chunks]
-    gates_f = [add(GATE_F, r, waits=reds) for r in range(rows)]
-    gu = [(n0, n0 + d.BN, add(GU, n0, waits=gates_f)) for n0 in range(0, d.I, d.BN)]
+    reds = [add(RED_A, c, r, waits=_covering(oproj, c * d.CH, (c + 1) * d.CH), peers=True) for c, r in chunks]
+    gates_f = [add(GATE_F, r, waits=reds[r * d.NCH : (r + 1) * d.NCH]) for r in range(rows)]
+    gu = [(n0, n0 + d.BN_GU, add(GU, n0, waits=gates_f)) for n0 in range(0, d.I, d.BN_GU)]
     down = []
     for ks in range(d.KS_F):
         need = _covering(gu, ks * d.IK, (ks + 1) * d.IK)
         down += [(n0, n0 + d.BN_O, add(DOWN, n0, ks, waits=need)) for n0 in range(0, d.D, d.BN_O)]
-    for c in chunks:
-        add(OWN_F if mode == "ffn" else RED_F, c, waits=_covering(down, c * d.CH, (c + 1) * d.CH), peers=mode == "full")
+    for c, r in chunks:
+        last = OWN_F if mode == "ffn" else RED_F
+        add(last, c, r, waits=_covering(down, c * d.CH, (c + 1) * d.CH), peers=mode == "full")
     return t
 
 
@@ -568,7 +807,9 @@ def prepare_weights(w, spec, tp: int, device) -> dict[str, torch.Tensor]:
     """One rank's layer weights as the kernel reads them (done once per key, like a checkpoint's fused
     layout): the in-projection rows f_a | g_a | b | (q_h | k_h | v_h per head), the conv taps [3P, W] fp32."""
     a_ = "self_attn."
-    d = Dims(spec, tp, {"ksplit": 1, "block_n": 16, "block_n_out": 16, "block_k": 16})
+    from glm53ctl.tuning.knobs import defaults
+
+    d = Dims(spec, tp, defaults("dense"))  # the layout depends on no knob
     qkv = torch.stack([w[f"{a_}{n}_proj.weight"].view(d.HL, d.K, d.D) for n in ("q", "k", "v")], dim=1)
     w_in = torch.cat([w[f"{a_}{n}.weight"] for n in ("f_a_proj", "g_a_proj", "b_proj")] + [qkv.reshape(-1, d.D)])
     out = {
@@ -651,6 +892,7 @@ class DenseLaunch:
             "y_in": e(R, d.NIN),
             "lr": e(R, 2 * d.RG, dtype=bf16),
             "z": e(R, d.P, dtype=bf16),
+            "kscr": e(R, SCRATCH, d.P),
             "kpart_a": e(d.KS_O, R, D),
             "parts_a": e(tp, R, D),
             "act": e(R, d.I, dtype=bf16),
@@ -717,7 +959,7 @@ class DenseLaunch:
 
     def constexprs(self) -> dict:
         d = self.d
-        names = ("D", "HC", "HL", "K", "W", "RG", "I", "T", "CH", "NCH", "KS_O", "KS_F", "BN", "BN_O")
+        names = ("D", "HC", "HL", "K", "W", "RG", "I", "T", "CH", "NCH", "KS_O", "KS_F", "BN", "BN_GU", "BN_O")
         return {n: getattr(d, n) for n in names} | {
             "ITERS": d.iters,
             "BK_D": d.BK_D,
@@ -729,6 +971,7 @@ class DenseLaunch:
             "POLL": self.knobs["poll"],
             "THREADS": 32 * self.knobs["warps"],
             "OPROJ_FIRST": bool(self.knobs["oproj_first"]),
+            "PREFETCH": bool(self.knobs["prefetch"]),
         }
 
     def options(self) -> dict:

@@ -42,15 +42,22 @@ def kda_conv_shift(
         tl.store(conv_out + (r * (W - 1) + W - 2) * (3 * P) + chan, to_bf16(b_u, INTERPRET))
 
 
-@triton.jit
+# value columns of the state per step: a [K, BV] fp32 tile stays in registers (fixed: it sets no sum's order
+# across columns, but a tile's shape may set the order of the sums over keys)
+BV = tl.constexpr(32)
+SCRATCH = tl.constexpr(4)  # fp32 vectors per (row, head) in `scr`: o, and for a deferred write-back delta, decay, k
+
+
+@triton.jit(noinline=True)
 def kda_write_state(
-    s,
+    scr,
     u,
     u_row,
     u_part,
     u_head,
     conv_in,
     conv_out,
+    S_in,
     S_out,
     r,
     h,
@@ -59,10 +66,36 @@ def kda_write_state(
     W: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
-    """The write-back of head h's states (row r): the recurrent state s [K, K] and the shifted conv state."""
+    """The deferred write-back of head h's states (row r): the recurrent state recomputed from S_in and the
+    step's decay, k and delta (kept in `scr` by kda_head), with kda_head's operations (so its bits), and
+    the shifted conv state."""
+    P: tl.constexpr = H * K
     o_k = tl.arange(0, K)
-    tl.store(S_out + (r * H + h) * (K * K) + o_k[:, None] * K + o_k[None, :], s)
+    p_scr = scr + (r * SCRATCH) * P + h * K
+    decay = tl.load(p_scr + 2 * P + o_k)
+    k = tl.load(p_scr + 3 * P + o_k)
+    VB: tl.constexpr = min(BV, K)
+    for j0 in tl.static_range(0, K, VB):
+        o_j = j0 + tl.arange(0, VB)
+        p_s = (r * H + h) * (K * K) + o_k[:, None] * K + o_j[None, :]
+        s = tl.load(S_in + p_s) * decay[:, None]
+        delta = tl.load(p_scr + P + o_j)
+        s += k[:, None] * delta[None, :]
+        tl.store(S_out + p_s, s)
     kda_conv_shift(u, u_row, u_part, u_head, conv_in, conv_out, r, h, H, K, W, INTERPRET)
+
+
+@triton.jit
+def _conv_silu(
+    u, u_row, u_part, u_head, conv_in, conv_w, r, h, part, o_c, H: tl.constexpr, K: tl.constexpr, W: tl.constexpr
+):
+    """Causal depthwise conv + SiLU of channels o_c (within head h's `part` of q|k|v) for row r."""
+    P: tl.constexpr = H * K
+    chan = part * P + h * K + o_c
+    acc = tl.load(conv_w + chan * W + (W - 1)) * tl.load(u + r * u_row + part * u_part + h * u_head + o_c)
+    for tau in tl.static_range(W - 1):
+        acc += tl.load(conv_w + chan * W + tau) * tl.load(conv_in + (r * (W - 1) + tau) * (3 * P) + chan).to(tl.float32)
+    return acc * tl.sigmoid(acc)
 
 
 @triton.jit
@@ -83,6 +116,7 @@ def kda_head(
     S_in,
     S_out,
     z,
+    scr,
     r,
     h,
     lower_bound,
@@ -93,51 +127,53 @@ def kda_head(
     INTERPRET: tl.constexpr,
     WRITE_STATE: tl.constexpr,
 ):
-    """Row r, local head h; returns the new recurrent state [K, K] (written back here if WRITE_STATE, else
-    by the caller with kda_write_state, after it has published z).
+    """Row r, local head h: z, and the new states (written here if WRITE_STATE, else later by
+    kda_write_state from what this leaves in `scr`, after the caller has published z).
 
     u: raw q|k|v (fp32), head h's part p at u + r*u_row + p*u_part + h*u_head; beta_logit (b), b_f (f) and
     b_og (og) this head's values [K]; conv_in/out [R, W-1, 3P] bf16 (oldest tap first, q|k|v channels);
     conv_w [3P, W] (tap W-1 on the current input); S_in/out [R, H, K, K] fp32 (S[i = key, j = value]);
-    z [R, P] bf16, what o_proj reads."""
+    z [R, P] bf16, what o_proj reads; scr [R, SCRATCH, P] fp32.
+
+    The state is updated BV value columns at a time (columns are independent in the delta rule), so a
+    [K, BV] tile is live instead of [K, K]."""
     P: tl.constexpr = H * K
     o_k = tl.arange(0, K)
-    # causal depthwise conv + SiLU over this head's q, k and v channels; the state keeps raw inputs
-    y_q = tl.zeros((K,), dtype=tl.float32)
-    y_k = tl.zeros((K,), dtype=tl.float32)
-    y_v = tl.zeros((K,), dtype=tl.float32)
-    for part in tl.static_range(3):
-        chan = part * P + h * K + o_k
-        b_u = tl.load(u + r * u_row + part * u_part + h * u_head + o_k)
-        acc = tl.load(conv_w + chan * W + (W - 1)) * b_u
-        for tau in tl.static_range(W - 1):
-            b_past = tl.load(conv_in + (r * (W - 1) + tau) * (3 * P) + chan).to(tl.float32)
-            acc += tl.load(conv_w + chan * W + tau) * b_past
-        y = acc * tl.sigmoid(acc)
-        if part == 0:
-            y_q = y
-        elif part == 1:
-            y_k = y
-        else:
-            y_v = y
+    p_scr = scr + (r * SCRATCH) * P + h * K
+    y_q = _conv_silu(u, u_row, u_part, u_head, conv_in, conv_w, r, h, 0, o_k, H, K, W)
+    y_k = _conv_silu(u, u_row, u_part, u_head, conv_in, conv_w, r, h, 1, o_k, H, K, W)
     # safe gate, beta, L2 norms (q scaled after its norm)
     a = tl.exp(tl.load(A_log + h))
     g = lower_bound * tl.sigmoid(a * (b_f + tl.load(dt_bias + h * K + o_k)))
+    decay = tl.exp(g)
     beta = tl.sigmoid(beta_logit)
     q = y_q / tl.sqrt(tl.sum(y_q * y_q, axis=0) + 1e-6) * (1.0 / tl.sqrt(K * 1.0))
     k = y_k / tl.sqrt(tl.sum(y_k * y_k, axis=0) + 1e-6)
-    # gated delta rule: decay along the key dim, read S^T k, update, output from the UPDATED state
-    p_s = (r * H + h) * (K * K) + o_k[:, None] * K + o_k[None, :]
-    s = tl.load(S_in + p_s) * tl.exp(g)[:, None]
-    delta = beta * (y_v - tl.sum(s * k[:, None], axis=0))
-    s += k[:, None] * delta[None, :]
-    o = tl.sum(s * q[:, None], axis=0)
+    # gated delta rule per value block: decay along the key dim, read S^T k, update, output from the
+    # UPDATED state
+    VB: tl.constexpr = min(BV, K)
+    for j0 in tl.static_range(0, K, VB):
+        o_j = j0 + tl.arange(0, VB)
+        y_v = _conv_silu(u, u_row, u_part, u_head, conv_in, conv_w, r, h, 2, o_j, H, K, W)
+        p_s = (r * H + h) * (K * K) + o_k[:, None] * K + o_j[None, :]
+        s = tl.load(S_in + p_s) * decay[:, None]
+        delta = beta * (y_v - tl.sum(s * k[:, None], axis=0))
+        s += k[:, None] * delta[None, :]
+        if WRITE_STATE:
+            tl.store(S_out + p_s, s)
+        else:
+            tl.store(p_scr + P + o_j, delta)
+        tl.store(p_scr + o_j, tl.sum(s * q[:, None], axis=0))
+    if not WRITE_STATE:
+        tl.store(p_scr + 2 * P + o_k, decay)
+        tl.store(p_scr + 3 * P + o_k, k)
+    tl.debug_barrier()  # o's blocks were stored by other threads
+    o = tl.load(p_scr + o_k)
     # gated RMSNorm per head, sigmoid gate
     zz = o / tl.sqrt(tl.sum(o * o, axis=0) / K + eps) * tl.load(o_norm_w + o_k).to(tl.float32) * tl.sigmoid(b_og)
     tl.store(z + r * P + h * K + o_k, to_bf16(zz, INTERPRET))
     if WRITE_STATE:
-        kda_write_state(s, u, u_row, u_part, u_head, conv_in, conv_out, S_out, r, h, H, K, W, INTERPRET)
-    return s
+        kda_conv_shift(u, u_row, u_part, u_head, conv_in, conv_out, r, h, H, K, W, INTERPRET)
 
 
 @triton.jit
@@ -155,6 +191,7 @@ def kda_core_kernel(
     S_in,
     S_out,
     z,
+    scr,
     lower_bound,
     eps,
     H: tl.constexpr,
@@ -183,6 +220,7 @@ def kda_core_kernel(
         S_in,
         S_out,
         z,
+        scr,
         r,
         h,
         lower_bound,
@@ -221,6 +259,7 @@ def kda_core(u, b, f, og, conv_state, S, conv_w, A_log, dt_bias, o_norm_w, spec)
         S.float().contiguous(),
         S_out,
         z,
+        torch.empty(R, SCRATCH, H * K, dtype=torch.float32, device=u.device),
         spec.kda.gate_lower_bound,
         spec.model.rms_norm_eps,
         H=H,

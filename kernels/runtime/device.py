@@ -41,8 +41,10 @@ def _globaltimer(like):
 
 
 @triton.jit
-def _nanosleep(like):
-    tl.inline_asm_elementwise("nanosleep.u32 64; mov.u32 $0, 0;", "=r,r", [like], dtype=tl.int32, is_pure=False, pack=1)
+def _nanosleep(like, NS: tl.constexpr):
+    tl.inline_asm_elementwise(
+        f"nanosleep.u32 {NS}; mov.u32 $0, 0;", "=r,r", [like], dtype=tl.int32, is_pure=False, pack=1
+    )
 
 
 @triton.jit
@@ -141,14 +143,20 @@ def wait_site(
     if not INTERPRET:
         start = tl.max(_globaltimer(o_t), axis=0)
         now = start
+        rounds = 0
         while (ok == 0) & (now - start < budget_ns) & (aborted == 0):
             if POLL == 1:
-                _nanosleep(o_t)
+                _nanosleep(o_t, 64)
+            elif POLL == 2:
+                # a long wait among hundreds of waiting programs: poll 8x less often, the abort word 64x
+                _nanosleep(o_t, 512)
             v = _poll(p, INTERPRET, POLL)
             ok = (tl.min((v == epoch).to(tl.int32), axis=0) != 0) & live
             now = tl.max(_globaltimer(o_t), axis=0)
-            aborted = tl.max(_ld_relaxed(ctl + 3 + o_t * 0), axis=0)
-        if POLL == 1:
+            rounds += 1
+            if (POLL != 2) | (rounds % 8 == 0):
+                aborted = tl.max(_ld_relaxed(ctl + 3 + o_t * 0), axis=0)
+        if POLL != 0:
             _fence_acquire(o_t)
             # each thread fenced after its own word: a barrier orders every thread's later payload loads
             tl.debug_barrier()
