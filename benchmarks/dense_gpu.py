@@ -152,7 +152,8 @@ def main(out_dir: Path, tps=TPS, checks=True) -> None:
             row["repeats_equal"] = all(same(out, k(x, peers, poison=True)) for _ in range(3))
             conv0, S0 = k.rank_state(x, 0)
             la = k.launch
-            la.set_peers(peers.parts_a, peers.parts_f)
+            if peers is not None:
+                la.set_peers(peers.parts_a, peers.parts_f)
             ws = [k.w[0]] + [{n: t.clone() for n, t in k.w[0].items()} for _ in range(COPIES - 1)]
             it = iter(range(10**9))
 
@@ -160,7 +161,8 @@ def main(out_dir: Path, tps=TPS, checks=True) -> None:
                 la(x.H, ws[next(it) % COPIES], conv0, S0, check=False)
 
             sep = SeparateLaunches(spec, tp, rows, k.knobs, DEV)
-            sep.whole.set_peers(peers.parts_a, peers.parts_f)
+            if peers is not None:
+                sep.whole.set_peers(peers.parts_a, peers.parts_f)
 
             def separate(sep=sep, ws=ws):
                 sep(x.H, ws[next(it) % COPIES], conv0, S0, check=False)
@@ -189,7 +191,8 @@ def main(out_dir: Path, tps=TPS, checks=True) -> None:
             row["timed_variants"] = {}
             for v in TIMED[1:]:
                 kv = DenseKind(w, tp, rows, v, DEV)
-                kv.launch.set_peers(peers.parts_a, peers.parts_f)
+                if peers is not None:
+                    kv.launch.set_peers(peers.parts_a, peers.parts_f)
                 lv = kv.launch
                 row["timed_variants"][json.dumps(v)] = graph_time(
                     lambda lv=lv, ws=ws: lv(x.H, ws[next(it) % COPIES], conv0, S0, check=False)
@@ -262,7 +265,8 @@ def stage_breakdown(out_dir: Path, keys=((4, 1), (8, 1), (4, 8)), variants=({}, 
             peers = k.peer_partials(x)
             conv0, S0 = k.rank_state(x, 0)
             sep = SeparateLaunches(spec, tp, rows, k.knobs, DEV)
-            sep.whole.set_peers(peers.parts_a, peers.parts_f)
+            if peers is not None:
+                sep.whole.set_peers(peers.parts_a, peers.parts_f)
             sep(x.H, k.w[0], conv0, S0)
             row = {"tp": tp, "rows": rows, "knobs": v, "stages": {}}
             for s, la in zip(sep.STAGES, sep.stages, strict=True):
@@ -316,9 +320,11 @@ def sweep(out_dir: Path, keys=((4, 1), (8, 1), (4, 8), (8, 8)), configs=SWEEP) -
         for v in configs:
             k = DenseKind(w, tp, rows, v, DEV)
             la = k.launch
-            la.set_peers(peers.parts_a, peers.parts_f)
+            if peers is not None:
+                la.set_peers(peers.parts_a, peers.parts_f)
             sep = SeparateLaunches(spec, tp, rows, k.knobs, DEV)
-            sep.whole.set_peers(peers.parts_a, peers.parts_f)
+            if peers is not None:
+                sep.whole.set_peers(peers.parts_a, peers.parts_f)
             us = graph_time(lambda la=la: la(x.H, ws[next(it) % COPIES], conv0, S0, check=False))[0]
             sep_us = graph_time(lambda sep=sep: sep(x.H, ws[next(it) % COPIES], conv0, S0, check=False))[0]
             la.runtime.check()

@@ -10,6 +10,7 @@ hand-off by flag and by box (a chain of dependent no-op tasks). Writes results.j
 from __future__ import annotations
 
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -145,7 +146,9 @@ def environment() -> dict:
         ).stdout.strip(),
         "python": platform.python_version(),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "git_sha": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
+        # the device machine's copy of the tree may carry a stale .git: the caller passes the sha it ran
+        "git_sha": os.environ.get("GIT_SHA")
+        or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
     }
 
 
