@@ -338,10 +338,44 @@ def sweep(out_dir: Path, keys=((4, 1), (8, 1), (4, 8), (8, 8)), configs=SWEEP) -
     (out_dir / "sweep.json").write_text(json.dumps(res, indent=2))
 
 
+def recheck(out_dir: Path, repeats: int = 20) -> None:
+    """oproj_first bitwise on the bitwise keys, every site stuck again, and site 8 at TP4 rows 1 (named -1
+    once in the evidence run) stuck `repeats` times more."""
+    from glm53ctl.kernels.checks import fault_key
+    from glm53ctl.kernels.launches import DenseKind
+    from glm53ctl.kernels.spec import load_model
+    from glm53ctl.kernels.weights import Weights
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    precompile([(tp, rows, v, False) for tp, rows in BITWISE_KEYS for v in ({}, {"oproj_first": 1})])
+    w = Weights(load_model("glm53_flash"), seed=0, device="cuda")
+    res = {"env": environment(), "bitwise": [], "faults": []}
+    for tp, rows in BITWISE_KEYS:
+        k = DenseKind(w, tp, rows, {}, DEV)
+        x = k.inputs(seed=7)[0].to(DEV)
+        peers = k.peer_partials(x)
+        out = k(x, peers, poison=True)
+        eq = same(out, DenseKind(w, tp, rows, {"oproj_first": 1}, DEV)(x, peers, poison=True))
+        res["bitwise"].append({"tp": tp, "rows": rows, "knobs": {"oproj_first": 1}, "bitwise_equal": eq})
+        print(f"bitwise TP{tp} rows{rows} oproj_first=1: {eq}", flush=True)
+        f = fault_key(w, "dense", tp, rows, DEV, None, budget_ns=2_000_000, wall_s=30)
+        res["faults"].append({"tp": tp, "rows": rows, "sites": f.sites, "named": f.named, "problems": f.problems})
+        print(f"fault TP{tp} rows{rows}: {f.named}/{f.sites} named, {f.retries_equal} retries equal", flush=True)
+    named = 0
+    for _ in range(repeats):
+        named += fault_key(w, "dense", 4, 1, DEV, 8, budget_ns=2_000_000, wall_s=30).named
+    res["site8_named"] = f"{named}/{repeats}"
+    print(f"site 8 at TP4 rows 1: named {named}/{repeats}", flush=True)
+    (out_dir / "recheck.json").write_text(json.dumps(res, indent=2))
+
+
 if __name__ == "__main__":
     # OUT_DIR [TPS, e.g. 4,8] [--no-checks]: one device call stays under its time limit
     if "--sweep" in sys.argv:
         sweep(Path(sys.argv[1]))
+        sys.exit(0)
+    if "--recheck" in sys.argv:
+        recheck(Path(sys.argv[1]))
         sys.exit(0)
     if "--stages" in sys.argv:
         stage_breakdown(Path(sys.argv[1]))

@@ -80,7 +80,7 @@ def kda_write_state(
         p_s = (r * H + h) * (K * K) + o_k[:, None] * K + o_j[None, :]
         s = tl.load(S_in + p_s) * decay[:, None]
         delta = tl.load(p_scr + P + o_j)
-        s += k[:, None] * delta[None, :]
+        s = tl.fma(k[:, None], delta[None, :], s)  # an explicit fma: the write-back repeats these bits
         tl.store(S_out + p_s, s)
     kda_conv_shift(u, u_row, u_part, u_head, conv_in, conv_out, r, h, H, K, W, INTERPRET)
 
@@ -158,7 +158,7 @@ def kda_head(
         p_s = (r * H + h) * (K * K) + o_k[:, None] * K + o_j[None, :]
         s = tl.load(S_in + p_s) * decay[:, None]
         delta = beta * (y_v - tl.sum(s * k[:, None], axis=0))
-        s += k[:, None] * delta[None, :]
+        s = tl.fma(k[:, None], delta[None, :], s)  # an explicit fma: the write-back repeats these bits
         if WRITE_STATE:
             tl.store(S_out + p_s, s)
         else:
