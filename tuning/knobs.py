@@ -106,11 +106,12 @@ KNOBS = {
         ),
         Knob(
             "prefetch",
-            (0, 1),
+            (0, 1, 2),
             0,
             ("tail", "dense"),
             "schedule",
-            "before its wait, a task asks L2 for what no producer writes (GEMV weights; dense: the KDA state)",
+            "before its wait, a task asks L2 for what no producer writes (GEMV weights; dense: the KDA state); "
+            "dense 2: only o_proj, gate/up and down",
         ),
         Knob(
             "gathers",

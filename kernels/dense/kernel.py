@@ -133,14 +133,16 @@ def _prefetch(
     BN: tl.constexpr,
     BN_GU: tl.constexpr,
     BN_O: tl.constexpr,
+    WHICH: tl.constexpr,
 ):
     """Before a task waits, start what it reads that no producer writes: a GEMV task's weight tile, a KDA
     task's recurrent state. Launch-wide, the small latency-bound steps (gates, KDA, reduces) then overlap
-    the next stage's weight streaming."""
+    the next stage's weight streaming. WHICH 1: every such task; 2: o_proj, gate/up and down only (what
+    fits the L2 while the in-projection streams)."""
     NIN: tl.constexpr = 2 * RG + HL + 3 * P
-    if ttype == 2:
+    if (ttype == 2) & (WHICH == 1):
         _prefetch_rows(w_in, a0, D, 0, NIN, BN, D)
-    elif ttype == 3:
+    elif (ttype == 3) & (WHICH == 1):
         o_k = tl.arange(0, K)
         o_l = tl.arange(0, K // 32) * 32
         prefetch_l2(S_in + (a1 * HL + a0) * (K * K) + o_k[:, None] * K + o_l[None, :])
@@ -503,7 +505,29 @@ def dense_kernel(
         a0 = tl.load(p_t + 1)
         a1 = tl.load(p_t + 2)
         if PREFETCH and not INTERPRET:  # the interpreter has no inline asm; a prefetch changes no bits
-            _prefetch(ttype, a0, a1, w_in, w_gate, w_up, w_o, w_down, S_in, D, HL, K, RG, I, P, PK, IK, BN, BN_GU, BN_O)
+            _prefetch(
+                ttype,
+                a0,
+                a1,
+                w_in,
+                w_gate,
+                w_up,
+                w_o,
+                w_down,
+                S_in,
+                D,
+                HL,
+                K,
+                RG,
+                I,
+                P,
+                PK,
+                IK,
+                BN,
+                BN_GU,
+                BN_O,
+                PREFETCH,
+            )
         ok = wait_task(
             ctl,
             flags,
@@ -971,7 +995,7 @@ class DenseLaunch:
             "POLL": self.knobs["poll"],
             "THREADS": 32 * self.knobs["warps"],
             "OPROJ_FIRST": bool(self.knobs["oproj_first"]),
-            "PREFETCH": bool(self.knobs["prefetch"]),
+            "PREFETCH": self.knobs["prefetch"],
         }
 
     def options(self) -> dict:
