@@ -712,7 +712,7 @@ def dense_kernel(
                 )
                 pend = 0
         n_done += 1
-        task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET)
+        task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET, ok)
     if OPROJ_FIRST:
         if pend != 0:
             kda_write_state(

@@ -91,15 +91,19 @@ def claim(ctl, n_tasks):
 
 
 @triton.jit
-def next_task(ctl, n_tasks, n_done, n_programs, INTERPRET: tl.constexpr):
-    """The next task to run, or -1. In the interpreter, which runs programs one after another, every program
-    but the last stops after its share of the tasks: so tasks and their hand-offs really spread over the
-    programs there too (else program 0 would run them all and every grid would look the same)."""
+def next_task(ctl, n_tasks, n_done, n_programs, INTERPRET: tl.constexpr, ok=True):
+    """The next task to run, or -1. `ok`: the last wait succeeded. A program whose wait failed claims nothing
+    more: it may have seen the abort word before the aborter's push of the claim counter, and a claim then
+    would give it a task whose failed wait overwrites its error record (the host could not name the root).
+
+    In the interpreter, which runs programs one after another, every program but the last stops after its
+    share of the tasks: so tasks and their hand-offs really spread over the programs there too (else
+    program 0 would run them all and every grid would look the same)."""
     task = tl.full((), -1, tl.int32)
-    go = True
+    go = ok
     if INTERPRET:
         share = (n_tasks + n_programs - 1) // n_programs
-        go = (n_done < share) | (tl.program_id(0) == n_programs - 1)
+        go = go & ((n_done < share) | (tl.program_id(0) == n_programs - 1))
     if go:
         task = claim(ctl, n_tasks)
     return task

@@ -180,7 +180,7 @@ def tail_kernel(
                     tl.store(dst, tl.load(src, mask=m_c), mask=m_c)
             publish(ctl, flags, boxes, pub_first, pub_count, pub_slot, pub_flag, task, epoch)
         n_done += 1
-        task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET)
+        task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET, ok)
     finish(ctl, flags, n_tasks, n_peers, n_programs, epoch)
 
 
