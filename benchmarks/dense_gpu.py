@@ -375,7 +375,11 @@ if __name__ == "__main__":
         sweep(Path(sys.argv[1]))
         sys.exit(0)
     if "--sweep-prefetch" in sys.argv:  # prefetch 2: the latency-bound tasks' operands to L2 before their waits
-        sweep(Path(sys.argv[1]), ((1, 1), (2, 1), (4, 1), (8, 1), (4, 8), (8, 8)), ({}, {"prefetch": 2}))
+        sweep(
+            Path(sys.argv[1]),
+            ((1, 1), (2, 1), (4, 1), (8, 1), (4, 8), (8, 8)),
+            ({}, {"prefetch": 2}, {"chunk_cols": 128}, {"chunk_cols": 64}, {"prefetch": 2, "chunk_cols": 128}),
+        )
         sys.exit(0)
     if "--recheck" in sys.argv:
         recheck(Path(sys.argv[1]))

@@ -86,6 +86,14 @@ KNOBS = {
             "a KDA task publishes z, its program runs the next task (o_proj), then writes the states back",
         ),
         Knob(
+            "chunk_cols",
+            (64, 128, 256),
+            256,
+            ("dense",),
+            "numeric",
+            "columns per mix / reduce task (more, smaller tasks on the chain's latency-bound steps)",
+        ),
+        Knob(
             "ksplit",
             (1, 2, 4),
             2,

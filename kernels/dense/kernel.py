@@ -744,8 +744,8 @@ class Dims:
         self.P, self.I, self.T = self.HL * self.K, sh.dense_inter, tp
         self.NIN = 2 * self.RG + self.HL + 3 * self.P
         self.HDR = 2 * self.RG + self.HL
-        # the reduce / mix column chunk: fixed by the model (it sets the gate's summation order)
-        self.CH = min(256, self.D // 4)
+        # the reduce / mix column chunk (numeric: it sets the order of the gates' sums)
+        self.CH = min(knobs["chunk_cols"], self.D // 4)
         self.NCH = self.D // self.CH
         self.KS_O, self.KS_F = k_slices(knobs["ksplit"], self.P), k_slices(knobs["ksplit"], self.I)
         self.PK, self.IK = self.P // self.KS_O, self.I // self.KS_F
