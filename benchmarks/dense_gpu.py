@@ -369,10 +369,43 @@ def recheck(out_dir: Path, repeats: int = 20) -> None:
     (out_dir / "recheck.json").write_text(json.dumps(res, indent=2))
 
 
+def tail_timing(out_dir: Path) -> None:
+    """`tail` at TP4/TP8, rows 1/8 (issue 4's figure) at the current runtime, with its copy bandwidth."""
+    from runtime_gpu import DeviceWeights, tail_bytes
+
+    from glm53ctl.kernels.launches import KindLaunch
+    from glm53ctl.kernels.spec import load_model
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    spec = load_model("glm53_flash")
+    w = DeviceWeights(spec)
+    warm_clocks()
+    bw, _ = copy_bandwidth()
+    res = {"env": environment(), "copy_tb_s": bw, "tail": []}
+    for tp in (4, 8):
+        for rows in (1, 8):
+            k = KindLaunch(w, "tail", tp, rows, {}, DEV)
+            x = k.inputs(seed=1)[0].to(DEV)
+            peers = k.peer_partials(x)
+            out = k.launch(x, k.norm, k.shards[0], peers)
+            us = graph_time(
+                lambda k=k, x=x, peers=peers, out=out: k.launch(x, k.norm, k.shards[0], peers, out=out, check=False)
+            )[0]
+            k.launch.runtime.check()
+            floor = tail_bytes(spec, tp, rows) / (bw * 1e12) * 1e6
+            res["tail"].append({"tp": tp, "rows": rows, "us": us, "floor_us": floor, "pct_copy": 100 * floor / us})
+            print(f"tail TP{tp} rows{rows}: {us:.1f} us, floor {floor:.1f} = {100 * floor / us:.1f}% copy", flush=True)
+    (out_dir / "tail.json").write_text(json.dumps(res, indent=2))
+
+
 if __name__ == "__main__":
     # OUT_DIR [TPS, e.g. 4,8] [--no-checks]: one device call stays under its time limit
     if "--sweep" in sys.argv:
         sweep(Path(sys.argv[1]))
+        sys.exit(0)
+    if "--publish" in sys.argv:  # box words by relaxed stores after one fence: dense's knobs, then tail
+        sweep(Path(sys.argv[1]), ((1, 1), (2, 1), (4, 1), (8, 1), (4, 8), (8, 8)), ({}, {"handoff": "flag"}))
+        tail_timing(Path(sys.argv[1]))
         sys.exit(0)
     if "--sweep-prefetch" in sys.argv:  # prefetch 2: the latency-bound tasks' operands to L2 before their waits
         sweep(

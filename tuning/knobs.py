@@ -88,7 +88,7 @@ KNOBS = {
         Knob(
             "chunk_cols",
             (64, 128, 256),
-            256,
+            128,
             ("dense",),
             "numeric",
             "columns per mix / reduce task (more, smaller tasks on the chain's latency-bound steps)",

@@ -703,7 +703,7 @@ def dense_kernel(
                 _task_own(kpart_a, parts_a, a0, a1, R, RANK, D, CH, KS_O)
             else:
                 _task_own(kpart_f, parts_f, a0, a1, R, RANK, D, CH, KS_F)
-            publish(ctl, flags, boxes, pub_first, pub_count, pub_slot, pub_flag, task, epoch)
+            publish(ctl, flags, boxes, pub_first, pub_count, pub_slot, pub_flag, task, epoch, INTERPRET)
         if OPROJ_FIRST:
             # the write-back after the task that followed the KDA head (z is out, o_proj's loads issued)
             if (pend != 0) & (ttype != 3):

@@ -57,7 +57,7 @@ def chain_kernel(
             THREADS,
         )
         if ok:
-            publish(ctl, flags, boxes, pub_first, pub_count, pub_slot, pub_flag, task, epoch)
+            publish(ctl, flags, boxes, pub_first, pub_count, pub_slot, pub_flag, task, epoch, INTERPRET)
         n_done += 1
         task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET, ok)
     finish(ctl, flags, n_tasks, 0, n_programs, epoch)

@@ -48,8 +48,9 @@ def _nanosleep(like, NS: tl.constexpr):
 
 
 @triton.jit
-def _fence_acquire(like):
-    """After relaxed polls saw the epoch: fence.acq_rel orders this thread's later loads after them."""
+def _fence_acq_rel(like):
+    """fence.acq_rel.gpu: after relaxed polls saw the epoch, it orders this thread's later loads after them;
+    before relaxed stores of box words (after a CTA barrier), it orders the CTA's payload before them."""
     tl.inline_asm_elementwise(
         "fence.acq_rel.gpu; mov.u32 $0, 0;", "=r,r", [like], dtype=tl.int32, is_pure=False, pack=1
     )
@@ -161,7 +162,7 @@ def wait_site(
             if (POLL != 2) | (rounds % 8 == 0):
                 aborted = tl.max(_ld_relaxed(ctl + 3 + o_t * 0), axis=0)
         if POLL != 0:
-            _fence_acquire(o_t)
+            _fence_acq_rel(o_t)
             # each thread fenced after its own word: a barrier orders every thread's later payload loads
             tl.debug_barrier()
     if ok == 0:
@@ -227,7 +228,14 @@ def wait_task(
 
 
 @triton.jit
-def publish(ctl, flags, boxes, pub_first, pub_count, pub_slot, pub_flag, task, epoch):
+def _st_relaxed(p, v):
+    tl.inline_asm_elementwise(
+        "st.relaxed.gpu.global.b32 [$1], $2; mov.u32 $0, 0;", "=r,l,r", [p, v], dtype=tl.int32, is_pure=False, pack=1
+    )
+
+
+@triton.jit
+def publish(ctl, flags, boxes, pub_first, pub_count, pub_slot, pub_flag, task, epoch, INTERPRET: tl.constexpr):
     """Release this task's payload to those who wait on it: its flag word, and a word in each box line.
     A task nobody waits on (a GEMV slice of the logits) publishes nothing: no barrier, no atomic."""
     needs_flag = tl.load(pub_flag + task)
@@ -238,11 +246,20 @@ def publish(ctl, flags, boxes, pub_first, pub_count, pub_slot, pub_flag, task, e
         if needs_flag != 0:
             tl.atomic_xchg(flags + task, epoch, sem="release", scope="gpu")
         first = tl.load(pub_first + task)
-        # a broadcast producer writes hundreds of box words: 512 per round, not one round per line
+        # a broadcast producer writes hundreds of box words, 512 per round. On the GPU: one fence per thread
+        # (after the barrier it orders the whole CTA's payload), then relaxed stores, instead of one release
+        # atomic per word
+        if not INTERPRET:
+            _fence_acq_rel(tl.arange(0, 1))
         for c in range(0, n, 512):
             o = c + tl.arange(0, 512)
-            slot = tl.load(pub_slot + first + o, mask=o < n, other=0).to(tl.int64)
-            tl.atomic_xchg(boxes + slot, epoch + o * 0, mask=o < n, sem="release", scope="gpu")
+            if INTERPRET:
+                slot = tl.load(pub_slot + first + o, mask=o < n, other=0).to(tl.int64)
+                tl.atomic_xchg(boxes + slot, epoch + o * 0, mask=o < n, sem="release", scope="gpu")
+            else:
+                # lanes past n repeat the last word (the same value): inline asm has no mask
+                slot = tl.load(pub_slot + first + tl.minimum(o, n - 1)).to(tl.int64)
+                _st_relaxed(boxes + slot, epoch + o * 0)
 
 
 @triton.jit

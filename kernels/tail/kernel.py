@@ -178,7 +178,7 @@ def tail_kernel(
                     src = peer_logits + ((a0 - 1) * R + r) * V_LOCAL + o_c
                     dst = logits + r * V + a0 * V_LOCAL + o_c
                     tl.store(dst, tl.load(src, mask=m_c), mask=m_c)
-            publish(ctl, flags, boxes, pub_first, pub_count, pub_slot, pub_flag, task, epoch)
+            publish(ctl, flags, boxes, pub_first, pub_count, pub_slot, pub_flag, task, epoch, INTERPRET)
         n_done += 1
         task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET, ok)
     finish(ctl, flags, n_tasks, n_peers, n_programs, epoch)
