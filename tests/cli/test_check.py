@@ -18,10 +18,10 @@ pytestmark = pytest.mark.interpreter
 def test_check_passes_on_every_key(capsys):
     doc = invoke_json(capsys, "check")
     assert doc["device"] == "cpu" and doc["model"] == "tiny"
-    assert len(doc["keys"]) == 2 * 4 * 4  # embed and tail × TP 1/2/4/8 × rows 1/2/4/8
+    assert len(doc["keys"]) == 3 * 4 * 4  # embed, dense and tail × TP 1/2/4/8 × rows 1/2/4/8
     bad = [k for k in doc["keys"] if not k["ok"]]
     assert not bad, bad
-    assert doc["summary"] == "32 of 32 configs pass"
+    assert doc["summary"] == "48 of 48 configs pass"
 
 
 def test_check_fails_when_a_bound_is_broken(capsys, monkeypatch):

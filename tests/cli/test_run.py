@@ -135,5 +135,18 @@ def test_run_triton_backend_matches_the_reference(capsys, tmp_path, kind):
 
 
 def test_run_triton_backend_refuses_kinds_without_kernels(capsys, tmp_path):
-    code, _, err = invoke(capsys, "run", "--kind", "dense", "--backend", "triton", "--out", tmp_path / "x.safetensors")
-    assert code == 2 and "no dense launch yet" in err
+    code, _, err = invoke(capsys, "run", "--kind", "kda", "--backend", "triton", "--out", tmp_path / "x.safetensors")
+    assert code == 2 and "no kda launch yet" in err
+
+
+@pytest.mark.interpreter
+def test_run_triton_backend_dense_saves_the_reference_layout(capsys, tmp_path):
+    a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    base = ["run", "--kind", "dense", "--tp", "2", "--rows", "1", "--context", "3", "--seed", "2"]
+    assert invoke(capsys, *base, "--out", a)[0] == 0
+    code, _, err = invoke(capsys, *base, "--backend", "triton", "--out", b)
+    assert code == 0, err
+    ta, tb = load_file(str(a)), load_file(str(b))
+    assert ta.keys() == tb.keys() and "writes.layers.0.kda.recurrent" in tb
+    for k in ta:
+        assert torch.allclose(ta[k].float(), tb[k].float(), rtol=2e-2, atol=2e-2), k
