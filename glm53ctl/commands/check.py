@@ -56,14 +56,19 @@ def check(
     against: Annotated[str | None, typer.Option("--against", help="A git ref: every output bit for bit.")] = None,
     cache: Annotated[Path, typer.Option("--cache", help="Where --against keeps worktrees.")] = Path("build"),
     save: Annotated[Path | None, typer.Option("--save", hidden=True, help="Only save each key's outputs.")] = None,
+    jobs: Annotated[
+        int, typer.Option("--jobs", "-j", help="Worker processes on a CPU (default: one per core); 1 on a GPU.")
+    ] = 0,
     as_json: JsonOpt = False,
 ) -> None:
     """Accuracy against the reference, determinism, invariants; with --against, bitwise equality with REF."""
     o = Output(as_json)
+    if jobs < 0:
+        raise UsageError(f"--jobs {jobs}: expected 1 or more (0: one per core)")
     device, weights, keys = _setup(model, kind, tp, rows)  # first: it may select the interpreter
     from safetensors.torch import load_file, save_file
 
-    from glm53ctl.kernels.checks import check_key, key_name, launch_outputs
+    from glm53ctl.kernels.checks import key_name, launch_outputs
 
     if save is not None:  # the other side of --against: outputs only, in this tree's process
         save.mkdir(parents=True, exist_ok=True)
@@ -87,21 +92,12 @@ def check(
         if run_cli(tree, args).returncode:
             raise UsageError(f"{against}'s glm53ctl could not run `check --save`", hint="its error is above")
     results = []
-    o.log(f"checking {len(keys)} keys of {weights.spec.name} on {device}")
-    for k, t, r in keys:
-        res, outputs = check_key(weights, k, t, r, seed, device)
-        row = {
-            "key": res.key,
-            "ok": res.ok,
-            "errors": res.errors,
-            "bounds": res.bounds,
-            "grids_equal": res.grids_equal,
-            "repeats_equal": res.repeats_equal,
-            "invariants": res.invariants,
-            "problems": res.problems,
-        }
+    # the interpreter is one core's work per key: keys in parallel processes on a CPU (one GPU: in turn)
+    jobs = 1 if device != "cpu" else min(jobs or os.cpu_count() or 1, len(keys))
+    o.log(f"checking {len(keys)} keys of {weights.spec.name} on {device}" + (f" with {jobs} processes" * (jobs > 1)))
+    for (k, t, r), row in zip(keys, _check_rows(weights, keys, seed, device, jobs), strict=True):
         if ref_dir is not None:
-            path = ref_dir / (res.key.replace("/", "_") + ".safetensors")
+            path = ref_dir / (row["key"].replace("/", "_") + ".safetensors")
             theirs = load_file(str(path)) if path.exists() else {}
             row["against"] = diff = _bitwise(launch_outputs(weights, k, t, r, seed, device), theirs)
             row["bitwise_equal"] = not diff
@@ -109,7 +105,7 @@ def check(
                 row["ok"] = False
         results.append(row)
         if not as_json:
-            err_console.print(f"  {'ok  ' if row['ok'] else 'FAIL'} {res.key}")
+            err_console.print(f"  {'ok  ' if row['ok'] else 'FAIL'} {row['key']}")
     passed = sum(r["ok"] for r in results)
     summary = f"{passed} of {len(results)} configs pass"
     if ref_dir is not None:
@@ -135,6 +131,48 @@ def check(
     o.text(summary)
     if passed < len(results):
         raise CheckFailed(summary)
+
+
+def _check_row(model: str, kind: str, tp: int, rows: int, seed: int, device: str, weights=None) -> dict:
+    """One key's check as a plain dict (what a worker process sends back)."""
+    from glm53ctl.kernels.checks import CheckResult, check_key, key_name
+
+    if weights is None:
+        from glm53ctl.kernels.spec import load_model
+        from glm53ctl.kernels.weights import Weights
+
+        weights = Weights(load_model(model), seed=0, device=device)  # seeded: the same tensors in every process
+    try:
+        res, _ = check_key(weights, kind, tp, rows, seed, device)
+    except CheckFailed as e:  # a LaunchFault in a clean launch: this key fails, the others still run
+        res = CheckResult(key_name(weights.spec.name, kind, tp, rows), problems=[f"{type(e).__name__}: {e.message}"])
+        res.invariants["every output element written"] = False
+    return {
+        "key": res.key,
+        "ok": res.ok,
+        "errors": res.errors,
+        "bounds": res.bounds,
+        "grids_equal": res.grids_equal,
+        "repeats_equal": res.repeats_equal,
+        "invariants": res.invariants,
+        "problems": res.problems,
+    }
+
+
+def _check_rows(weights, keys, seed: int, device: str, jobs: int):
+    """The keys' rows in order, as they finish: in this process, or in `jobs` spawned workers (which inherit
+    TRITON_INTERPRET from this process's environment)."""
+    if jobs <= 1:
+        for k, t, r in keys:
+            yield _check_row(weights.spec.name, k, t, r, seed, device, weights)
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as ex:
+        futures = [ex.submit(_check_row, weights.spec.name, k, t, r, seed, device) for k, t, r in keys]
+        for f in futures:
+            yield f.result()
 
 
 def _bitwise(ours: dict, theirs: dict) -> list[str]:

@@ -24,6 +24,11 @@ def test_check_passes_on_every_key(capsys):
     assert doc["summary"] == "48 of 48 configs pass"
 
 
+def test_check_jobs_must_be_positive(capsys):
+    code, _, err = invoke(capsys, "check", "--jobs", "-1")
+    assert code == 2 and "--jobs -1" in err
+
+
 def test_check_fails_when_a_bound_is_broken(capsys, monkeypatch):
     from glm53ctl.kernels import checks
 
