@@ -1,7 +1,8 @@
 """The Triton launches of each kind on one device, fed the same seeded inputs as the reference.
 
 A TP-T launch runs rank 0's shard; the peers' partials it reduces or gathers are computed first by the
-same kernels on ranks 1..T-1's shards (`partial_only`), in same-GPU buffers (DESIGN.md §3).
+same kernels on ranks 1..T-1's shards (`partial_only` for embed and tail; for dense, partial launches in
+two phases), in same-GPU buffers (DESIGN.md §3).
 """
 
 from __future__ import annotations
@@ -154,10 +155,10 @@ class DenseKind:
 
     def rank_state(self, x: LayerInput, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Rank's slices of the state: its q, k and v conv channels and its heads (contiguous, on device)."""
-        from glm53ctl.kernels.reference import _conv_slice, _head_slice
+        from glm53ctl.kernels.reference import conv_slice, head_slice
 
-        conv = _conv_slice(x.state.conv, rank, self.tp).to(self.device, torch.bfloat16).contiguous()
-        rec = _head_slice(x.state.recurrent, rank, self.tp).to(self.device, torch.float32).contiguous()
+        conv = conv_slice(x.state.conv, rank, self.tp).to(self.device, torch.bfloat16).contiguous()
+        rec = head_slice(x.state.recurrent, rank, self.tp).to(self.device, torch.float32).contiguous()
         return conv, rec
 
     def peer_partials(self, x: LayerInput) -> DensePeers | None:
@@ -182,7 +183,7 @@ class DenseKind:
 
     def __call__(self, x: LayerInput, peers=None, poison: bool = False, **guard) -> dict[str, torch.Tensor]:
         """One launch of rank 0 (after the peers' partials): every output and the whole layer's state writes."""
-        from glm53ctl.kernels.reference import _conv_join
+        from glm53ctl.kernels.reference import conv_join
 
         x = x.to(self.device)
         peers = self.peer_partials(x) if peers is None and self.tp > 1 else peers
@@ -193,7 +194,7 @@ class DenseKind:
             launch.poison()
         out = {n: t.clone() for n, t in launch(x.H, self.w[0], *self.rank_state(x, 0), **guard).items()}
         writes = [(launch.conv_out, launch.S_out)] + (peers.writes if peers is not None else [])
-        out["kda.conv"] = _conv_join([c for c, _ in writes])
+        out["kda.conv"] = conv_join([c for c, _ in writes])
         out["kda.recurrent"] = torch.cat([s for _, s in writes], dim=1)
         return out
 

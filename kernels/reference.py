@@ -80,18 +80,18 @@ def empty_state(spec: ModelSpec, rows: int, max_context: int, num: Numerics = FP
     return state
 
 
-def _conv_slice(conv: torch.Tensor, rank: int, tp: int) -> torch.Tensor:
+def conv_slice(conv: torch.Tensor, rank: int, tp: int) -> torch.Tensor:
     """Rank's channels of the q|k|v conv state [R, W-1, 3P]: its slice of each of q, k and v."""
     R, W1, C = conv.shape
     return conv.view(R, W1, 3, tp, C // (3 * tp))[:, :, :, rank].reshape(R, W1, -1)
 
 
-def _conv_join(parts: list[torch.Tensor]) -> torch.Tensor:
+def conv_join(parts: list[torch.Tensor]) -> torch.Tensor:
     R, W1, _ = parts[0].shape
     return torch.stack([p.view(R, W1, 3, -1) for p in parts], dim=3).reshape(R, W1, -1)
 
 
-def _head_slice(x: torch.Tensor, rank: int, tp: int) -> torch.Tensor:
+def head_slice(x: torch.Tensor, rank: int, tp: int) -> torch.Tensor:
     return x.chunk(tp, dim=1)[rank]
 
 
@@ -141,14 +141,14 @@ class Reference:
     def _kda(self, i: int, x_hat: torch.Tensor, s: KdaState) -> tuple[torch.Tensor, KdaState]:
         outs, convs, recs = [], [], []
         for r in range(self.tp):
-            local = KdaState(_conv_slice(s.conv, r, self.tp), _head_slice(s.recurrent, r, self.tp))
+            local = KdaState(conv_slice(s.conv, r, self.tp), head_slice(s.recurrent, r, self.tp))
             out, new = kda_attention(
                 x_hat, self.weights.layer(i, r, self.tp).sub("self_attn."), local, self.spec, self.num
             )
             outs.append(out)
             convs.append(new.conv)
             recs.append(new.recurrent)
-        return self._reduce(outs), KdaState(_conv_join(convs), torch.cat(recs, dim=1))
+        return self._reduce(outs), KdaState(conv_join(convs), torch.cat(recs, dim=1))
 
     def _dsa(self, i: int, x_hat: torch.Tensor, c: DsaCache, pos: torch.Tensor):
         outs = []
