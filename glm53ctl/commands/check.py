@@ -63,9 +63,8 @@ def check(
 ) -> None:
     """Accuracy against the reference, determinism, invariants; with --against, bitwise equality with REF."""
     o = Output(as_json)
-    if jobs < 0:
-        raise UsageError(f"--jobs {jobs}: expected 1 or more (0: one per core)")
     device, weights, keys = _setup(model, kind, tp, rows)  # first: it may select the interpreter
+    jobs = _jobs(jobs, device, keys)
     from safetensors.torch import load_file, save_file
 
     from glm53ctl.kernels.checks import key_name, launch_outputs
@@ -92,10 +91,8 @@ def check(
         if run_cli(tree, args).returncode:
             raise UsageError(f"{against}'s glm53ctl could not run `check --save`", hint="its error is above")
     results = []
-    # the interpreter is one core's work per key: keys in parallel processes on a CPU (one GPU: in turn)
-    jobs = 1 if device != "cpu" else min(jobs or os.cpu_count() or 1, len(keys))
     o.log(f"checking {len(keys)} keys of {weights.spec.name} on {device}" + (f" with {jobs} processes" * (jobs > 1)))
-    for (k, t, r), row in zip(keys, _check_rows(weights, keys, seed, device, jobs), strict=True):
+    for (k, t, r), row in zip(keys, _per_key(_check_row, weights, keys, jobs, seed, device), strict=True):
         if ref_dir is not None:
             path = ref_dir / (row["key"].replace("/", "_") + ".safetensors")
             theirs = load_file(str(path)) if path.exists() else {}
@@ -137,11 +134,7 @@ def _check_row(model: str, kind: str, tp: int, rows: int, seed: int, device: str
     """One key's check as a plain dict (what a worker process sends back)."""
     from glm53ctl.kernels.checks import CheckResult, check_key, key_name
 
-    if weights is None:
-        from glm53ctl.kernels.spec import load_model
-        from glm53ctl.kernels.weights import Weights
-
-        weights = Weights(load_model(model), seed=0, device=device)  # seeded: the same tensors in every process
+    weights = _weights(model, device, weights)
     try:
         res, _ = check_key(weights, kind, tp, rows, seed, device)
     except CheckFailed as e:  # a LaunchFault in a clean launch: this key fails, the others still run
@@ -159,20 +152,64 @@ def _check_row(model: str, kind: str, tp: int, rows: int, seed: int, device: str
     }
 
 
-def _check_rows(weights, keys, seed: int, device: str, jobs: int):
-    """The keys' rows in order, as they finish: in this process, or in `jobs` spawned workers (which inherit
-    TRITON_INTERPRET from this process's environment)."""
+def _per_key(fn, weights, keys, jobs: int, *args):
+    """fn(model, kind, tp, rows, *args[, weights]) for each key, results in key order: in this process, or in
+    `jobs` spawned workers (they inherit TRITON_INTERPRET from this process's environment and draw the same
+    seeded weights)."""
     if jobs <= 1:
         for k, t, r in keys:
-            yield _check_row(weights.spec.name, k, t, r, seed, device, weights)
+            yield fn(weights.spec.name, k, t, r, *args, weights=weights)
         return
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
 
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as ex:
-        futures = [ex.submit(_check_row, weights.spec.name, k, t, r, seed, device) for k, t, r in keys]
-        for f in futures:
-            yield f.result()
+        futures = [ex.submit(fn, weights.spec.name, k, t, r, *args) for k, t, r in keys]
+        for (k, t, r), f in zip(keys, futures, strict=True):
+            try:
+                yield f.result()
+            except BrokenProcessPool:  # a hang ends its worker (os._exit): it printed what hung
+                raise CheckFailed(f"a worker process ended during {_key_name(weights, k, t, r)}") from None
+
+
+def _key_name(weights, kind: str, tp: int, rows: int) -> str:
+    from glm53ctl.kernels.checks import key_name
+
+    return key_name(weights.spec.name, kind, tp, rows)
+
+
+def _jobs(jobs: int, device: str, keys: list) -> int:
+    """Worker processes: the interpreter is one core's work per key (a GPU runs the keys in turn)."""
+    if jobs < 0:
+        raise UsageError(f"--jobs {jobs}: expected 1 or more (0: one per core)")
+    return 1 if device != "cpu" else max(1, min(jobs or os.cpu_count() or 1, len(keys)))
+
+
+def _weights(model: str, device: str, weights):
+    if weights is None:
+        from glm53ctl.kernels.spec import load_model
+        from glm53ctl.kernels.weights import Weights
+
+        weights = Weights(load_model(model), seed=0, device=device)  # seeded: the same tensors in every process
+    return weights
+
+
+def _fault_row(model, kind, tp, rows, device, site, budget_ns, wall_s, weights=None) -> dict:
+    """One key's fault test as a plain dict."""
+    from glm53ctl.kernels.checks import fault_key
+
+    res = fault_key(_weights(model, device, weights), kind, tp, rows, device, site, budget_ns, wall_s)
+    return {
+        "key": res.key,
+        "sites": res.sites,
+        "named": res.named,
+        "hangs": res.hangs,
+        "retries_equal": res.retries_equal,
+        "worst_s": round(res.worst_s, 4),
+        "ok": res.ok,
+        "problems": res.problems,
+    }
 
 
 def _bitwise(ours: dict, theirs: dict) -> list[str]:
@@ -208,6 +245,9 @@ def fault(
     all_sites: Annotated[bool, typer.Option("--all", help="Stick every site in turn (the default).")] = False,
     budget_ms: Annotated[float, typer.Option("--budget-ms", help="Time a stuck wait is given.")] = 2.0,
     wall_s: Annotated[float, typer.Option("--wall-s", help="A launch slower than this is a hang.")] = 60.0,
+    jobs: Annotated[
+        int, typer.Option("--jobs", "-j", help="Worker processes on a CPU (default: one per core); 1 on a GPU.")
+    ] = 0,
     as_json: JsonOpt = False,
 ) -> None:
     """Stick each guarded wait on purpose: LaunchFault names it, nothing hangs, the retry is bitwise clean."""
@@ -217,25 +257,13 @@ def fault(
         raise UsageError("--budget-ms and --wall-s must be positive")
     o = Output(as_json)
     device, weights, keys = _setup(model, kind, tp, rows)  # first: it may select the interpreter
-    from glm53ctl.kernels.checks import fault_key
-
+    jobs = _jobs(jobs, device, keys)
     results = []
-    for k, t, r in keys:
-        res = fault_key(weights, k, t, r, device, site, int(budget_ms * 1e6), wall_s)
-        results.append(
-            {
-                "key": res.key,
-                "sites": res.sites,
-                "named": res.named,
-                "hangs": res.hangs,
-                "retries_equal": res.retries_equal,
-                "worst_s": round(res.worst_s, 4),
-                "ok": res.ok,
-                "problems": res.problems,
-            }
-        )
+    budget_ns = int(budget_ms * 1e6)
+    for row in _per_key(_fault_row, weights, keys, jobs, device, site, budget_ns, wall_s):
+        results.append(row)
         if not as_json:
-            err_console.print(f"  {'ok  ' if res.ok else 'FAIL'} {res.key}: {res.named}/{res.sites} named")
+            err_console.print(f"  {'ok  ' if row['ok'] else 'FAIL'} {row['key']}: {row['named']}/{row['sites']} named")
     tot = {f: sum(r[f] for r in results) for f in ("sites", "named", "hangs", "retries_equal")}
     summary = (
         f"{tot['sites']} sites tried, {tot['named']} named correctly, {tot['hangs']} hangs, "
