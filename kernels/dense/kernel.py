@@ -35,7 +35,15 @@ from glm53ctl.kernels.ffn.kernel import swiglu_act
 from glm53ctl.kernels.gemv import gemv_tile
 from glm53ctl.kernels.kda.kernel import SCRATCH, kda_head, kda_write_state
 from glm53ctl.kernels.mhc.kernel import gate_finish
-from glm53ctl.kernels.runtime.device import finish, launch_epoch, next_task, prefetch_l2, publish, wait_task
+from glm53ctl.kernels.runtime.device import (
+    finish,
+    launch_epoch,
+    next_task,
+    prefetch_l2,
+    publish,
+    runtime_buffers,
+    wait_task,
+)
 from glm53ctl.kernels.runtime.launch import DEFAULT_BUDGET_NS
 from glm53ctl.kernels.runtime.table import TaskTable
 from glm53ctl.kernels.tlx import interpreting, to_bf16
@@ -492,6 +500,9 @@ def dense_kernel(
     HDR: tl.constexpr = 2 * RG + HL  # where the per-head q|k|v rows start in the in-projection
     PK: tl.constexpr = P // KS_O
     IK: tl.constexpr = I // KS_F
+    rt = runtime_buffers(
+        ctl, flags, boxes, errs, tasks, wait_kind, wait_index, wait_count, pub_first, pub_count, pub_slot, pub_flag
+    )
     epoch = launch_epoch(ctl, INTERPRET)
     n_done = 0
     # oproj_first: the KDA head whose states this program still has to write back
@@ -528,23 +539,7 @@ def dense_kernel(
                 BN_O,
                 PREFETCH,
             )
-        ok = wait_task(
-            ctl,
-            flags,
-            boxes,
-            errs,
-            tasks,
-            wait_kind,
-            wait_index,
-            wait_count,
-            task,
-            epoch,
-            stuck_site,
-            budget_ns,
-            INTERPRET,
-            POLL,
-            THREADS,
-        )
+        ok = wait_task(rt, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS)
         if ok:
             if ttype == 0:
                 _task_mix(H, fn_a, mixp, ssp, a0, a1, D, HC, CH)
@@ -703,7 +698,7 @@ def dense_kernel(
                 _task_own(kpart_a, parts_a, a0, a1, R, RANK, D, CH, KS_O)
             else:
                 _task_own(kpart_f, parts_f, a0, a1, R, RANK, D, CH, KS_F)
-            publish(ctl, flags, boxes, pub_first, pub_count, pub_slot, pub_flag, task, epoch, INTERPRET)
+            publish(rt, task, epoch, INTERPRET)
         if OPROJ_FIRST:
             # the write-back after the task that followed the KDA head (z is out, o_proj's loads issued)
             if (pend != 0) & (ttype != 3):

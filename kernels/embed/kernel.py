@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from glm53ctl.kernels.runtime.device import finish, launch_epoch, next_task, publish, wait_task
+from glm53ctl.kernels.runtime.device import finish, launch_epoch, next_task, publish, runtime_buffers, wait_task
 from glm53ctl.kernels.runtime.launch import DEFAULT_BUDGET_NS
 from glm53ctl.kernels.runtime.table import TaskTable
 from glm53ctl.kernels.tlx import interpreting
@@ -56,6 +56,9 @@ def embed_kernel(
     POLL: tl.constexpr,
     THREADS: tl.constexpr,
 ):
+    rt = runtime_buffers(
+        ctl, flags, boxes, errs, tasks, wait_kind, wait_index, wait_count, pub_first, pub_count, pub_slot, pub_flag
+    )
     epoch = launch_epoch(ctl, INTERPRET)
     n_done = 0
     task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET)
@@ -63,23 +66,7 @@ def embed_kernel(
         p_t = tasks + task * 6
         ttype = tl.load(p_t)
         d0 = tl.load(p_t + 1)
-        ok = wait_task(
-            ctl,
-            flags,
-            boxes,
-            errs,
-            tasks,
-            wait_kind,
-            wait_index,
-            wait_count,
-            task,
-            epoch,
-            stuck_site,
-            budget_ns,
-            INTERPRET,
-            POLL,
-            THREADS,
-        )
+        ok = wait_task(rt, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS)
         if ok:
             o_d = d0 + tl.arange(0, CHUNK)
             for r in range(R):
@@ -96,7 +83,7 @@ def embed_kernel(
                         b_s += tl.load(peer_partials + (p * R + r) * D + o_d, mask=o_d < D, other=0.0)
                     for j in range(HC):
                         tl.store(H + (r * HC + j) * D + o_d, b_s.to(tl.bfloat16), mask=o_d < D)
-            publish(ctl, flags, boxes, pub_first, pub_count, pub_slot, pub_flag, task, epoch, INTERPRET)
+            publish(rt, task, epoch, INTERPRET)
         n_done += 1
         task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET, ok)
     finish(ctl, flags, n_tasks, n_peers, n_programs, epoch)

@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from glm53ctl.kernels.runtime.device import finish, launch_epoch, next_task, publish, wait_task
+from glm53ctl.kernels.runtime.device import finish, launch_epoch, next_task, publish, runtime_buffers, wait_task
 from glm53ctl.kernels.runtime.table import TaskTable
 from glm53ctl.kernels.tlx import interpreting
 
@@ -35,29 +35,16 @@ def chain_kernel(
     POLL: tl.constexpr,
     THREADS: tl.constexpr,
 ):
+    rt = runtime_buffers(
+        ctl, flags, boxes, errs, tasks, wait_kind, wait_index, wait_count, pub_first, pub_count, pub_slot, pub_flag
+    )
     epoch = launch_epoch(ctl, INTERPRET)
     n_done = 0
     task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET)
     while task >= 0:
-        ok = wait_task(
-            ctl,
-            flags,
-            boxes,
-            errs,
-            tasks,
-            wait_kind,
-            wait_index,
-            wait_count,
-            task,
-            epoch,
-            stuck_site,
-            budget_ns,
-            INTERPRET,
-            POLL,
-            THREADS,
-        )
+        ok = wait_task(rt, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS)
         if ok:
-            publish(ctl, flags, boxes, pub_first, pub_count, pub_slot, pub_flag, task, epoch, INTERPRET)
+            publish(rt, task, epoch, INTERPRET)
         n_done += 1
         task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET, ok)
     finish(ctl, flags, n_tasks, 0, n_programs, epoch)

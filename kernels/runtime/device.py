@@ -184,14 +184,7 @@ def wait_site(
 
 @triton.jit
 def wait_task(
-    ctl,
-    flags,
-    boxes,
-    errs,
-    tasks,
-    wait_kind,
-    wait_index,
-    wait_count,
+    rt,
     task,
     epoch,
     stuck_site,
@@ -200,7 +193,9 @@ def wait_task(
     POLL: tl.constexpr,
     THREADS: tl.constexpr,
 ):
-    """Every wait site of `task`, in order; False as soon as one times out or the launch aborted."""
+    """Every wait site of `task`, in order; False as soon as one times out or the launch aborted.
+    rt: the runtime's buffers, as `runtime_buffers` packs them."""
+    ctl, flags, boxes, errs, tasks, wait_kind, wait_index, wait_count, _, _, _, _ = rt
     p_t = tasks + task * 6
     s0 = tl.load(p_t + 4)
     ns = tl.load(p_t + 5)
@@ -235,9 +230,18 @@ def _st_relaxed(p, v):
 
 
 @triton.jit
-def publish(ctl, flags, boxes, pub_first, pub_count, pub_slot, pub_flag, task, epoch, INTERPRET: tl.constexpr):
+def runtime_buffers(
+    ctl, flags, boxes, errs, tasks, wait_kind, wait_index, wait_count, pub_first, pub_count, pub_slot, pub_flag
+):
+    """The runtime's kernel arguments (Runtime.args(), in that order) as one tuple for wait_task and publish."""
+    return ctl, flags, boxes, errs, tasks, wait_kind, wait_index, wait_count, pub_first, pub_count, pub_slot, pub_flag
+
+
+@triton.jit
+def publish(rt, task, epoch, INTERPRET: tl.constexpr):
     """Release this task's payload to those who wait on it: its flag word, and a word in each box line.
     A task nobody waits on (a GEMV slice of the logits) publishes nothing: no barrier, no atomic."""
+    _, flags, boxes, _, _, _, _, _, pub_first, pub_count, pub_slot, pub_flag = rt
     needs_flag = tl.load(pub_flag + task)
     n = tl.load(pub_count + task)
     if needs_flag + n > 0:

@@ -12,7 +12,15 @@ import triton
 import triton.language as tl
 
 from glm53ctl.kernels.gemv import gemv_tile
-from glm53ctl.kernels.runtime.device import finish, launch_epoch, next_task, prefetch_l2, publish, wait_task
+from glm53ctl.kernels.runtime.device import (
+    finish,
+    launch_epoch,
+    next_task,
+    prefetch_l2,
+    publish,
+    runtime_buffers,
+    wait_task,
+)
 from glm53ctl.kernels.runtime.launch import DEFAULT_BUDGET_NS
 from glm53ctl.kernels.runtime.table import TaskTable
 from glm53ctl.kernels.tlx import interpreting, to_bf16
@@ -116,6 +124,9 @@ def tail_kernel(
     GATHER_COLS: tl.constexpr,
     NORM_INLINE: tl.constexpr,
 ):
+    rt = runtime_buffers(
+        ctl, flags, boxes, errs, tasks, wait_kind, wait_index, wait_count, pub_first, pub_count, pub_slot, pub_flag
+    )
     epoch = launch_epoch(ctl, INTERPRET)
     n_done = 0
     task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET)
@@ -130,23 +141,7 @@ def tail_kernel(
                 o_n = tl.minimum(a0 + tl.arange(0, BLOCK_N), V_LOCAL - 1)
                 o_l = tl.arange(0, D * 2 // 128) * 64
                 prefetch_l2(lm_w + o_n[:, None].to(tl.int64) * D + o_l[None, :])
-        ok = wait_task(
-            ctl,
-            flags,
-            boxes,
-            errs,
-            tasks,
-            wait_kind,
-            wait_index,
-            wait_count,
-            task,
-            epoch,
-            stuck_site,
-            budget_ns,
-            INTERPRET,
-            POLL,
-            THREADS,
-        )
+        ok = wait_task(rt, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS)
         if ok:
             if ttype == 0:
                 # NORM: ĥ[r] = RMSNorm(mean_j H[r, j]) * w for row a0, in one pass over the row (the
@@ -178,7 +173,7 @@ def tail_kernel(
                     src = peer_logits + ((a0 - 1) * R + r) * V_LOCAL + o_c
                     dst = logits + r * V + a0 * V_LOCAL + o_c
                     tl.store(dst, tl.load(src, mask=m_c), mask=m_c)
-            publish(ctl, flags, boxes, pub_first, pub_count, pub_slot, pub_flag, task, epoch, INTERPRET)
+            publish(rt, task, epoch, INTERPRET)
         n_done += 1
         task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET, ok)
     finish(ctl, flags, n_tasks, n_peers, n_programs, epoch)
