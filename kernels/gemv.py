@@ -20,16 +20,18 @@ def gemv_tile(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     INTERPRET: tl.constexpr,
+    M: tl.constexpr = 16,
 ):
-    """acc[m, n] = sum_k x[m, k] * w[n0 + n, k] for m < R: [16, BLOCK_N] fp32 (rows >= R are zero).
+    """acc[m, n] = sum_k x[m, k] * w[n0 + n, k] for m < R: [M, BLOCK_N] fp32 (rows >= R are zero; M >= R, 16 the
+    smallest `tl.dot` tile).
 
     x: [R, K] bf16 rows with stride stride_x; w: [N, K] bf16 rows STRIDE_W apart (K contiguous; a split-K
     slice of a wider matrix has STRIDE_W > K). Both strides constexpr: loads keep their 16-byte width."""
-    o_m = tl.arange(0, 16)
+    o_m = tl.arange(0, M)
     o_n = n0 + tl.arange(0, BLOCK_N)
     m_m = o_m < R
     m_n = o_n < N
-    acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+    acc = tl.zeros((M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         o_k = k0 + tl.arange(0, BLOCK_K)
         b_x = tl.load(x + o_m[:, None].to(tl.int64) * stride_x + o_k[None, :], mask=m_m[:, None], other=0.0)

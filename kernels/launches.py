@@ -46,8 +46,8 @@ class KindLaunch:
             from glm53ctl.kernels.tail.kernel import TailLaunch
 
             self.norm = weights.shard(f"{ROOT}norm.weight").to(self.device)
-            self.shards = [w("lm_head.weight", r) for r in range(tp)]
             self.launch = TailLaunch(spec, tp, rows, knobs, device)
+            self.shards = [self.launch.prepare_lm_head(self.norm, w("lm_head.weight", r)) for r in range(tp)]
             self.peers = [TailLaunch(spec, tp, rows, knobs, device, partial_only=True) for _ in range(1, tp)]
 
     def peer_partials(self, x: torch.Tensor) -> torch.Tensor | None:

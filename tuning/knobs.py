@@ -131,11 +131,12 @@ KNOBS = {
         ),
         Knob(
             "norm",
-            ("task", "inline"),
+            ("task", "fold"),
             "task",
             ("tail",),
-            "schedule",
-            "ĥ from NORM tasks the GEMV tasks wait for, or computed by each GEMV task from H (no hand-off)",
+            "numeric",
+            "GEMV tasks wait for ĥ from the NORM tasks, or stream H against lm_head with the norm weight folded "
+            "in and wait for the rows' 1/RMS only at their end",
         ),
         Knob("chunk", (256, 512, 1024), 1024, ("embed",), "schedule", "hidden-dim columns per embed task"),
     )

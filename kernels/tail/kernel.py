@@ -3,6 +3,11 @@
 Tasks, in this order: NORM (one per row: publishes ĥ[r]), GATHER (a slice of a peer's logits; waits on
 that peer's arrival; first, so programs copy while the rows are normalized), GEMV (a BLOCK_N slice of
 this rank's lm_head rows; waits on every NORM, by flags or by one box line).
+
+Knob `norm`: "task", a GEMV task waits for ĥ before its weights stream; "fold", the final norm's weight is
+folded into lm_head once on the host (w' = w ⊙ norm_w), so a GEMV task streams H's stream rows against w' at
+once and waits for the NORM tasks' 1/RMS only at its end, to scale its sums: the hand-off leaves the
+critical path (different bits: a `numeric` knob).
 """
 
 from __future__ import annotations
@@ -31,57 +36,28 @@ GATHER_N = 1024  # logits columns a GATHER task copies
 
 
 @triton.jit
-def _row_rstd(H, r, eps, D: tl.constexpr, HC: tl.constexpr):
-    """1 / RMS of row r's stream mean, with exactly the NORM task's operations (so the same bits)."""
-    o_d = tl.arange(0, D)
-    p_h = H + r * (HC * D) + o_d
-    b_h = tl.zeros((D,), dtype=tl.float32)
-    for j in tl.static_range(HC):
-        b_h += tl.load(p_h + j * D).to(tl.float32)
-    b_h = b_h / HC
-    return 1.0 / tl.sqrt(tl.sum(b_h * b_h, axis=0) / D + eps)
-
-
-@triton.jit
-def _gemv_norm_inline(
+def _lm_head_folded(
     H,
-    norm_w,
     w,
     n0,
     R,
-    eps,
     D: tl.constexpr,
     HC: tl.constexpr,
     N: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    M: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
-    """gemv_tile over ĥ computed in place from H (no wait for the NORM tasks): the same ĥ bits, chunk by chunk."""
-    o_m = tl.arange(0, 16)
-    m_m = o_m < R
-    b_rstd = tl.zeros((16,), dtype=tl.float32)
-    for r in range(R):
-        b_rstd = tl.where(o_m == r, _row_rstd(H, r, eps, D, HC), b_rstd)
-    o_n = n0 + tl.arange(0, BLOCK_N)
-    m_n = o_n < N
-    acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, D, BLOCK_K):
-        o_k = k0 + tl.arange(0, BLOCK_K)
-        b_h = tl.zeros((16, BLOCK_K), dtype=tl.float32)
-        for j in tl.static_range(HC):
-            b_h += tl.load(H + o_m[:, None] * (HC * D) + j * D + o_k[None, :], mask=m_m[:, None], other=0.0).to(
-                tl.float32
-            )
-        b_h = b_h / HC
-        b_nw = tl.load(norm_w + o_k).to(tl.float32)
-        b_x = to_bf16(b_h * b_rstd[:, None] * b_nw[None, :], INTERPRET)
-        b_w = tl.load(w + o_n[:, None].to(tl.int64) * D + o_k[None, :], mask=m_n[:, None], other=0.0)
-        if INTERPRET:
-            acc += tl.dot(b_x.to(tl.float64), tl.trans(b_w.to(tl.float64))).to(tl.float32)
-        else:
-            acc = tl.dot(b_x, tl.trans(b_w), acc)
-    return acc
+    """sum_j H[m, j] . w'[n0 + n] for rows m < R: [M // HC, BLOCK_N] fp32. H's R * HC stream rows are the
+    GEMV's rows as they are (bf16, contiguous), so nothing is computed between a load and the `tl.dot`."""
+    acc = gemv_tile(H, D, w, n0, R * HC, N, D, D, BLOCK_N, BLOCK_K, INTERPRET, M)
+    return tl.sum(tl.reshape(acc, (M // HC, HC, BLOCK_N)), axis=1)
+
+
+def fold_norm(norm_w: torch.Tensor, lm_w: torch.Tensor) -> torch.Tensor:
+    """lm_head's rows times the final norm's weight, rounded to bf16 once (knob `norm` "fold")."""
+    return (lm_w.float() * norm_w.float()[None, :]).to(torch.bfloat16).contiguous()
 
 
 @triton.jit(do_not_specialize=["stuck_site", "budget_ns"])
@@ -101,6 +77,7 @@ def tail_kernel(
     H,
     norm_w,
     h_hat,
+    rstd,
     lm_w,
     logits,
     peer_logits,
@@ -122,7 +99,8 @@ def tail_kernel(
     THREADS: tl.constexpr,
     PREFETCH: tl.constexpr,
     GATHER_COLS: tl.constexpr,
-    NORM_INLINE: tl.constexpr,
+    NORM_FOLD: tl.constexpr,
+    M: tl.constexpr,
 ):
     rt = runtime_buffers(
         ctl, flags, boxes, errs, tasks, wait_kind, wait_index, wait_count, pub_first, pub_count, pub_slot, pub_flag
@@ -141,7 +119,10 @@ def tail_kernel(
                 o_n = tl.minimum(a0 + tl.arange(0, BLOCK_N), V_LOCAL - 1)
                 o_l = tl.arange(0, D * 2 // 128) * 64
                 prefetch_l2(lm_w + o_n[:, None].to(tl.int64) * D + o_l[None, :])
-        ok = wait_task(rt, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS)
+        # a folded GEMV task waits after its stream (below); every other task before it starts
+        ok = task >= 0
+        if (ttype != 1) | (NORM_FOLD == 0):
+            ok = wait_task(rt, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS)
         if ok:
             if ttype == 0:
                 # NORM: ĥ[r] = RMSNorm(mean_j H[r, j]) * w for row a0, in one pass over the row (the
@@ -152,19 +133,24 @@ def tail_kernel(
                 for j in tl.static_range(HC):
                     b_h += tl.load(p_h + j * D).to(tl.float32)
                 b_h = b_h / HC
-                rstd = 1.0 / tl.sqrt(tl.sum(b_h * b_h, axis=0) / D + eps)
+                r_std = 1.0 / tl.sqrt(tl.sum(b_h * b_h, axis=0) / D + eps)
                 b_w = tl.load(norm_w + o_d).to(tl.float32)
-                tl.store(h_hat + a0 * D + o_d, to_bf16(b_h * rstd * b_w, INTERPRET))
+                tl.store(h_hat + a0 * D + o_d, to_bf16(b_h * r_std * b_w, INTERPRET))
+                tl.store(rstd + a0, r_std)
             elif ttype == 1:
                 # GEMV: logits[:, n0:n0+BLOCK_N] of this rank's vocab slice (rank 0: columns 0..V_LOCAL)
-                if NORM_INLINE:
-                    acc = _gemv_norm_inline(H, norm_w, lm_w, a0, R, eps, D, HC, V_LOCAL, BLOCK_N, BLOCK_K, INTERPRET)
-                else:
-                    acc = gemv_tile(h_hat, D, lm_w, a0, R, V_LOCAL, D, D, BLOCK_N, BLOCK_K, INTERPRET)
-                o_m = tl.arange(0, 16)
                 o_n = a0 + tl.arange(0, BLOCK_N)
+                if NORM_FOLD:
+                    o_m = tl.arange(0, M // HC)
+                    acc = _lm_head_folded(H, lm_w, a0, R, D, HC, V_LOCAL, BLOCK_N, BLOCK_K, M, INTERPRET)
+                    ok = wait_task(rt, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS)
+                    # the mean of the streams, then the rows' 1/RMS (the norm weight is in lm_w)
+                    acc = acc / HC * tl.load(rstd + o_m, mask=o_m < R, other=0.0)[:, None]
+                else:
+                    o_m = tl.arange(0, 16)
+                    acc = gemv_tile(h_hat, D, lm_w, a0, R, V_LOCAL, D, D, BLOCK_N, BLOCK_K, INTERPRET)
                 p_o = logits + o_m[:, None].to(tl.int64) * V + o_n[None, :]
-                tl.store(p_o, acc, mask=(o_m[:, None] < R) & (o_n[None, :] < V_LOCAL))
+                tl.store(p_o, acc, mask=(o_m[:, None] < R) & (o_n[None, :] < V_LOCAL) & ok)
             else:
                 # GATHER: peer a0's logits columns a1.. into its place in the full row
                 o_c = a1 + tl.arange(0, GATHER_COLS)
@@ -173,15 +159,14 @@ def tail_kernel(
                     src = peer_logits + ((a0 - 1) * R + r) * V_LOCAL + o_c
                     dst = logits + r * V + a0 * V_LOCAL + o_c
                     tl.store(dst, tl.load(src, mask=m_c), mask=m_c)
-            publish(rt, task, epoch, INTERPRET)
+            if ok:
+                publish(rt, task, epoch, INTERPRET)
         n_done += 1
         task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET, ok)
     finish(ctl, flags, n_tasks, n_peers, n_programs, epoch)
 
 
-def build_table(
-    rows: int, v_local: int, tp: int, block_n: int, handoff: str, gathers: str = "first", norm: str = "task"
-) -> TaskTable:
+def build_table(rows: int, v_local: int, tp: int, block_n: int, handoff: str, gathers: str = "first") -> TaskTable:
     """gathers "first": programs copy the peers' logits while the rows are normalized; "last": the copies
     fill the programs that run out of GEMV tasks at the end."""
     t = TaskTable("tail", TYPE_NAMES, peers=tp - 1)
@@ -197,8 +182,7 @@ def build_table(
         add_gathers()
     for n0 in range(0, v_local, block_n):
         g = t.add(GEMV, n0)
-        if norm == "task":  # "inline": the GEMV task normalizes the rows itself and waits for nothing
-            t.wait(g, norms, handoff)
+        t.wait(g, norms, handoff)  # for ĥ before the stream, or (norm "fold") for 1/RMS after it
     if gathers == "last":
         add_gathers()
     return t
@@ -222,11 +206,16 @@ class TailLaunch:
             knobs["block_n"],
             knobs["handoff"],
             knobs["gathers"],
-            knobs["norm"],
         )
         self.grid = knobs["grid"]
         self.runtime = Runtime(self.table, torch.device(device), max_programs=self.grid)
         self.h_hat = torch.zeros(16, self.D, dtype=torch.bfloat16, device=device)
+        self.rstd = torch.zeros(16, dtype=torch.float32, device=device)
+        assert rows * spec.mhc.streams <= 32, "the folded GEMV pads H's stream rows to at most 32"
+
+    def prepare_lm_head(self, norm_w: torch.Tensor, lm_w: torch.Tensor) -> torch.Tensor:
+        """The lm_head shard as this launch reads it: folded with the norm weight under `norm` "fold"."""
+        return fold_norm(norm_w, lm_w) if self.knobs["norm"] == "fold" else lm_w
 
     @property
     def width(self) -> int:
@@ -238,6 +227,7 @@ class TailLaunch:
             "H": H,
             "norm_w": norm_w,
             "h_hat": self.h_hat,
+            "rstd": self.rstd,
             "lm_w": lm_w,
             "logits": logits,
             "peer_logits": peer_logits,
@@ -263,7 +253,9 @@ class TailLaunch:
             "THREADS": 32 * self.knobs["warps"],
             "PREFETCH": self.knobs["prefetch"],
             "GATHER_COLS": GATHER_N,
-            "NORM_INLINE": self.knobs["norm"] == "inline",
+            "NORM_FOLD": self.knobs["norm"] == "fold",
+            # the folded GEMV's rows are H's R * HC stream rows, padded to a `tl.dot` tile
+            "M": 16 if self.rows * self.spec.mhc.streams <= 16 else 32,
         }
 
     def options(self) -> dict:

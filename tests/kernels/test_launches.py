@@ -52,6 +52,17 @@ def test_against_the_reference(weights, kind, tp, rows):
         assert torch.equal(out["outputs.H"].float(), ref["outputs.H"])
 
 
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+@pytest.mark.parametrize("rows", [1, 4, 5, 8])
+def test_tail_with_the_norm_folded_into_lm_head(weights, tp, rows):
+    """`norm` "fold": GEMV tasks stream H's stream rows (4R of them, padded to 16 or 32) and scale at the end."""
+    key = RunKey("tail", tp, rows, seed=300 + 10 * tp + rows)
+    ref = run_reference(Reference(weights, tp), key)
+    out = run_triton(weights, key, knobs={"grid": 3, "norm": "fold"})
+    assert torch.equal(out["outputs.h_hat"], ref["outputs.h_hat"])  # the NORM tasks still write ĥ
+    assert rel_rms(ref["outputs.logits"], out["outputs.logits"]) <= BOUNDS["logits"]
+
+
 def _launch(weights, kind, tp, rows, **knobs):
     k = KindLaunch(weights, kind, tp, rows, knobs, "cpu")
     x = k.inputs(seed=7)[0]
@@ -88,10 +99,13 @@ def test_three_launches_without_host_reset(weights, kind):
     assert int(k.launch.runtime.ctl[1]) == 0 and int(k.launch.runtime.ctl[2]) == 0  # counters reset by the last program
 
 
-@pytest.mark.parametrize("kind", ["embed", "tail"])
+@pytest.mark.parametrize(
+    "kind, knobs", [("embed", {}), ("tail", {"block_n": 128}), ("tail", {"block_n": 128, "norm": "fold"})]
+)
 @pytest.mark.parametrize("handoff", ["flag", "box"])
-def test_each_site_stuck_is_named_and_the_next_launch_is_clean(weights, kind, handoff):
-    k, x, peers = _launch(weights, kind, 2, 2, grid=3, handoff=handoff, **({"block_n": 128} if kind == "tail" else {}))
+def test_each_site_stuck_is_named_and_the_next_launch_is_clean(weights, kind, knobs, handoff):
+    """Every site stuck in turn; with `norm` "fold" a GEMV task's site is waited at its end."""
+    k, x, peers = _launch(weights, kind, 2, 2, grid=3, handoff=handoff, **knobs)
     clean = k(x, peers)
     table = k.launch.table
     assert len(table.sites) >= 2
