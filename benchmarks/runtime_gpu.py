@@ -198,12 +198,14 @@ def main(out_dir: Path) -> None:
                 )
 
     base = {"block_n": 64, "block_k": 128, "stages": 4, "grid": 396, "handoff": "box"}
+    fold = {**base, "norm": "fold"}
     candidates = [
         base,
-        {**base, "norm": "fold"},
-        {**base, "norm": "fold", "block_n": 32},
-        {**base, "norm": "fold", "gathers": "last"},
-        {**base, "norm": "fold", "grid": 264},
+        fold,
+        {**fold, "gathers": "last"},
+        {**fold, "split": "even"},
+        {**fold, "split": "even", "gathers": "last"},
+        {**fold, "split": "even", "block_n": 128},
     ]
     score = {i: 1.0 for i in range(len(candidates))}
     for tp in (4, 8):
@@ -268,6 +270,8 @@ def main(out_dir: Path) -> None:
                         {"stages": 4},
                         {"prefetch": 1},
                         {"gathers": "last"},
+                        {"split": "even"},
+                        {"split": "tiles"},
                     ]
                     if kind == "tail"
                     else [{"chunk": 256}, {"chunk": 512}]

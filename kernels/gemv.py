@@ -14,7 +14,7 @@ def gemv_tile(
     w,
     n0,
     R,
-    N: tl.constexpr,
+    N,
     K: tl.constexpr,
     STRIDE_W: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -25,8 +25,9 @@ def gemv_tile(
     """acc[m, n] = sum_k x[m, k] * w[n0 + n, k] for m < R: [M, BLOCK_N] fp32 (rows >= R are zero; M >= R, 16 the
     smallest `tl.dot` tile).
 
-    x: [R, K] bf16 rows with stride stride_x; w: [N, K] bf16 rows STRIDE_W apart (K contiguous; a split-K
-    slice of a wider matrix has STRIDE_W > K). Both strides constexpr: loads keep their 16-byte width."""
+    x: [R, K] bf16 rows with stride stride_x; w: bf16 rows n0.. up to N (exclusive) STRIDE_W apart (K
+    contiguous; a split-K slice of a wider matrix has STRIDE_W > K). Both strides constexpr: loads keep their
+    16-byte width."""
     o_m = tl.arange(0, M)
     o_n = n0 + tl.arange(0, BLOCK_N)
     m_m = o_m < R

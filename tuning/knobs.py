@@ -130,6 +130,14 @@ KNOBS = {
             "the peers' logits copies: before the GEMV tasks (overlap the norm) or after (fill the end)",
         ),
         Knob(
+            "split",
+            ("tiles", "even"),
+            "tiles",
+            ("tail",),
+            "schedule",
+            "lm_head rows per GEMV task: block_n, or dealt evenly over the grid's programs (up to block_n)",
+        ),
+        Knob(
             "norm",
             ("task", "fold"),
             "task",

@@ -42,6 +42,7 @@ from glm53ctl.kernels.runtime.device import (
     prefetch_l2,
     publish,
     runtime_buffers,
+    task_row,
     wait_task,
 )
 from glm53ctl.kernels.runtime.launch import DEFAULT_BUDGET_NS
@@ -511,10 +512,8 @@ def dense_kernel(
     pend_h = 0
     task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET)
     while task >= 0:
-        p_t = tasks + task * 6
-        ttype = tl.load(p_t)
-        a0 = tl.load(p_t + 1)
-        a1 = tl.load(p_t + 2)
+        row = task_row(rt, task)
+        ttype, a0, a1 = row[0], row[1], row[2]
         if PREFETCH and not INTERPRET:  # the interpreter has no inline asm; a prefetch changes no bits
             _prefetch(
                 ttype,
@@ -539,7 +538,7 @@ def dense_kernel(
                 BN_O,
                 PREFETCH,
             )
-        ok = wait_task(rt, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS)
+        ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS)
         if ok:
             if ttype == 0:
                 _task_mix(H, fn_a, mixp, ssp, a0, a1, D, HC, CH)
@@ -698,7 +697,7 @@ def dense_kernel(
                 _task_own(kpart_a, parts_a, a0, a1, R, RANK, D, CH, KS_O)
             else:
                 _task_own(kpart_f, parts_f, a0, a1, R, RANK, D, CH, KS_F)
-            publish(rt, task, epoch, INTERPRET)
+            publish(rt, row, task, epoch, INTERPRET)
         if OPROJ_FIRST:
             # the write-back after the task that followed the KDA head (z is out, o_proj's loads issued)
             if (pend != 0) & (ttype != 3):

@@ -12,7 +12,15 @@ import torch
 import triton
 import triton.language as tl
 
-from glm53ctl.kernels.runtime.device import finish, launch_epoch, next_task, publish, runtime_buffers, wait_task
+from glm53ctl.kernels.runtime.device import (
+    finish,
+    launch_epoch,
+    next_task,
+    publish,
+    runtime_buffers,
+    task_row,
+    wait_task,
+)
 from glm53ctl.kernels.runtime.launch import DEFAULT_BUDGET_NS
 from glm53ctl.kernels.runtime.table import TaskTable
 from glm53ctl.kernels.tlx import interpreting
@@ -63,18 +71,17 @@ def embed_kernel(
     n_done = 0
     task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET)
     while task >= 0:
-        p_t = tasks + task * 6
-        ttype = tl.load(p_t)
-        d0 = tl.load(p_t + 1)
-        ok = wait_task(rt, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS)
+        row = task_row(rt, task)
+        ttype, d0 = row[0], row[1]
+        ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS)
         if ok:
             o_d = d0 + tl.arange(0, CHUNK)
             for r in range(R):
                 if ttype == 0:
                     local = tl.load(tokens + r) - vocab_offset
                     mine = (local >= 0) & (local < V_LOCAL)
-                    row = tl.where(mine, local, 0).to(tl.int64)
-                    b_e = tl.load(table + row * D + o_d, mask=(o_d < D) & mine, other=0.0).to(tl.float32)
+                    e_row = tl.where(mine, local, 0).to(tl.int64)
+                    b_e = tl.load(table + e_row * D + o_d, mask=(o_d < D) & mine, other=0.0).to(tl.float32)
                     tl.store(partial + r * D + o_d, b_e, mask=o_d < D)
                 else:
                     # the all-reduce: rank 0's partial, then the peers', in rank order (as the reference)
@@ -83,7 +90,7 @@ def embed_kernel(
                         b_s += tl.load(peer_partials + (p * R + r) * D + o_d, mask=o_d < D, other=0.0)
                     for j in range(HC):
                         tl.store(H + (r * HC + j) * D + o_d, b_s.to(tl.bfloat16), mask=o_d < D)
-            publish(rt, task, epoch, INTERPRET)
+            publish(rt, row, task, epoch, INTERPRET)
         n_done += 1
         task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET, ok)
     finish(ctl, flags, n_tasks, n_peers, n_programs, epoch)

@@ -6,7 +6,15 @@ import torch
 import triton
 import triton.language as tl
 
-from glm53ctl.kernels.runtime.device import finish, launch_epoch, next_task, publish, runtime_buffers, wait_task
+from glm53ctl.kernels.runtime.device import (
+    finish,
+    launch_epoch,
+    next_task,
+    publish,
+    runtime_buffers,
+    task_row,
+    wait_task,
+)
 from glm53ctl.kernels.runtime.table import TaskTable
 from glm53ctl.kernels.tlx import interpreting
 
@@ -42,9 +50,10 @@ def chain_kernel(
     n_done = 0
     task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET)
     while task >= 0:
-        ok = wait_task(rt, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS)
+        row = task_row(rt, task)
+        ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS)
         if ok:
-            publish(rt, task, epoch, INTERPRET)
+            publish(rt, row, task, epoch, INTERPRET)
         n_done += 1
         task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET, ok)
     finish(ctl, flags, n_tasks, 0, n_programs, epoch)

@@ -4,7 +4,8 @@ Every launch kind's kernel is a loop over `claim`; these helpers are inlined int
 
 Buffers (int32, see runtime/table.py for the host side):
   ctl[0] tag: the last finished launch's epoch; this launch publishes epoch = tag + 1
-  ctl[1] claim counter, ctl[2] programs done: reset by the last program, so no host reset
+  ctl[1] claim counter, ctl[2] programs done (+ ABORTED once a program aborted): reset by the last program,
+  so no host reset
   ctl[3] abort word: the epoch of a launch a program timed out in, ctl[4] the lowest task that timed out;
   the last program moves both to ctl[5] / ctl[6] for the host and clears them, so the next launch starts
   clean even if nobody called the host check (a CUDA graph replaying a faulted launch, say)
@@ -18,6 +19,8 @@ import triton
 import triton.language as tl
 
 BOX_WORDS = 32  # 128-byte lines of int32
+TASK_FIELDS = tl.constexpr(16)  # int32 words of a task's row: see task_row
+ABORTED = tl.constexpr(1 << 16)  # added to the programs-done counter by the first program to abort (grids stay below)
 
 
 @triton.jit
@@ -71,8 +74,9 @@ def _poll(p, INTERPRET: tl.constexpr, POLL: tl.constexpr):
 @triton.jit
 def launch_epoch(ctl, INTERPRET: tl.constexpr):
     """This launch's epoch: every program reads the tag before any program can finish and advance it.
-    An acquire load by every thread, not a CTA-wide atomic: the tag cannot change during the launch."""
-    return tl.max(_poll(ctl + tl.arange(0, 1) * 0, INTERPRET, 0), axis=0) + 1
+    A relaxed load, not an acquire: the tag cannot change during the launch and the launch before this one
+    has ended, so nothing needs ordering after it (an acquire would hold back the first claim)."""
+    return tl.max(_poll(ctl + tl.arange(0, 1) * 0, INTERPRET, 1), axis=0) + 1
 
 
 @triton.jit
@@ -111,15 +115,39 @@ def next_task(ctl, n_tasks, n_done, n_programs, INTERPRET: tl.constexpr, ok=True
 
 
 @triton.jit
+def task_row(rt, task):
+    """A task's row of the table (runtime/table.py TASK_FIELDS), every field loaded at once, right after the
+    claim: type, a0, a1, a2, its wait sites (first, count), its publish list (flag, box words, first word)
+    and its first site's kind, index and word count. So neither its first wait nor its publish starts with
+    a dependent load of the runtime's arrays: one round trip each fewer on every hand-off."""
+    tasks = rt[4]
+    p = tasks + task * TASK_FIELDS
+    return (
+        tl.load(p),
+        tl.load(p + 1),
+        tl.load(p + 2),
+        tl.load(p + 3),
+        tl.load(p + 4),
+        tl.load(p + 5),
+        tl.load(p + 6),
+        tl.load(p + 7),
+        tl.load(p + 8),
+        tl.load(p + 9),
+        tl.load(p + 10),
+        tl.load(p + 11),
+    )
+
+
+@triton.jit
 def wait_site(
     ctl,
     flags,
     boxes,
     errs,
-    wait_kind,
-    wait_index,
-    wait_count,
     site,
+    kind,
+    index,
+    n_words,
     task,
     epoch,
     stuck_site,
@@ -135,9 +163,7 @@ def wait_site(
     the timer and the abort word are reduced over the CTA each round, so every warp takes the same
     branch. In the interpreter, which runs programs one after another, a wait not satisfied at once
     never is: it is judged on one poll."""
-    kind = tl.load(wait_kind + site)
-    index = tl.load(wait_index + site).to(tl.int64)
-    n_words = tl.where(kind == 0, 1, tl.load(wait_count + site))
+    index = index.to(tl.int64)
     o_t = tl.arange(0, THREADS)
     # a flag site: every thread reads the word; a box site: thread i reads word i % count of the line
     p = tl.where(kind == 0, flags + index + o_t * 0, boxes + index * 32 + o_t % n_words)
@@ -179,12 +205,15 @@ def wait_site(
         # the first to abort pushes the claim counter past every task: all programs stop claiming
         if tl.atomic_xchg(ctl + 3, epoch, sem="acq_rel", scope="gpu") == 0:
             tl.atomic_add(ctl + 1, 1 << 30, sem="relaxed", scope="gpu")
+            # and marks the programs-done counter, so the last program learns of the abort from its own add
+            tl.atomic_add(ctl + 2, ABORTED, sem="relaxed", scope="gpu")
     return ok
 
 
 @triton.jit
 def wait_task(
     rt,
+    row,
     task,
     epoch,
     stuck_site,
@@ -194,23 +223,30 @@ def wait_task(
     THREADS: tl.constexpr,
 ):
     """Every wait site of `task`, in order; False as soon as one times out or the launch aborted.
-    rt: the runtime's buffers, as `runtime_buffers` packs them."""
+    rt: the runtime's buffers, as `runtime_buffers` packs them; row: the task's `task_row`."""
     ctl, flags, boxes, errs, tasks, wait_kind, wait_index, wait_count, _, _, _, _ = rt
-    p_t = tasks + task * 6
-    s0 = tl.load(p_t + 4)
-    ns = tl.load(p_t + 5)
+    s0 = row[4]
+    ns = row[5]
     ok = task >= 0
     for s in range(s0, s0 + ns):
         if ok:
+            # the first site's words come with the row; later sites' from the site arrays
+            kind = row[9]
+            index = row[10]
+            n_words = row[11]
+            if s != s0:
+                kind = tl.load(wait_kind + s)
+                index = tl.load(wait_index + s)
+                n_words = tl.load(wait_count + s)
             ok = wait_site(
                 ctl,
                 flags,
                 boxes,
                 errs,
-                wait_kind,
-                wait_index,
-                wait_count,
                 s,
+                kind,
+                index,
+                n_words,
                 task,
                 epoch,
                 stuck_site,
@@ -238,18 +274,19 @@ def runtime_buffers(
 
 
 @triton.jit
-def publish(rt, task, epoch, INTERPRET: tl.constexpr):
+def publish(rt, row, task, epoch, INTERPRET: tl.constexpr):
     """Release this task's payload to those who wait on it: its flag word, and a word in each box line.
-    A task nobody waits on (a GEMV slice of the logits) publishes nothing: no barrier, no atomic."""
-    _, flags, boxes, _, _, _, _, _, pub_first, pub_count, pub_slot, pub_flag = rt
-    needs_flag = tl.load(pub_flag + task)
-    n = tl.load(pub_count + task)
+    A task nobody waits on (a GEMV slice of the logits) publishes nothing: no barrier, no atomic.
+    row: the task's `task_row` (its publish list)."""
+    _, flags, boxes, _, _, _, _, _, _, _, pub_slot, _ = rt
+    needs_flag = row[6]
+    n = row[7]
+    first = row[8]
     if needs_flag + n > 0:
         # Triton 3.6 emits no barrier before a scalar release atomic: other warps' payload stores first
         tl.debug_barrier()
         if needs_flag != 0:
             tl.atomic_xchg(flags + task, epoch, sem="release", scope="gpu")
-        first = tl.load(pub_first + task)
         # a broadcast producer writes hundreds of box words, 512 per round. On the GPU: one fence per thread
         # (after the barrier it orders the whole CTA's payload), then relaxed stores, instead of one release
         # atomic per word
@@ -274,11 +311,11 @@ def finish(ctl, flags, n_tasks, n_peers, n_programs, epoch):
     epoch the next launch will expect."""
     tl.debug_barrier()
     done = tl.atomic_add(ctl + 2, 1, sem="acq_rel", scope="gpu")
-    if done == n_programs - 1:
+    if done % ABORTED == n_programs - 1:
         o = tl.arange(0, 8)
         tl.store(flags + n_tasks + o, epoch + 1 + o * 0, mask=o < n_peers)
-        aborted = tl.atomic_xchg(ctl + 3, 0, sem="acq_rel", scope="gpu")
-        if aborted != 0:  # hand the fault to the host, and start the next launch unaborted
+        if done >= ABORTED:  # hand the fault to the host, and start the next launch unaborted
+            aborted = tl.atomic_xchg(ctl + 3, 0, sem="acq_rel", scope="gpu")
             tl.atomic_xchg(ctl + 5, aborted, sem="relaxed", scope="gpu")
             tl.atomic_xchg(
                 ctl + 6, tl.atomic_xchg(ctl + 4, 2**31 - 1, sem="relaxed", scope="gpu"), sem="relaxed", scope="gpu"

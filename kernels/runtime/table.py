@@ -11,9 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from glm53ctl.kernels.runtime.device import BOX_WORDS
+from glm53ctl.kernels.runtime.device import BOX_WORDS, TASK_FIELDS
 
-TASK_FIELDS = 6  # type, a0, a1, a2, first wait site, wait sites
 FLAG, BOX = 0, 1
 INT32_MAX = 2**31 - 1
 
@@ -84,9 +83,6 @@ class TaskTable:
     def build(self, device: torch.device | str) -> dict[str, torch.Tensor]:
         n = self.n_tasks
         counts = [(self.first_site[i + 1] if i + 1 < n else len(self.sites)) - self.first_site[i] for i in range(n)]
-        tasks = torch.tensor(
-            [[*t, f, c] for t, f, c in zip(self.tasks, self.first_site, counts, strict=True)], dtype=torch.int32
-        )
         # peer words sit after the tasks' flag words
         index = [s.index if s.index >= 0 or s.kind == BOX else n + (-s.index) - 1 for s in self.sites]
         # a task's flag word is written only if some site waits on it (or the host may name it)
@@ -95,9 +91,18 @@ class TaskTable:
         for t in range(n):
             pub_first.append(len(pub_slot))
             pub_slot.extend(self.box_pubs.get(t, []))
+        # a task's row (device.task_row): type, a0, a1, a2, first site, sites, publish flag, box words, first
+        # word, then its first site's kind, index and words (so the kernel needs no second load to start)
+        rows = []
+        for t in range(n):
+            f, c = self.first_site[t], counts[t]
+            first = (self.sites[f].kind, index[f], self.sites[f].count) if c else (0, 0, 0)
+            pubs = (int(t in flagged), len(self.box_pubs.get(t, [])), pub_first[t])
+            row = [*self.tasks[t], f, c, *pubs, *first]
+            rows.append(row + [0] * (TASK_FIELDS.value - len(row)))
         i32 = lambda xs: torch.tensor(xs or [0], dtype=torch.int32)
         arrays = {
-            "tasks": tasks.reshape(-1),
+            "tasks": torch.tensor(rows, dtype=torch.int32).reshape(-1),
             "wait_kind": i32([s.kind for s in self.sites]),
             "wait_index": i32(index),
             "wait_count": i32([s.count for s in self.sites]),

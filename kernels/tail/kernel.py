@@ -24,6 +24,7 @@ from glm53ctl.kernels.runtime.device import (
     prefetch_l2,
     publish,
     runtime_buffers,
+    task_row,
     wait_task,
 )
 from glm53ctl.kernels.runtime.launch import DEFAULT_BUDGET_NS
@@ -43,7 +44,7 @@ def _lm_head_folded(
     R,
     D: tl.constexpr,
     HC: tl.constexpr,
-    N: tl.constexpr,
+    N,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     M: tl.constexpr,
@@ -109,10 +110,8 @@ def tail_kernel(
     n_done = 0
     task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET)
     while task >= 0:
-        p_t = tasks + task * 6
-        ttype = tl.load(p_t)
-        a0 = tl.load(p_t + 1)
-        a1 = tl.load(p_t + 2)
+        row = task_row(rt, task)
+        ttype, a0, a1 = row[0], row[1], row[2]
         if PREFETCH and not INTERPRET:  # the interpreter has no inline asm; a prefetch changes no bits
             if ttype == 1:
                 # start streaming this task's weights into L2 while it waits for the normalized rows
@@ -122,7 +121,7 @@ def tail_kernel(
         # a folded GEMV task waits after its stream (below); every other task before it starts
         ok = task >= 0
         if (ttype != 1) | (NORM_FOLD == 0):
-            ok = wait_task(rt, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS)
+            ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS)
         if ok:
             if ttype == 0:
                 # NORM: ĥ[r] = RMSNorm(mean_j H[r, j]) * w for row a0, in one pass over the row (the
@@ -138,19 +137,20 @@ def tail_kernel(
                 tl.store(h_hat + a0 * D + o_d, to_bf16(b_h * r_std * b_w, INTERPRET))
                 tl.store(rstd + a0, r_std)
             elif ttype == 1:
-                # GEMV: logits[:, n0:n0+BLOCK_N] of this rank's vocab slice (rank 0: columns 0..V_LOCAL)
+                # GEMV: logits[:, a0:a0+a1] (a1 <= BLOCK_N) of this rank's vocab slice (rank 0: columns 0..V_LOCAL)
                 o_n = a0 + tl.arange(0, BLOCK_N)
+                n_end = a0 + a1
                 if NORM_FOLD:
                     o_m = tl.arange(0, M // HC)
-                    acc = _lm_head_folded(H, lm_w, a0, R, D, HC, V_LOCAL, BLOCK_N, BLOCK_K, M, INTERPRET)
-                    ok = wait_task(rt, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS)
+                    acc = _lm_head_folded(H, lm_w, a0, R, D, HC, n_end, BLOCK_N, BLOCK_K, M, INTERPRET)
+                    ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS)
                     # the mean of the streams, then the rows' 1/RMS (the norm weight is in lm_w)
                     acc = acc / HC * tl.load(rstd + o_m, mask=o_m < R, other=0.0)[:, None]
                 else:
                     o_m = tl.arange(0, 16)
-                    acc = gemv_tile(h_hat, D, lm_w, a0, R, V_LOCAL, D, D, BLOCK_N, BLOCK_K, INTERPRET)
+                    acc = gemv_tile(h_hat, D, lm_w, a0, R, n_end, D, D, BLOCK_N, BLOCK_K, INTERPRET)
                 p_o = logits + o_m[:, None].to(tl.int64) * V + o_n[None, :]
-                tl.store(p_o, acc, mask=(o_m[:, None] < R) & (o_n[None, :] < V_LOCAL) & ok)
+                tl.store(p_o, acc, mask=(o_m[:, None] < R) & (o_n[None, :] < n_end) & ok)
             else:
                 # GATHER: peer a0's logits columns a1.. into its place in the full row
                 o_c = a1 + tl.arange(0, GATHER_COLS)
@@ -160,15 +160,33 @@ def tail_kernel(
                     dst = logits + r * V + a0 * V_LOCAL + o_c
                     tl.store(dst, tl.load(src, mask=m_c), mask=m_c)
             if ok:
-                publish(rt, task, epoch, INTERPRET)
+                publish(rt, row, task, epoch, INTERPRET)
         n_done += 1
         task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET, ok)
     finish(ctl, flags, n_tasks, n_peers, n_programs, epoch)
 
 
-def build_table(rows: int, v_local: int, tp: int, block_n: int, handoff: str, gathers: str = "first") -> TaskTable:
+def build_table(
+    rows: int,
+    v_local: int,
+    tp: int,
+    block_n: int,
+    handoff: str,
+    gathers: str = "first",
+    split: str = "tiles",
+    grid: int = 1,
+) -> TaskTable:
     """gathers "first": programs copy the peers' logits while the rows are normalized; "last": the copies
-    fill the programs that run out of GEMV tasks at the end."""
+    fill the programs that run out of GEMV tasks at the end.
+
+    split "tiles": GEMV tasks of block_n rows. "even": the rows dealt evenly over the programs left after the
+    NORM tasks, the same number of tasks for each (up to block_n rows a task): no program streams a tile
+    more than the others at the end of the launch (303 tiles of 64 rows over 396 programs at TP8 leave
+    some SMs three and others one)."""
+    step = block_n
+    if split == "even":
+        free = max(grid - rows, 1)
+        step = triton.cdiv(v_local, triton.cdiv(triton.cdiv(v_local, block_n), free) * free)
     t = TaskTable("tail", TYPE_NAMES, peers=tp - 1)
 
     def add_gathers() -> None:
@@ -180,8 +198,8 @@ def build_table(rows: int, v_local: int, tp: int, block_n: int, handoff: str, ga
     norms = [t.add(NORM, r) for r in range(rows)]
     if gathers == "first":
         add_gathers()
-    for n0 in range(0, v_local, block_n):
-        g = t.add(GEMV, n0)
+    for n0 in range(0, v_local, step):
+        g = t.add(GEMV, n0, min(step, v_local - n0))
         t.wait(g, norms, handoff)  # for ĥ before the stream, or (norm "fold") for 1/RMS after it
     if gathers == "last":
         add_gathers()
@@ -206,6 +224,8 @@ class TailLaunch:
             knobs["block_n"],
             knobs["handoff"],
             knobs["gathers"],
+            knobs["split"],
+            knobs["grid"],
         )
         self.grid = knobs["grid"]
         self.runtime = Runtime(self.table, torch.device(device), max_programs=self.grid)

@@ -8,6 +8,7 @@ from glm53ctl.kernels.launches import KindLaunch, run_triton
 from glm53ctl.kernels.numerics import rel_rms
 from glm53ctl.kernels.reference import Reference
 from glm53ctl.kernels.runtime import LaunchFault
+from glm53ctl.kernels.runtime.device import TASK_FIELDS
 from glm53ctl.kernels.runtime.table import BOX, TaskTable
 from glm53ctl.kernels.spec import load_model
 from glm53ctl.kernels.weights import Weights
@@ -88,6 +89,10 @@ def test_bitwise_across_grids_and_every_schedule_knob(weights, kind):
                 assert _same(base, out), (knob.name, value)
             else:
                 assert all(rel_rms(base[n], out[n]) <= BOUNDS[n] for n in base), (knob.name, value)
+    if kind == "tail":  # rows dealt evenly: tasks of 4 and of 9 lm_head rows instead of 64
+        for grid in (64, 130):
+            k, _, _ = _launch(weights, kind, 2, 3, split="even", grid=grid)
+            assert k.launch.table.tasks[-1][2] < 64 and _same(base, k(x, peers)), grid
 
 
 @pytest.mark.parametrize("kind", ["embed", "tail"])
@@ -130,7 +135,11 @@ def test_task_table_is_topological_and_boxes_fit_a_line():
         t.add(1)
         t.wait(len(t.tasks) - 1, [len(t.tasks)])
     arrays = t.build("cpu")
-    assert int(arrays["pub_count"][0]) == 1 and arrays["tasks"].numel() == 6 * t.n_tasks
+    assert int(arrays["pub_count"][0]) == 1 and arrays["tasks"].numel() == TASK_FIELDS.value * t.n_tasks
+    rows = arrays["tasks"].reshape(t.n_tasks, -1).tolist()
+    # a row: type, a0-a2, first site, sites, publish flag / box words / first word, first site's kind/index/words
+    assert rows[c][:12] == [1, 0, 0, 0, 0, 3, 0, 0, 40, BOX, 0, 32]
+    assert rows[0][:12] == [0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0]
 
 
 def test_an_unchecked_fault_does_not_leak_into_the_next_launch(weights):
