@@ -199,13 +199,14 @@ def main(out_dir: Path) -> None:
 
     base = {"block_n": 64, "block_k": 128, "stages": 4, "grid": 396, "handoff": "box"}
     fold = {**base, "norm": "fold"}
+    even = {**fold, "split": "even", "gathers": "last"}
     candidates = [
-        base,
-        fold,
-        {**fold, "gathers": "last"},
-        {**fold, "split": "even"},
-        {**fold, "split": "even", "gathers": "last"},
-        {**fold, "split": "even", "block_n": 128},
+        {**base, "norm": "task", "split": "tiles", "gathers": "first"},
+        {**fold, "split": "tiles", "gathers": "last"},
+        {**fold, "split": "even", "gathers": "first"},
+        even,
+        {**even, "stages": 3},
+        {**even, "block_k": 256, "stages": 2},
     ]
     score = {i: 1.0 for i in range(len(candidates))}
     for tp in (4, 8):

@@ -127,7 +127,8 @@ KNOBS = {
             "first",
             ("tail",),
             "schedule",
-            "the peers' logits copies: before the GEMV tasks (overlap the norm) or after (fill the end)",
+            "the peers' logits copies: before the GEMV tasks (overlap the norm) or after them in the table (with "
+            "split even: beside the stream, on the programs kept out of the deal)",
         ),
         Knob(
             "split",
@@ -135,7 +136,8 @@ KNOBS = {
             "tiles",
             ("tail",),
             "schedule",
-            "lm_head rows per GEMV task: block_n, or dealt evenly over the grid's programs (up to block_n)",
+            "lm_head rows per GEMV task: block_n, or dealt evenly over the grid's programs (up to block_n; "
+            "with gathers last, a program in 32 kept for the gathers)",
         ),
         Knob(
             "norm",

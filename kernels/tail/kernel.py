@@ -182,10 +182,13 @@ def build_table(
     split "tiles": GEMV tasks of block_n rows. "even": the rows dealt evenly over the programs left after the
     NORM tasks, the same number of tasks for each (up to block_n rows a task): no program streams a tile
     more than the others at the end of the launch (303 tiles of 64 rows over 396 programs at TP8 leave
-    some SMs three and others one)."""
+    some SMs three and others one). With gathers "last", one program in 32 is also left out of the deal:
+    those programs (and the NORM tasks' programs once done) copy the peers' logits while the others
+    stream, instead of after them."""
     step = block_n
     if split == "even":
-        free = max(grid - rows, 1)
+        spare = min(grid // 32, (tp - 1) * triton.cdiv(v_local, GATHER_N)) if gathers == "last" else 0
+        free = max(grid - rows - spare, 1)
         step = triton.cdiv(v_local, triton.cdiv(triton.cdiv(v_local, block_n), free) * free)
     t = TaskTable("tail", TYPE_NAMES, peers=tp - 1)
 
