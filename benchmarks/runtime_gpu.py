@@ -206,7 +206,7 @@ def main(out_dir: Path) -> None:
         {**fold, "split": "even", "gathers": "first"},
         even,
         {**even, "stages": 3},
-        {**even, "block_k": 256, "stages": 2},
+        {**even, "grid": 264},
     ]
     score = {i: 1.0 for i in range(len(candidates))}
     for tp in (4, 8):

@@ -137,7 +137,7 @@ KNOBS = {
             ("tail",),
             "schedule",
             "lm_head rows per GEMV task: block_n, or dealt evenly over the grid's programs (up to block_n; "
-            "with gathers last, a program in 32 kept for the gathers)",
+            "with gathers last, a program in 16 kept for the gathers)",
         ),
         Knob(
             "norm",

@@ -152,13 +152,16 @@ def tail_kernel(
                 p_o = logits + o_m[:, None].to(tl.int64) * V + o_n[None, :]
                 tl.store(p_o, acc, mask=(o_m[:, None] < R) & (o_n[None, :] < n_end) & ok)
             else:
-                # GATHER: peer a0's logits columns a1.. into its place in the full row
-                o_c = a1 + tl.arange(0, GATHER_COLS)
-                m_c = o_c < V_LOCAL
-                for r in range(R):
-                    src = peer_logits + ((a0 - 1) * R + r) * V_LOCAL + o_c
-                    dst = logits + r * V + a0 * V_LOCAL + o_c
-                    tl.store(dst, tl.load(src, mask=m_c), mask=m_c)
+                # GATHER: peer a0's logits columns a1.. into their place in the full rows, every row at once
+                # (a loop over rows is R dependent round trips: at 8 rows the copies outlasted the stream), in
+                # 256-column pieces (a whole [8, 1024] tile's addresses take 250 registers)
+                o_r = tl.arange(0, 8)
+                for c0 in range(a1, a1 + GATHER_COLS, 256):
+                    o_c = c0 + tl.arange(0, 256)
+                    m_rc = (o_r[:, None] < R) & (o_c[None, :] < V_LOCAL)
+                    src = peer_logits + ((a0 - 1) * R + o_r[:, None]) * V_LOCAL + o_c[None, :]
+                    dst = logits + o_r[:, None] * V + a0 * V_LOCAL + o_c[None, :]
+                    tl.store(dst, tl.load(src, mask=m_rc), mask=m_rc)
             if ok:
                 publish(rt, row, task, epoch, INTERPRET)
         n_done += 1
@@ -182,12 +185,12 @@ def build_table(
     split "tiles": GEMV tasks of block_n rows. "even": the rows dealt evenly over the programs left after the
     NORM tasks, the same number of tasks for each (up to block_n rows a task): no program streams a tile
     more than the others at the end of the launch (303 tiles of 64 rows over 396 programs at TP8 leave
-    some SMs three and others one). With gathers "last", one program in 32 is also left out of the deal:
+    some SMs three and others one). With gathers "last", one program in 16 is also left out of the deal:
     those programs (and the NORM tasks' programs once done) copy the peers' logits while the others
     stream, instead of after them."""
     step = block_n
     if split == "even":
-        spare = min(grid // 32, (tp - 1) * triton.cdiv(v_local, GATHER_N)) if gathers == "last" else 0
+        spare = min(grid // 16, (tp - 1) * triton.cdiv(v_local, GATHER_N)) if gathers == "last" else 0
         free = max(grid - rows - spare, 1)
         step = triton.cdiv(v_local, triton.cdiv(triton.cdiv(v_local, block_n), free) * free)
     t = TaskTable("tail", TYPE_NAMES, peers=tp - 1)
