@@ -203,10 +203,11 @@ def main(out_dir: Path) -> None:
     candidates = [
         {**base, "norm": "task", "split": "tiles", "gathers": "first"},
         {**fold, "split": "tiles", "gathers": "last"},
-        {**fold, "split": "even", "gathers": "first"},
         even,
         {**even, "stages": 3},
-        {**even, "grid": 264},
+        {**even, "stages": 2},
+        {**even, "stages": 3, "warps": 8},
+        {**even, "block_k": 64},
     ]
     score = {i: 1.0 for i in range(len(candidates))}
     for tp in (4, 8):

@@ -112,6 +112,8 @@ def tail_kernel(
     while task >= 0:
         row = task_row(rt, task)
         ttype, a0, a1 = row[0], row[1], row[2]
+        nxt = task * 0 - 1
+        ahead = 0
         if PREFETCH and not INTERPRET:  # the interpreter has no inline asm; a prefetch changes no bits
             if ttype == 1:
                 # start streaming this task's weights into L2 while it waits for the normalized rows
@@ -143,6 +145,10 @@ def tail_kernel(
                 if NORM_FOLD:
                     o_m = tl.arange(0, M // HC)
                     acc = _lm_head_folded(H, lm_w, a0, R, D, HC, n_end, BLOCK_N, BLOCK_K, M, INTERPRET)
+                    # the next claim goes out before the wait, so its round trip overlaps the poll's (a task
+                    # claimed here and then dropped on a failed wait is harmless: the launch is aborted)
+                    nxt = next_task(ctl, n_tasks, n_done + 1, n_programs, INTERPRET)
+                    ahead = 1
                     ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS)
                     # the mean of the streams, then the rows' 1/RMS (the norm weight is in lm_w)
                     acc = acc / HC * tl.load(rstd + o_m, mask=o_m < R, other=0.0)[:, None]
@@ -165,7 +171,10 @@ def tail_kernel(
             if ok:
                 publish(rt, row, task, epoch, INTERPRET)
         n_done += 1
-        task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET, ok)
+        if ahead == 0:
+            task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET, ok)
+        else:
+            task = tl.where(ok, nxt, -1)
     finish(ctl, flags, n_tasks, n_peers, n_programs, epoch)
 
 
