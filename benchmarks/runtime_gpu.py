@@ -30,6 +30,7 @@ from glm53ctl.kernels.reference import Reference
 from glm53ctl.kernels.runtime import LaunchFault
 from glm53ctl.kernels.runtime.chain import ChainLaunch
 from glm53ctl.kernels.spec import load_model
+from glm53ctl.kernels.tail.kernel import _lm_head_folded
 from glm53ctl.kernels.weights import ROOT
 
 DEV = torch.device("cuda")
@@ -96,6 +97,71 @@ def _plain_gemv(x, w, y, R, N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.conste
     o_m = tl.arange(0, 16)
     o_n = n0 + tl.arange(0, BLOCK_N)
     tl.store(y + o_m[:, None] * N + o_n[None, :], acc, mask=(o_m[:, None] < R) & (o_n[None, :] < N))
+
+
+@triton.jit
+def _plain_fold(
+    H, w, y, R, N, D: tl.constexpr, HC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, M: tl.constexpr
+):
+    """The folded lm_head GEMV tile (H's stream rows against w') as one ordinary launch."""
+    n0 = tl.program_id(0) * BLOCK_N
+    acc = _lm_head_folded(H, w, n0, R, D, HC, tl.minimum(n0 + BLOCK_N, N), BLOCK_N, BLOCK_K, M, False)
+    o_m = tl.arange(0, M // HC)
+    o_n = n0 + tl.arange(0, BLOCK_N)
+    tl.store(y + o_m[:, None] * N + o_n[None, :], acc, mask=(o_m[:, None] < R) & (o_n[None, :] < N))
+
+
+def diagnose(out_dir: Path) -> None:
+    """Where TP8's tail spends its time, rows 1 and 8: the full launch, its partial launch (no gathers), other
+    knobs, and the plain GEMV tiles (ĥ rows, or H's stream rows as the folded GEMV reads them)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    spec = load_model("glm53_flash")
+    w = DeviceWeights(spec)
+    res = {"env": environment(), "rows": []}
+    warm_clocks()
+    bw, _ = copy_bandwidth()
+    res["copy_tb_s"] = bw
+    best = {"stages": 3, "norm": "fold", "split": "even", "gathers": "last"}
+    D, HC, vl = spec.hidden, spec.mhc.streams, spec.shards(8).vocab
+    for rows in (1, 8):
+
+        def add(what, us):
+            res["rows"].append({"rows": rows, "what": what, "us": us})
+            print(f"TP8 rows{rows} {what}: {us:.1f} us", flush=True)
+
+        for name, v in (
+            ("best", best),
+            ("task, even, last", {**best, "norm": "task"}),
+            ("block_n 128, grid 132", {**best, "block_n": 128, "grid": 132}),
+            ("grid 264", {**best, "grid": 264}),
+        ):
+            k = KindLaunch(w, "tail", 8, rows, v, DEV)
+            x = k.inputs(seed=1)[0].to(DEV)
+            peers = k.peer_partials(x)
+            add(name, graph_time(lambda: k(x, peers, check=False))[0])
+            if name == "best":
+                p = k.peers[0]
+                add("best, partial launch (no gathers)", graph_time(lambda: p(x, k.norm, k.shards[1], check=False))[0])
+        wt = w.shard("lm_head.weight", 0, 8)
+        xx = torch.randn(rows, D, device=DEV).to(torch.bfloat16)
+        hh = torch.randn(rows, HC, D, device=DEV).to(torch.bfloat16)
+        yy = torch.empty(rows, vl, device=DEV)
+        M = 16 if rows * HC <= 16 else 32
+        for ns in (3, 4):
+            add(
+                f"plain GEMV on ĥ rows, stages {ns}",
+                graph_time(
+                    lambda: _plain_gemv[(triton.cdiv(vl, 64),)](xx, wt, yy, rows, vl, D, 64, 128, num_stages=ns)
+                )[0],
+            )
+            add(
+                f"plain folded GEMV on H's stream rows (M {M}), stages {ns}",
+                graph_time(
+                    lambda: _plain_fold[(triton.cdiv(vl, 64),)](hh, wt, yy, rows, vl, D, HC, 64, 128, M, num_stages=ns)
+                )[0],
+            )
+    (out_dir / "diagnose.json").write_text(json.dumps(res, indent=2))
+    print(f"copy {bw:.3f} TB/s")
 
 
 def copy_bandwidth():
@@ -406,4 +472,7 @@ def main(out_dir: Path) -> None:
 
 
 if __name__ == "__main__":
+    if "--diagnose" in sys.argv:
+        diagnose(Path(sys.argv[1]))
+        sys.exit()
     main(Path(sys.argv[1] if len(sys.argv) > 1 else "out"))
