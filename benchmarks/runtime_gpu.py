@@ -129,25 +129,34 @@ def diagnose(out_dir: Path) -> None:
             res["rows"].append({"rows": rows, "what": what, "us": us})
             print(f"TP8 rows{rows} {what}: {us:.1f} us", flush=True)
 
-        for name, v in (
-            ("best", best),
-            ("task, even, last", {**best, "norm": "task"}),
-            ("block_n 128, grid 132", {**best, "block_n": 128, "grid": 132}),
-            ("grid 264", {**best, "grid": 264}),
+        import glm53ctl.kernels.tail.kernel as tail_kernel
+
+        for name, v, spare_every in (
+            ("best", best, 16),
+            ("best, spare 1/8", best, 8),
+            ("best, spare 1/32", best, 32),
+            ("best, spare 0", best, 10**6),
+            ("gathers first", {**best, "gathers": "first"}, 16),
         ):
+            tail_kernel.SPARE_EVERY = spare_every
             k = KindLaunch(w, "tail", 8, rows, v, DEV)
             x = k.inputs(seed=1)[0].to(DEV)
             peers = k.peer_partials(x)
             add(name, graph_time(lambda: k(x, peers, check=False))[0])
             if name == "best":
-                p = k.peers[0]
-                add("best, partial launch (no gathers)", graph_time(lambda: p(x, k.norm, k.shards[1], check=False))[0])
+                for grid in (396, 396 - 396 // 16):
+                    p = KindLaunch(w, "tail", 8, rows, {**best, "grid": grid}, DEV).peers[0]
+                    add(
+                        f"best, partial launch (no gathers), grid {grid}",
+                        graph_time(lambda: p(x, k.norm, k.shards[1], check=False))[0],
+                    )
+        tail_kernel.SPARE_EVERY = 16
         wt = w.shard("lm_head.weight", 0, 8)
         xx = torch.randn(rows, D, device=DEV).to(torch.bfloat16)
         hh = torch.randn(rows, HC, D, device=DEV).to(torch.bfloat16)
         yy = torch.empty(rows, vl, device=DEV)
         M = 16 if rows * HC <= 16 else 32
-        for ns in (3, 4):
+        for ns in (3,):
             add(
                 f"plain GEMV on ĥ rows, stages {ns}",
                 graph_time(

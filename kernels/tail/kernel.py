@@ -34,6 +34,7 @@ from glm53ctl.kernels.tlx import interpreting, to_bf16
 NORM, GEMV, GATHER = 0, 1, 2
 TYPE_NAMES = {NORM: "norm", GEMV: "lm_head", GATHER: "gather"}
 GATHER_N = 1024  # logits columns a GATHER task copies
+SPARE_EVERY = 16  # split "even" with gathers "last": one program in SPARE_EVERY is kept out of the GEMV deal
 
 
 @triton.jit
@@ -199,7 +200,7 @@ def build_table(
     stream, instead of after them."""
     step = block_n
     if split == "even":
-        spare = min(grid // 16, (tp - 1) * triton.cdiv(v_local, GATHER_N)) if gathers == "last" else 0
+        spare = min(grid // SPARE_EVERY, (tp - 1) * triton.cdiv(v_local, GATHER_N)) if gathers == "last" else 0
         free = max(grid - rows - spare, 1)
         step = triton.cdiv(v_local, triton.cdiv(triton.cdiv(v_local, block_n), free) * free)
     t = TaskTable("tail", TYPE_NAMES, peers=tp - 1)
