@@ -111,6 +111,20 @@ def _plain_fold(
     tl.store(y + o_m[:, None] * N + o_n[None, :], acc, mask=(o_m[:, None] < R) & (o_n[None, :] < N))
 
 
+def launch_only(k, x, peers):
+    """The launch alone, writing into fixed output buffers (what a timing graph should hold), and its outputs.
+    KindLaunch's call also copies ĥ out of the launch's buffer for the checks: a second kernel in the graph
+    that earlier tail timings included (about 3 µs)."""
+    if k.kind == "tail":
+        out = torch.empty(k.rows, k.launch.width, device=DEV)
+        return (
+            lambda: k.launch(x, k.norm, k.shards[0], peers, out=out, check=False),
+            lambda: {"h_hat": k.launch.h_hat[: k.rows], "logits": out},
+        )
+    out = torch.empty(k.rows, k.spec.mhc.streams, k.spec.hidden, dtype=torch.bfloat16, device=DEV)
+    return lambda: k.launch(x, k.shards[0], peers, out=out, check=False), lambda: {"H": out}
+
+
 def diagnose(out_dir: Path) -> None:
     """Where TP8's tail spends its time, rows 1 and 8: the full launch, its partial launch (no gathers), other
     knobs, and the plain GEMV tiles (ĥ rows, or H's stream rows as the folded GEMV reads them)."""
@@ -142,7 +156,11 @@ def diagnose(out_dir: Path) -> None:
             k = KindLaunch(w, "tail", 8, rows, v, DEV)
             x = k.inputs(seed=1)[0].to(DEV)
             peers = k.peer_partials(x)
-            add(name, graph_time(lambda: k(x, peers, check=False))[0])
+            add(name, graph_time(launch_only(k, x, peers)[0])[0])
+            if name == "best":
+                add(
+                    "best, as KindLaunch calls it (with its copy of ĥ)", graph_time(lambda: k(x, peers, check=False))[0]
+                )
             if name == "best":
                 for grid in (396, 396 - 396 // 16):
                     p = KindLaunch(w, "tail", 8, rows, {**best, "grid": grid}, DEV).peers[0]
@@ -280,9 +298,6 @@ def main(out_dir: Path) -> None:
         {**fold, "split": "tiles", "gathers": "last"},
         even,
         {**even, "stages": 3},
-        {**even, "stages": 2},
-        {**even, "stages": 3, "warps": 8},
-        {**even, "block_k": 64},
     ]
     score = {i: 1.0 for i in range(len(candidates))}
     for tp in (4, 8):
@@ -292,7 +307,7 @@ def main(out_dir: Path) -> None:
                 k = KindLaunch(w, "tail", tp, rows, v, DEV)
                 x = k.inputs(seed=1)[0].to(DEV)
                 peers = k.peer_partials(x)
-                us, _ = graph_time(lambda: k(x, peers, check=False))
+                us, _ = graph_time(launch_only(k, x, peers)[0])
                 nbytes = tail_bytes(spec, tp, rows)
                 pct = 100 * nbytes / (us * 1e-6) / 1e12 / bw_here
                 score[i] *= us
@@ -359,14 +374,10 @@ def main(out_dir: Path) -> None:
                     bitwise[json.dumps(v)] = all(torch.equal(o[n], out[n]) for n in out)
                 again = [base(x, peers) for _ in range(3)]
                 three = all(torch.equal(a[n], out[n]) for a in again for n in out)
-                graph_out = {}
-
-                def step():
-                    graph_out.update(base(x, peers, check=False))
-
+                step, graph_out = launch_only(base, x, peers)
                 us, rounds = graph_time(step)
                 base.launch.runtime.check()
-                graph_same = all(torch.equal(graph_out[n], out[n]) for n in out)
+                graph_same = all(torch.equal(graph_out()[n], out[n]) for n in out)
                 row = {
                     "kind": kind,
                     "tp": tp,
