@@ -141,12 +141,13 @@ KNOBS = {
         ),
         Knob(
             "norm",
-            ("task", "fold"),
+            ("task", "fold", "gram"),
             "task",
             ("tail",),
             "numeric",
-            "GEMV tasks wait for ĥ from the NORM tasks, or stream H against lm_head with the norm weight folded "
-            "in and wait for the rows' 1/RMS only at their end",
+            "GEMV tasks wait for ĥ from the NORM tasks; or stream H against lm_head with the norm weight folded "
+            "in and wait for the rows' 1/RMS at their end (fold), or take it from the Gram matrix of the H tiles "
+            "they stream (gram: no wait)",
         ),
         Knob("chunk", (256, 512, 1024), 1024, ("embed",), "schedule", "hidden-dim columns per embed task"),
     )

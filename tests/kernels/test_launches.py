@@ -53,13 +53,15 @@ def test_against_the_reference(weights, kind, tp, rows):
         assert torch.equal(out["outputs.H"].float(), ref["outputs.H"])
 
 
+@pytest.mark.parametrize("norm", ["fold", "gram"])
 @pytest.mark.parametrize("tp", [1, 2, 4, 8])
 @pytest.mark.parametrize("rows", [1, 4, 5, 8])
-def test_tail_with_the_norm_folded_into_lm_head(weights, tp, rows):
-    """`norm` "fold": GEMV tasks stream H's stream rows (4R of them, padded to 16 or 32) and scale at the end."""
+def test_tail_with_the_norm_folded_into_lm_head(weights, norm, tp, rows):
+    """`norm` "fold": GEMV tasks stream H's stream rows (4R of them, padded to 16 or 32) and scale at the end by
+    the NORM tasks' 1/RMS; "gram": by their own, from the Gram matrix of those rows."""
     key = RunKey("tail", tp, rows, seed=300 + 10 * tp + rows)
     ref = run_reference(Reference(weights, tp), key)
-    out = run_triton(weights, key, knobs={"grid": 3, "norm": "fold"})
+    out = run_triton(weights, key, knobs={"grid": 3, "norm": norm})
     assert torch.equal(out["outputs.h_hat"], ref["outputs.h_hat"])  # the NORM tasks still write ĥ
     assert rel_rms(ref["outputs.logits"], out["outputs.logits"]) <= BOUNDS["logits"]
 
@@ -105,7 +107,13 @@ def test_three_launches_without_host_reset(weights, kind):
 
 
 @pytest.mark.parametrize(
-    "kind, knobs", [("embed", {}), ("tail", {"block_n": 128}), ("tail", {"block_n": 128, "norm": "fold"})]
+    "kind, knobs",
+    [
+        ("embed", {}),
+        ("tail", {"block_n": 128}),
+        ("tail", {"block_n": 128, "norm": "fold"}),
+        ("tail", {"block_n": 128, "norm": "gram"}),
+    ],
 )
 @pytest.mark.parametrize("handoff", ["flag", "box"])
 def test_each_site_stuck_is_named_and_the_next_launch_is_clean(weights, kind, knobs, handoff):
@@ -113,7 +121,7 @@ def test_each_site_stuck_is_named_and_the_next_launch_is_clean(weights, kind, kn
     k, x, peers = _launch(weights, kind, 2, 2, grid=3, handoff=handoff, **knobs)
     clean = k(x, peers)
     table = k.launch.table
-    assert len(table.sites) >= 2
+    assert len(table.sites) >= 1
     for site in range(len(table.sites)):
         with pytest.raises(LaunchFault) as e:
             k(x, peers, stuck_site=site)
