@@ -21,10 +21,15 @@ class Knob:
     kinds: tuple[str, ...]
     cls: KnobClass
     help: str
+    per_kind: tuple[tuple[str, object], ...] = ()  # (kind, default) where a kind's best differs
+
+    def default_for(self, kind: str) -> object:
+        return dict(self.per_kind).get(kind, self.default)
 
 
 # grid 0: three programs per SM on a GPU (4 programs in the interpreter). The defaults below are the best
-# of the sweep in docs/perf/2026-11-30-runtime-embed-tail.md (H200, tail at TP4/TP8, rows 1/8).
+# of the sweeps in docs/perf/ (H200): tail's in 2026-11-30-runtime-embed-tail.md (TP4/TP8, rows 1/8), dense's
+# in 2026-11-30-dense.md.
 KNOBS = {
     k.name: k
     for k in (
@@ -110,7 +115,13 @@ KNOBS = {
             "GEMV K tile: it sets the fp32 reduction order",
         ),
         Knob(
-            "stages", (1, 2, 3, 4), 4, ("tail", "dense"), "schedule", "software-pipelining depth of the GEMV's K loop"
+            "stages",
+            (1, 2, 3, 4),
+            4,
+            ("tail", "dense"),
+            "schedule",
+            "software-pipelining depth of the GEMV's K loop",
+            per_kind=(("tail", 3),),
         ),
         Knob(
             "prefetch",
@@ -124,7 +135,7 @@ KNOBS = {
         Knob(
             "gathers",
             ("first", "last"),
-            "first",
+            "last",
             ("tail",),
             "schedule",
             "the peers' logits copies: before the GEMV tasks (overlap the norm) or after them in the table (with "
@@ -133,7 +144,7 @@ KNOBS = {
         Knob(
             "split",
             ("tiles", "even"),
-            "tiles",
+            "even",
             ("tail",),
             "schedule",
             "lm_head rows per GEMV task: block_n, or dealt evenly over the grid's programs (up to block_n; "
@@ -141,13 +152,12 @@ KNOBS = {
         ),
         Knob(
             "norm",
-            ("task", "fold", "gram"),
-            "task",
+            ("task", "fold"),
+            "fold",
             ("tail",),
             "numeric",
-            "GEMV tasks wait for ĥ from the NORM tasks; or stream H against lm_head with the norm weight folded "
-            "in and wait for the rows' 1/RMS at their end (fold), or take it from the Gram matrix of the H tiles "
-            "they stream (gram: no wait)",
+            "GEMV tasks wait for ĥ from the NORM tasks (task), or stream H against lm_head with the norm weight "
+            "folded in and wait for the rows' 1/RMS only at their end (fold)",
         ),
         Knob("chunk", (256, 512, 1024), 1024, ("embed",), "schedule", "hidden-dim columns per embed task"),
     )
@@ -155,7 +165,7 @@ KNOBS = {
 
 
 def defaults(kind: str) -> dict[str, object]:
-    return {k.name: k.default for k in KNOBS.values() if kind in k.kinds}
+    return {k.name: k.default_for(kind) for k in KNOBS.values() if kind in k.kinds}
 
 
 def resolve_grid(knobs: dict, device) -> dict:

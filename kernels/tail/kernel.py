@@ -1,15 +1,16 @@
 """The `tail` launch: mean of the streams, final RMSNorm, vocab-parallel lm_head, logits gathered.
 
-Tasks, in this order: NORM (one per row: publishes ĥ[r]), GATHER (a slice of a peer's logits; waits on
-that peer's arrival; first, so programs copy while the rows are normalized), GEMV (a BLOCK_N slice of
-this rank's lm_head rows; waits on every NORM, by flags or by one box line).
+Tasks: NORM (one per row: ĥ[r] and its 1/RMS), GEMV (a slice of this rank's lm_head rows; waits on every
+NORM, by flags or by one box line), GATHER (a slice of a peer's logits; waits on that peer's arrival).
 
-Knob `norm`: "task", a GEMV task waits for ĥ before its weights stream; "fold", the final norm's weight is
-folded into lm_head once on the host (w' = w ⊙ norm_w), so a GEMV task streams H's stream rows against w' at
-once and waits for the NORM tasks' 1/RMS only at its end, to scale its sums: the hand-off leaves the
-critical path (different bits: a `numeric` knob); "gram", as "fold", but a GEMV task takes its rows' 1/RMS
-from a second `tl.dot` of the H tiles it streams with themselves and waits for nothing (the NORM tasks still
-write ĥ, an output).
+Knobs (defaults measured on the H200, docs/perf/2026-11-30-runtime-embed-tail.md):
+- `norm` "fold": the final norm's weight is folded into lm_head once on the host (w' = w ⊙ norm_w), so a
+  GEMV task streams H's stream rows against w' at once and waits for the NORM tasks' 1/RMS only at its end,
+  to scale its sums: the hand-off leaves the critical path (different bits: a `numeric` knob). "task": a
+  GEMV task waits for ĥ before its weights stream.
+- `split` "even": the lm_head rows dealt evenly, one task per program; "tiles": block_n rows a task.
+- `gathers` "last": GATHER tasks after the GEMV tasks, run beside the stream by the programs kept out of the
+  deal; "first": before them.
 """
 
 from __future__ import annotations
@@ -59,51 +60,6 @@ def _lm_head_folded(
     return tl.sum(tl.reshape(acc, (M // HC, HC, BLOCK_N)), axis=1)
 
 
-@triton.jit
-def _lm_head_gram(
-    H,
-    w,
-    n0,
-    R,
-    eps,
-    D: tl.constexpr,
-    HC: tl.constexpr,
-    N,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    M: tl.constexpr,
-    INTERPRET: tl.constexpr,
-):
-    """The normalized logits of rows m < R for w' rows n0.. (up to N): [M // HC, BLOCK_N] fp32, with no wait.
-
-    As _lm_head_folded, and a second `tl.dot` of H's stream-row tile with itself: its Gram matrix, whose 4x4
-    block sums give each row's sum over k of (sum_j H[m, j, k])^2, so 1/RMS comes out of the tiles the task
-    loads anyway (both dots read only loaded tiles: the K loop stays a plain pipelined GEMV)."""
-    o_m = tl.arange(0, M)
-    o_n = n0 + tl.arange(0, BLOCK_N)
-    m_m = o_m < R * HC
-    m_n = o_n < N
-    acc = tl.zeros((M, BLOCK_N), dtype=tl.float32)
-    gram = tl.zeros((M, M), dtype=tl.float32)
-    for k0 in range(0, D, BLOCK_K):
-        o_k = k0 + tl.arange(0, BLOCK_K)
-        b_x = tl.load(H + o_m[:, None] * D + o_k[None, :], mask=m_m[:, None], other=0.0)
-        b_w = tl.load(w + o_n[:, None].to(tl.int64) * D + o_k[None, :], mask=m_n[:, None], other=0.0)
-        if INTERPRET:  # as gemv_tile: the interpreter's bf16 dot is wrong; in fp64 bf16 products sum exactly
-            x64 = b_x.to(tl.float64)
-            acc += tl.dot(x64, tl.trans(b_w.to(tl.float64))).to(tl.float32)
-            gram += tl.dot(x64, tl.trans(x64)).to(tl.float32)
-        else:
-            acc = tl.dot(b_x, tl.trans(b_w), acc)
-            gram = tl.dot(b_x, tl.trans(b_x), gram)
-    # row r's block of the Gram matrix: sum_{j, j'} <H_j, H_j'> = |sum_j H_j|^2
-    blocks = tl.sum(tl.sum(tl.reshape(gram, (M // HC, HC, M // HC, HC)), axis=3), axis=1)
-    o_r = tl.arange(0, M // HC)
-    ss = tl.sum(tl.where(o_r[:, None] == o_r[None, :], blocks, 0.0), axis=1)
-    rstd = 1.0 / tl.sqrt(ss / (HC * HC) / D + eps)
-    return tl.sum(tl.reshape(acc, (M // HC, HC, BLOCK_N)), axis=1) / HC * rstd[:, None]
-
-
 def fold_norm(norm_w: torch.Tensor, lm_w: torch.Tensor) -> torch.Tensor:
     """lm_head's rows times the final norm's weight, rounded to bf16 once (knob `norm` "fold")."""
     return (lm_w.float() * norm_w.float()[None, :]).to(torch.bfloat16).contiguous()
@@ -149,7 +105,6 @@ def tail_kernel(
     PREFETCH: tl.constexpr,
     GATHER_COLS: tl.constexpr,
     NORM_FOLD: tl.constexpr,
-    NORM_GRAM: tl.constexpr,
     M: tl.constexpr,
 ):
     rt = runtime_buffers(
@@ -191,10 +146,7 @@ def tail_kernel(
                 # GEMV: logits[:, a0:a0+a1] (a1 <= BLOCK_N) of this rank's vocab slice (rank 0: columns 0..V_LOCAL)
                 o_n = a0 + tl.arange(0, BLOCK_N)
                 n_end = a0 + a1
-                if NORM_GRAM:
-                    o_m = tl.arange(0, M // HC)
-                    acc = _lm_head_gram(H, lm_w, a0, R, eps, D, HC, n_end, BLOCK_N, BLOCK_K, M, INTERPRET)
-                elif NORM_FOLD:
+                if NORM_FOLD:
                     o_m = tl.arange(0, M // HC)
                     acc = _lm_head_folded(H, lm_w, a0, R, D, HC, n_end, BLOCK_N, BLOCK_K, M, INTERPRET)
                     # the next claim goes out before the wait, so its round trip overlaps the poll's (a task
@@ -239,7 +191,6 @@ def build_table(
     gathers: str = "first",
     split: str = "tiles",
     grid: int = 1,
-    norm: str = "task",
 ) -> TaskTable:
     """gathers "first": programs copy the peers' logits while the rows are normalized; "last": the copies
     fill the programs that run out of GEMV tasks at the end.
@@ -268,8 +219,7 @@ def build_table(
         add_gathers()
     for n0 in range(0, v_local, step):
         g = t.add(GEMV, n0, min(step, v_local - n0))
-        if norm != "gram":  # "gram" GEMV tasks compute 1/RMS themselves: they wait for nothing
-            t.wait(g, norms, handoff)  # for ĥ before the stream, or (norm "fold") for 1/RMS after it
+        t.wait(g, norms, handoff)  # for ĥ before the stream, or (norm "fold") for 1/RMS after it
     if gathers == "last":
         add_gathers()
     return t
@@ -295,7 +245,6 @@ class TailLaunch:
             knobs["gathers"],
             knobs["split"],
             knobs["grid"],
-            knobs["norm"],
         )
         self.grid = knobs["grid"]
         self.runtime = Runtime(self.table, torch.device(device), max_programs=self.grid)
@@ -305,7 +254,7 @@ class TailLaunch:
 
     def prepare_lm_head(self, norm_w: torch.Tensor, lm_w: torch.Tensor) -> torch.Tensor:
         """The lm_head shard as this launch reads it: folded with the norm weight under `norm` "fold"."""
-        return fold_norm(norm_w, lm_w) if self.knobs["norm"] in ("fold", "gram") else lm_w
+        return fold_norm(norm_w, lm_w) if self.knobs["norm"] == "fold" else lm_w
 
     @property
     def width(self) -> int:
@@ -344,7 +293,6 @@ class TailLaunch:
             "PREFETCH": self.knobs["prefetch"],
             "GATHER_COLS": GATHER_N,
             "NORM_FOLD": self.knobs["norm"] == "fold",
-            "NORM_GRAM": self.knobs["norm"] == "gram",
             # the folded GEMV's rows are H's R * HC stream rows, padded to a `tl.dot` tile
             "M": 16 if self.rows * self.spec.mhc.streams <= 16 else 32,
         }

@@ -54,7 +54,7 @@ def _variants():
     out = [("grid", g) for g in (1, 2, 7)]
     for knob in KNOBS.values():
         if "dense" in knob.kinds and knob.cls == "schedule" and knob.name != "grid":
-            out += [(knob.name, v) for v in knob.values if v != knob.default]
+            out += [(knob.name, v) for v in knob.values if v != knob.default_for("dense")]
     return out
 
 

@@ -7,6 +7,7 @@ from glm53ctl.tuning.knobs import KNOBS, check_knobs, defaults, resolve_grid
 def test_every_knob_default_is_one_of_its_values():
     for k in KNOBS.values():
         assert k.default in k.values and k.cls in ("schedule", "numeric") and k.kinds
+        assert all(kind in k.kinds and v in k.values for kind, v in k.per_kind)
 
 
 def test_defaults_per_kind():
