@@ -85,7 +85,7 @@ def test_against_names_exactly_the_keys_whose_code_changed(tmp_path):
     _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
     kernel = repo / "kernels" / "embed" / "kernel.py"
     src = kernel.read_text()
-    old = "b_e = tl.load(table + row * D + o_d, mask=(o_d < D) & mine, other=0.0).to(tl.float32)"
+    old = "b_e = tl.load(table + e_row * D + o_d, mask=(o_d < D) & mine, other=0.0).to(tl.float32)"
     assert old in src
     kernel.write_text(src.replace(old, old + " * 2.0"))
     _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "two")
