@@ -147,7 +147,8 @@ class DenseKind:
         self.tp, self.rows, self.knobs, self.device = tp, rows, knobs, torch.device(device)
         self.spec, self.weights = spec, weights
         self.layer = layer_for(spec, "dense", layer)
-        self.w = [prepare_weights(weights.layer(self.layer, r, tp), spec, tp, device) for r in range(tp)]
+        fold = knobs["norm"] == "fold"
+        self.w = [prepare_weights(weights.layer(self.layer, r, tp), spec, tp, device, fold) for r in range(tp)]
         self.launch = DenseLaunch(spec, tp, rows, knobs, device)
         if tp > 1:
             self.attn = [DenseLaunch(spec, tp, rows, knobs, device, rank=q, mode="attn") for q in range(tp)]

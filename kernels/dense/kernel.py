@@ -65,6 +65,7 @@ TYPE_NAMES = {
     OWN_F: "ffn partial",
 }
 MODES = ("full", "attn", "ffn")
+PR = tl.constexpr(8)  # floats per row of the gates' pre [HC] and 1/RMS (buffer "pr")
 
 
 @triton.jit
@@ -87,6 +88,7 @@ def _gate(
     x_hat,
     post,
     comb,
+    pr,
     r,
     hc_eps,
     norm_eps,
@@ -96,7 +98,8 @@ def _gate(
     NCH: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
-    """Row r's gate from its chunks' mix logits and sums of squares, summed in chunk order."""
+    """Row r's gate from its chunks' mix logits and sums of squares, summed in chunk order. Also pr[r]: pre
+    [HC] and 1/RMS, what a GEMV with the norm folded into its weights scales its stream rows by."""
     o_m = tl.arange(0, 32)
     mix = tl.zeros((32,), dtype=tl.float32)
     ss = 0.0
@@ -105,9 +108,11 @@ def _gate(
         ss += tl.load(ssp + c * 16 + r)
     # fn @ (H / rms(H)) = (fn @ H) / rms(H): the unweighted RMSNorm over all streams, applied once
     rs = 1.0 / tl.sqrt(ss / (HC * D) + norm_eps)
-    gate_finish(
+    b_pre, rstd = gate_finish(
         mix * rs, H + r * (HC * D), base, scale, norm_w, x_hat, post, comb, r, hc_eps, norm_eps, D, HC, ITERS, INTERPRET
     )
+    tl.store(pr + r * PR + tl.arange(0, HC), b_pre)
+    tl.store(pr + r * PR + HC, rstd)
 
 
 @triton.jit
@@ -233,6 +238,52 @@ def _task_inproj(
     m_r = o_m[:, None] < R
     tl.store(y_in + o_m[:, None] * NIN + o_n[None, :], acc, mask=m_r & (o_n[None, :] < NIN))
     tl.store(lr + o_m[:, None] * (2 * RG) + o_n[None, :], to_bf16(acc, INTERPRET), mask=m_r & (o_n[None, :] < 2 * RG))
+
+
+@triton.jit(noinline=True)
+def _task_inproj_folded(
+    rt,
+    row,
+    task,
+    epoch,
+    stuck_site,
+    budget_ns,
+    H,
+    w_in,
+    pr,
+    y_in,
+    lr,
+    n0,
+    R,
+    D: tl.constexpr,
+    HC: tl.constexpr,
+    NIN: tl.constexpr,
+    RG: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    M: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    POLL: tl.constexpr,
+    THREADS: tl.constexpr,
+):
+    """INPROJ with the gate's norm folded into w_in (knob `norm` "fold"): H's R * HC stream rows against rows
+    n0.. of w_in ⊙ norm_w, needing nothing from the gate; then the wait for the gates, and
+    y[r] = 1/RMS[r] * sum_j pre[r, j] * acc[r * HC + j] (x = sum_j pre_j H_j is linear in H). True unless the
+    wait failed."""
+    acc = gemv_tile(H, D, w_in, n0, R * HC, NIN, D, D, BN, BK, INTERPRET, M)
+    ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS)
+    if ok:
+        o_s = tl.arange(0, M)
+        b_pre = tl.load(pr + (o_s // HC) * PR + o_s % HC, mask=o_s < R * HC, other=0.0)
+        y = tl.sum(tl.reshape(acc * b_pre[:, None], (M // HC, HC, BN)), axis=1)
+        o_m = tl.arange(0, M // HC)
+        y = y * tl.load(pr + o_m * PR + HC, mask=o_m < R, other=0.0)[:, None]
+        o_n = n0 + tl.arange(0, BN)
+        m_r = o_m[:, None] < R
+        tl.store(y_in + o_m[:, None] * NIN + o_n[None, :], y, mask=m_r & (o_n[None, :] < NIN))
+        m_lr = m_r & (o_n[None, :] < 2 * RG)
+        tl.store(lr + o_m[:, None] * (2 * RG) + o_n[None, :], to_bf16(y, INTERPRET), mask=m_lr)
+    return ok
 
 
 @triton.jit(noinline=True)
@@ -448,6 +499,7 @@ def dense_kernel(
     act,
     kpart_f,
     parts_f,
+    pr,
     # outputs
     x_hat_a,
     post_a,
@@ -495,6 +547,8 @@ def dense_kernel(
     THREADS: tl.constexpr,
     OPROJ_FIRST: tl.constexpr,
     PREFETCH: tl.constexpr,
+    FOLD: tl.constexpr,
+    M: tl.constexpr,
 ):
     P: tl.constexpr = HL * K
     NIN: tl.constexpr = 2 * RG + HL + 3 * P
@@ -538,7 +592,10 @@ def dense_kernel(
                 BN_O,
                 PREFETCH,
             )
-        ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS)
+        # a folded INPROJ task waits for its gates after its stream (below); every other task before it starts
+        ok = task >= 0
+        if (ttype != 2) | (FOLD == 0):
+            ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS)
         if ok:
             if ttype == 0:
                 _task_mix(H, fn_a, mixp, ssp, a0, a1, D, HC, CH)
@@ -553,6 +610,7 @@ def dense_kernel(
                     x_hat_a,
                     post_a,
                     comb_a,
+                    pr,
                     a0,
                     hc_eps,
                     norm_eps,
@@ -563,7 +621,34 @@ def dense_kernel(
                     INTERPRET,
                 )
             elif ttype == 2:
-                _task_inproj(x_hat_a, w_in, y_in, lr, a0, R, D, NIN, RG, BN, BK_D, INTERPRET)
+                if FOLD:
+                    ok = _task_inproj_folded(
+                        rt,
+                        row,
+                        task,
+                        epoch,
+                        stuck_site,
+                        budget_ns,
+                        H,
+                        w_in,
+                        pr,
+                        y_in,
+                        lr,
+                        a0,
+                        R,
+                        D,
+                        HC,
+                        NIN,
+                        RG,
+                        BN,
+                        BK_D,
+                        M,
+                        INTERPRET,
+                        POLL,
+                        THREADS,
+                    )
+                else:
+                    _task_inproj(x_hat_a, w_in, y_in, lr, a0, R, D, NIN, RG, BN, BK_D, INTERPRET)
             elif ttype == 3:
                 if OPROJ_FIRST:
                     if pend != 0:
@@ -658,6 +743,7 @@ def dense_kernel(
                     x_hat_f,
                     post_f,
                     comb_f,
+                    pr + 16 * PR,
                     a0,
                     hc_eps,
                     norm_eps,
@@ -697,7 +783,8 @@ def dense_kernel(
                 _task_own(kpart_a, parts_a, a0, a1, R, RANK, D, CH, KS_O)
             else:
                 _task_own(kpart_f, parts_f, a0, a1, R, RANK, D, CH, KS_F)
-            publish(rt, row, task, epoch, INTERPRET)
+            if ok:
+                publish(rt, row, task, epoch, INTERPRET)
         if OPROJ_FIRST:
             # the write-back after the task that followed the KDA head (z is out, o_proj's loads issued)
             if (pend != 0) & (ttype != 3):
@@ -821,9 +908,10 @@ class SeparateLaunches:
         return self.whole.out
 
 
-def prepare_weights(w, spec, tp: int, device) -> dict[str, torch.Tensor]:
+def prepare_weights(w, spec, tp: int, device, fold: bool = False) -> dict[str, torch.Tensor]:
     """One rank's layer weights as the kernel reads them (done once per key, like a checkpoint's fused
-    layout): the in-projection rows f_a | g_a | b | (q_h | k_h | v_h per head), the conv taps [3P, W] fp32."""
+    layout): the in-projection rows f_a | g_a | b | (q_h | k_h | v_h per head), the conv taps [3P, W] fp32.
+    fold (knob `norm` "fold"): the in-projection times the gate's norm weight, rounded to bf16 once."""
     a_ = "self_attn."
     from glm53ctl.tuning.knobs import defaults
 
@@ -839,7 +927,7 @@ def prepare_weights(w, spec, tp: int, device) -> dict[str, torch.Tensor]:
         "base_f": w["hc_ffn_base"].float(),
         "scale_f": w["hc_ffn_scale"].float(),
         "norm_f": w["post_attention_layernorm.weight"],
-        "w_in": w_in.to(torch.bfloat16),
+        "w_in": (w_in.float() * w["input_layernorm.weight"].float()[None, :] if fold else w_in).to(torch.bfloat16),
         "w_fb": w[f"{a_}f_b_proj.weight"],
         "w_gb": w[f"{a_}g_b_proj.weight"],
         "conv_w": torch.cat([w[f"{a_}{n}_conv1d.weight"][:, 0] for n in ("q", "k", "v")]).float(),
@@ -916,6 +1004,7 @@ class DenseLaunch:
             "act": e(R, d.I, dtype=bf16),
             "kpart_f": e(d.KS_F, R, D),
             "parts_f": e(tp, R, D),
+            "pr": e(2, 16, PR.value),  # the attention and FFN gates' pre and 1/RMS per row
         }
         self.out = {
             "attn.x_hat": e(R, D, dtype=bf16),
@@ -990,6 +1079,9 @@ class DenseLaunch:
             "THREADS": 32 * self.knobs["warps"],
             "OPROJ_FIRST": bool(self.knobs["oproj_first"]),
             "PREFETCH": self.knobs["prefetch"],
+            "FOLD": self.knobs["norm"] == "fold",
+            # a folded INPROJ's rows are H's R * HC stream rows, padded to a `tl.dot` tile
+            "M": 16 if self.rows * d.HC <= 16 else 32,
         }
 
     def options(self) -> dict:

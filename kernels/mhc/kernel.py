@@ -80,7 +80,8 @@ def gate_finish(
     INTERPRET: tl.constexpr,
 ):
     """The gate of row r from its mix logits (fn @ f, padded to 32) and its streams at p_h [HC, D]: pre, post,
-    the Sinkhorn comb, x = sum_j pre[j] H[j], then the RMSNorm. Stores x̂[r], post[r] and comb[r]."""
+    the Sinkhorn comb, x = sum_j pre[j] H[j], then the RMSNorm. Stores x̂[r], post[r] and comb[r]; returns
+    pre [HC] and the RMSNorm's 1/RMS (for a GEMV that folds the norm into its weights)."""
     o_m = tl.arange(0, 32)
     o_c = tl.arange(0, HC)
     o_d = tl.arange(0, D)
@@ -108,6 +109,7 @@ def gate_finish(
     tl.store(x_hat + r * D + o_d, to_bf16(x * rstd * b_w, INTERPRET))
     tl.store(post + r * HC + o_c, b_post)
     tl.store(comb + r * (HC * HC) + idx - 2 * HC, c)
+    return b_pre, rstd
 
 
 @triton.jit
