@@ -41,7 +41,7 @@ VARIANTS = (
     {"stages": 2},
     {"prefetch": 1},
 )
-TIMED = ({}, {"oproj_first": 1}, {"ksplit": 1}, {"norm": "fold"}, {"norm": "fold", "oproj_first": 1})
+TIMED = ({}, {"oproj_first": 1}, {"ksplit": 1}, {"norm": "task"})
 COPIES = 3
 
 
