@@ -117,7 +117,7 @@ def test_against_a_schedule_knob_change_is_bitwise_equal(repo, tmp_path):
 
 @pytest.mark.slow
 def test_against_an_arithmetic_change_fails_naming_the_tensor(repo, tmp_path):
-    old = "b_e = tl.load(table + row * D + o_d, mask=(o_d < D) & mine, other=0.0).to(tl.float32)"
+    old = "b_e = tl.load(table + e_row * D + o_d, mask=(o_d < D) & mine, other=0.0).to(tl.float32)"
     _edit(repo, "kernels/embed/kernel.py", old, old + " * 2.0")
     code, doc, err = _check_against(repo, tmp_path, "embed")
     assert code == 1
