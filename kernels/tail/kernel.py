@@ -131,7 +131,8 @@ def tail_kernel(
         if ok:
             if ttype == 0:
                 # NORM: ĥ[r] = RMSNorm(mean_j H[r, j]) * w for row a0, in one pass over the row (the
-                # streams' loads all in flight at once), stored bf16 for every GEMV task
+                # streams' loads all in flight at once), stored bf16 (an output, and norm "task"'s GEMV rows),
+                # and its 1/RMS (norm "fold"'s GEMV scale)
                 o_d = tl.arange(0, D)
                 p_h = H + a0 * (HC * D) + o_d
                 b_h = tl.zeros((D,), dtype=tl.float32)
