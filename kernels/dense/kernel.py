@@ -457,10 +457,7 @@ def dense_kernel(
     wait_kind,
     wait_index,
     wait_count,
-    pub_first,
-    pub_count,
     pub_slot,
-    pub_flag,
     # inputs and weights
     H,
     fn_a,
@@ -555,9 +552,7 @@ def dense_kernel(
     HDR: tl.constexpr = 2 * RG + HL  # where the per-head q|k|v rows start in the in-projection
     PK: tl.constexpr = P // KS_O
     IK: tl.constexpr = I // KS_F
-    rt = runtime_buffers(
-        ctl, flags, boxes, errs, tasks, wait_kind, wait_index, wait_count, pub_first, pub_count, pub_slot, pub_flag
-    )
+    rt = runtime_buffers(ctl, flags, boxes, errs, tasks, wait_kind, wait_index, wait_count, pub_slot)
     epoch = launch_epoch(ctl, INTERPRET)
     n_done = 0
     # oproj_first: the KDA head whose states this program still has to write back

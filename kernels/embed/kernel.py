@@ -39,10 +39,7 @@ def embed_kernel(
     wait_kind,
     wait_index,
     wait_count,
-    pub_first,
-    pub_count,
     pub_slot,
-    pub_flag,
     tokens,
     table,
     partial,
@@ -64,9 +61,7 @@ def embed_kernel(
     POLL: tl.constexpr,
     THREADS: tl.constexpr,
 ):
-    rt = runtime_buffers(
-        ctl, flags, boxes, errs, tasks, wait_kind, wait_index, wait_count, pub_first, pub_count, pub_slot, pub_flag
-    )
+    rt = runtime_buffers(ctl, flags, boxes, errs, tasks, wait_kind, wait_index, wait_count, pub_slot)
     epoch = launch_epoch(ctl, INTERPRET)
     n_done = 0
     task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET)

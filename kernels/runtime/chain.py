@@ -31,10 +31,7 @@ def chain_kernel(
     wait_kind,
     wait_index,
     wait_count,
-    pub_first,
-    pub_count,
     pub_slot,
-    pub_flag,
     n_tasks,
     n_programs,
     stuck_site,
@@ -43,9 +40,7 @@ def chain_kernel(
     POLL: tl.constexpr,
     THREADS: tl.constexpr,
 ):
-    rt = runtime_buffers(
-        ctl, flags, boxes, errs, tasks, wait_kind, wait_index, wait_count, pub_first, pub_count, pub_slot, pub_flag
-    )
+    rt = runtime_buffers(ctl, flags, boxes, errs, tasks, wait_kind, wait_index, wait_count, pub_slot)
     epoch = launch_epoch(ctl, INTERPRET)
     n_done = 0
     task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET)

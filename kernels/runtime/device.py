@@ -224,7 +224,7 @@ def wait_task(
 ):
     """Every wait site of `task`, in order; False as soon as one times out or the launch aborted.
     rt: the runtime's buffers, as `runtime_buffers` packs them; row: the task's `task_row`."""
-    ctl, flags, boxes, errs, tasks, wait_kind, wait_index, wait_count, _, _, _, _ = rt
+    ctl, flags, boxes, errs, tasks, wait_kind, wait_index, wait_count, _ = rt
     s0 = row[4]
     ns = row[5]
     ok = task >= 0
@@ -266,11 +266,9 @@ def _st_relaxed(p, v):
 
 
 @triton.jit
-def runtime_buffers(
-    ctl, flags, boxes, errs, tasks, wait_kind, wait_index, wait_count, pub_first, pub_count, pub_slot, pub_flag
-):
+def runtime_buffers(ctl, flags, boxes, errs, tasks, wait_kind, wait_index, wait_count, pub_slot):
     """The runtime's kernel arguments (Runtime.args(), in that order) as one tuple for wait_task and publish."""
-    return ctl, flags, boxes, errs, tasks, wait_kind, wait_index, wait_count, pub_first, pub_count, pub_slot, pub_flag
+    return ctl, flags, boxes, errs, tasks, wait_kind, wait_index, wait_count, pub_slot
 
 
 @triton.jit
@@ -278,7 +276,7 @@ def publish(rt, row, task, epoch, INTERPRET: tl.constexpr):
     """Release this task's payload to those who wait on it: its flag word, and a word in each box line.
     A task nobody waits on (a GEMV slice of the logits) publishes nothing: no barrier, no atomic.
     row: the task's `task_row` (its publish list)."""
-    _, flags, boxes, _, _, _, _, _, _, _, pub_slot, _ = rt
+    _, flags, boxes, _, _, _, _, _, pub_slot = rt
     needs_flag = row[6]
     n = row[7]
     first = row[8]

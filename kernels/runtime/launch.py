@@ -10,7 +10,7 @@ from glm53ctl.errors import CheckFailed
 from glm53ctl.kernels.runtime.device import BOX_WORDS
 from glm53ctl.kernels.runtime.table import INT32_MAX, TaskTable
 
-ARRAYS = ("tasks", "wait_kind", "wait_index", "wait_count", "pub_first", "pub_count", "pub_slot", "pub_flag")
+ARRAYS = ("tasks", "wait_kind", "wait_index", "wait_count", "pub_slot")
 
 # a slow but healthy launch never waits this long on one hand-off; configurable per launch
 DEFAULT_BUDGET_NS = 200_000_000

@@ -106,9 +106,6 @@ class TaskTable:
             "wait_kind": i32([s.kind for s in self.sites]),
             "wait_index": i32(index),
             "wait_count": i32([s.count for s in self.sites]),
-            "pub_first": i32(pub_first),
-            "pub_count": i32([len(self.box_pubs.get(t, [])) for t in range(n)]),
-            "pub_flag": i32([int(t in flagged) for t in range(n)]),
             "pub_slot": i32(pub_slot),
         }
         return {k: v.to(device) for k, v in arrays.items()}

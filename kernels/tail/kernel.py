@@ -75,10 +75,7 @@ def tail_kernel(
     wait_kind,
     wait_index,
     wait_count,
-    pub_first,
-    pub_count,
     pub_slot,
-    pub_flag,
     H,
     norm_w,
     h_hat,
@@ -107,9 +104,7 @@ def tail_kernel(
     NORM_FOLD: tl.constexpr,
     M: tl.constexpr,
 ):
-    rt = runtime_buffers(
-        ctl, flags, boxes, errs, tasks, wait_kind, wait_index, wait_count, pub_first, pub_count, pub_slot, pub_flag
-    )
+    rt = runtime_buffers(ctl, flags, boxes, errs, tasks, wait_kind, wait_index, wait_count, pub_slot)
     epoch = launch_epoch(ctl, INTERPRET)
     n_done = 0
     task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET)

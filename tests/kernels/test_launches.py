@@ -141,7 +141,7 @@ def test_task_table_is_topological_and_boxes_fit_a_line():
         t.add(1)
         t.wait(len(t.tasks) - 1, [len(t.tasks)])
     arrays = t.build("cpu")
-    assert int(arrays["pub_count"][0]) == 1 and arrays["tasks"].numel() == TASK_FIELDS.value * t.n_tasks
+    assert arrays["tasks"].numel() == TASK_FIELDS.value * t.n_tasks
     rows = arrays["tasks"].reshape(t.n_tasks, -1).tolist()
     # a row: type, a0-a2, first site, sites, publish flag / box words / first word, first site's kind/index/words
     assert rows[c][:12] == [1, 0, 0, 0, 0, 3, 0, 0, 40, BOX, 0, 32]
