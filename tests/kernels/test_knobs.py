@@ -12,6 +12,7 @@ def test_every_knob_default_is_one_of_its_values():
 
 def test_defaults_per_kind():
     assert set(defaults("tail")) >= {"grid", "handoff", "poll", "block_n", "block_k", "stages", "warps"}
+    assert defaults("tail")["stages"] == 3 and defaults("dense")["stages"] == 4  # a per-kind default
     assert "block_n" not in defaults("embed") and "chunk" in defaults("embed")
 
 

@@ -130,6 +130,22 @@ def test_each_site_stuck_is_named_and_the_next_launch_is_clean(weights, kind, kn
         assert _same(clean, k(x, peers)), site  # nothing lost: the retried launch gives the clean bits
 
 
+@pytest.mark.parametrize(("v_local", "tp", "rows", "grid"), [(19360, 8, 1, 396), (38720, 4, 8, 396), (512, 2, 3, 7)])
+def test_tail_split_even_deals_every_row_once(v_local, tp, rows, grid):
+    """split "even": the lm_head rows covered exactly once, at most block_n a task, the same number of tasks
+    for every program left after the NORM tasks and those kept for the gathers (one in 16)."""
+    from glm53ctl.kernels.tail.kernel import GATHER, GEMV, SPARE_EVERY, build_table
+
+    t = build_table(rows, v_local, tp, 64, "box", "last", "even", grid)
+    gemv = [task for task in t.tasks if task[0] == GEMV]
+    assert sorted((a0, a0 + a1) for _, a0, a1, _ in gemv) == [(a0, a0 + a1) for _, a0, a1, _ in gemv]
+    assert gemv[0][1] == 0 and all(g[1] + g[2] == h[1] for g, h in zip(gemv, gemv[1:], strict=False))
+    assert gemv[-1][1] + gemv[-1][2] == v_local and max(a1 for _, _, a1, _ in gemv) <= 64
+    free = grid - rows - min(grid // SPARE_EVERY, sum(task[0] == GATHER for task in t.tasks))
+    per_program = -(-len(gemv) // free)
+    assert len(gemv) > (per_program - 1) * free  # no program has a task more than another, but the last few
+
+
 def test_task_table_is_topological_and_boxes_fit_a_line():
     t = TaskTable("test", {0: "a", 1: "b"}, peers=1)
     producers = [t.add(0) for _ in range(40)]
