@@ -58,6 +58,14 @@ def gemv_kernel(
     tl.store(y + o_m[:, None] * N + o_n[None, :], acc, mask=(o_m[:, None] < R) & (o_n[None, :] < N))
 
 
+def fold_norm(norm_w, w):
+    """A GEMV's weight rows times the RMSNorm weight before it, rounded to bf16 once (knob `norm` "fold": the
+    GEMV then reads un-normalized rows and scales its sums by their 1/RMS)."""
+    import torch
+
+    return (w.float() * norm_w.float()[None, :]).to(torch.bfloat16).contiguous()
+
+
 def gemv(x, w, block_n: int = 64, block_k: int = 128):
     """y = x @ w^T for x [R, K] bf16 (R <= 16) and w [N, K] bf16, as one plain launch: y [R, N] fp32."""
     import torch

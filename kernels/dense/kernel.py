@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from glm53ctl.kernels.ffn.kernel import swiglu_act
-from glm53ctl.kernels.gemv import gemv_tile
+from glm53ctl.kernels.gemv import fold_norm, gemv_tile
 from glm53ctl.kernels.kda.kernel import SCRATCH, kda_head, kda_write_state
 from glm53ctl.kernels.mhc.kernel import gate_finish
 from glm53ctl.kernels.runtime.device import (
@@ -922,7 +922,7 @@ def prepare_weights(w, spec, tp: int, device, fold: bool = False) -> dict[str, t
         "base_f": w["hc_ffn_base"].float(),
         "scale_f": w["hc_ffn_scale"].float(),
         "norm_f": w["post_attention_layernorm.weight"],
-        "w_in": (w_in.float() * w["input_layernorm.weight"].float()[None, :] if fold else w_in).to(torch.bfloat16),
+        "w_in": fold_norm(w["input_layernorm.weight"], w_in) if fold else w_in.to(torch.bfloat16),
         "w_fb": w[f"{a_}f_b_proj.weight"],
         "w_gb": w[f"{a_}g_b_proj.weight"],
         "conv_w": torch.cat([w[f"{a_}{n}_conv1d.weight"][:, 0] for n in ("q", "k", "v")]).float(),

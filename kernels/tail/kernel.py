@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from glm53ctl.kernels.gemv import gemv_tile
+from glm53ctl.kernels.gemv import fold_norm, gemv_tile
 from glm53ctl.kernels.runtime.device import (
     finish,
     launch_epoch,
@@ -58,11 +58,6 @@ def _lm_head_folded(
     GEMV's rows as they are (bf16, contiguous), so nothing is computed between a load and the `tl.dot`."""
     acc = gemv_tile(H, D, w, n0, R * HC, N, D, D, BLOCK_N, BLOCK_K, INTERPRET, M)
     return tl.sum(tl.reshape(acc, (M // HC, HC, BLOCK_N)), axis=1)
-
-
-def fold_norm(norm_w: torch.Tensor, lm_w: torch.Tensor) -> torch.Tensor:
-    """lm_head's rows times the final norm's weight, rounded to bf16 once (knob `norm` "fold")."""
-    return (lm_w.float() * norm_w.float()[None, :]).to(torch.bfloat16).contiguous()
 
 
 @triton.jit(do_not_specialize=["stuck_site", "budget_ns"])
