@@ -416,7 +416,49 @@ def tail_timing(out_dir: Path) -> None:
     (out_dir / "tail.json").write_text(json.dumps(res, indent=2))
 
 
+def trace_keys(out_dir: Path, keys=((1, 1), (4, 1), (8, 1), (8, 8)), configs=({},)) -> None:
+    """Where a launch's time goes: each task's claim, ready and publish (a traced build, runtime/trace.py), per
+    task type and along the critical path; of 7 launches over rotated weights, the one with the median end."""
+    from glm53ctl.kernels.launches import DenseKind
+    from glm53ctl.kernels.runtime.trace import format_summary, summarize
+    from glm53ctl.kernels.spec import load_model
+    from glm53ctl.kernels.weights import Weights
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    w = Weights(load_model("glm53_flash"), seed=0, device="cuda")
+    warm_clocks()
+    res = {"env": environment(), "keys": []}
+    for tp, rows in keys:
+        for v in configs:
+            k = DenseKind(w, tp, rows, v, DEV)
+            x = k.inputs(seed=1)[0].to(DEV)
+            peers = k.peer_partials(x)
+            la = k.launch
+            if peers is not None:
+                la.set_peers(peers.parts_a, peers.parts_f)
+            conv0, S0 = k.rank_state(x, 0)
+            ws = [k.w[0]] + [{n: t.clone() for n, t in k.w[0].items()} for _ in range(COPIES - 1)]
+            it = iter(range(10**9))
+            plain_us = graph_time(lambda la=la, ws=ws: la(x.H, ws[next(it) % COPIES], conv0, S0, check=False))[0]
+            la.tracing = True
+            traced_us = graph_time(lambda la=la, ws=ws: la(x.H, ws[next(it) % COPIES], conv0, S0, check=False))[0]
+            runs = []
+            for i in range(7):
+                la(x.H, ws[i % COPIES], conv0, S0)
+                torch.cuda.synchronize()
+                runs.append(summarize(la.table, la.buf["trace"]))
+            s = sorted(runs, key=lambda r: r["end_us"])[3]
+            res["keys"].append({"tp": tp, "rows": rows, "knobs": v, "us": plain_us, "traced_us": traced_us, **s})
+            print(f"\n## TP{tp} rows{rows} {json.dumps(v)}: {plain_us:.1f} us ({traced_us:.1f} traced)", flush=True)
+            print(format_summary(s), flush=True)
+            del k, ws
+    (out_dir / "trace.json").write_text(json.dumps(res, indent=2))
+
+
 if __name__ == "__main__":
+    if "--trace" in sys.argv:
+        trace_keys(Path(sys.argv[1]))
+        sys.exit(0)
     # OUT_DIR [TPS, e.g. 4,8] [--no-checks]: one device call stays under its time limit
     if "--sweep" in sys.argv:
         sweep(Path(sys.argv[1]))

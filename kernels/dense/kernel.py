@@ -42,6 +42,7 @@ from glm53ctl.kernels.runtime.device import (
     prefetch_l2,
     publish,
     runtime_buffers,
+    stamp,
     task_row,
     wait_task,
 )
@@ -497,6 +498,7 @@ def dense_kernel(
     kpart_f,
     parts_f,
     pr,
+    trace,
     # outputs
     x_hat_a,
     post_a,
@@ -546,6 +548,7 @@ def dense_kernel(
     PREFETCH: tl.constexpr,
     FOLD: tl.constexpr,
     M: tl.constexpr,
+    TRACE: tl.constexpr,
 ):
     P: tl.constexpr = HL * K
     NIN: tl.constexpr = 2 * RG + HL + 3 * P
@@ -563,6 +566,8 @@ def dense_kernel(
     while task >= 0:
         row = task_row(rt, task)
         ttype, a0, a1 = row[0], row[1], row[2]
+        if TRACE:
+            stamp(trace, task, 0, INTERPRET)
         if PREFETCH and not INTERPRET:  # the interpreter has no inline asm; a prefetch changes no bits
             _prefetch(
                 ttype,
@@ -591,6 +596,8 @@ def dense_kernel(
         ok = task >= 0
         if (ttype != 2) | (FOLD == 0):
             ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS)
+        if TRACE:
+            stamp(trace, task, 1, INTERPRET)
         if ok:
             if ttype == 0:
                 _task_mix(H, fn_a, mixp, ssp, a0, a1, D, HC, CH)
@@ -780,6 +787,8 @@ def dense_kernel(
                 _task_own(kpart_f, parts_f, a0, a1, R, RANK, D, CH, KS_F)
             if ok:
                 publish(rt, row, task, epoch, INTERPRET)
+                if TRACE:
+                    stamp(trace, task, 2, INTERPRET)
         if OPROJ_FIRST:
             # the write-back after the task that followed the KDA head (z is out, o_proj's loads issued)
             if (pend != 0) & (ttype != 3):
@@ -979,6 +988,7 @@ class DenseLaunch:
         if stage is not None:
             self.table = stage_table(self.table, stage)
             self.grid = min(self.grid, self.table.n_tasks)
+        self.tracing = False  # a diagnostic build: each task's claim, ready and publish times (runtime/trace.py)
         if share is not None:  # a stage of separate launches works in the buffers of the whole launch
             self.runtime = Runtime(self.table, self.device, max_programs=self.grid)
             self.buf, self.out, self.conv_out, self.S_out = share.buf, share.out, share.conv_out, share.S_out
@@ -1000,6 +1010,7 @@ class DenseLaunch:
             "kpart_f": e(d.KS_F, R, D),
             "parts_f": e(tp, R, D),
             "pr": e(2, 16, PR.value),  # the attention and FFN gates' pre and 1/RMS per row
+            "trace": e(self.table.n_tasks, 4, dtype=torch.int64),  # written only by a traced launch
         }
         self.out = {
             "attn.x_hat": e(R, D, dtype=bf16),
@@ -1077,6 +1088,7 @@ class DenseLaunch:
             "FOLD": self.knobs["norm"] == "fold",
             # a folded INPROJ's rows are H's R * HC stream rows, padded to a `tl.dot` tile
             "M": 16 if self.rows * d.HC <= 16 else 32,
+            "TRACE": self.tracing,
         }
 
     def options(self) -> dict:

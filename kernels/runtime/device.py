@@ -80,6 +80,17 @@ def launch_epoch(ctl, INTERPRET: tl.constexpr):
 
 
 @triton.jit
+def stamp(trace, task, slot, INTERPRET: tl.constexpr):
+    """A task's trace record [4] (runtime/trace.py): the %globaltimer (ns) at `slot` (0 claimed, 1 inputs
+    ready, 2 published), and the program at slot 3. The interpreter has no timer: it stores the program only."""
+    p = trace + task.to(tl.int64) * 4
+    if not INTERPRET:
+        tl.store(p + slot, tl.max(_globaltimer(tl.arange(0, 1)), axis=0))
+    if slot == 0:
+        tl.store(p + 3, tl.program_id(0).to(tl.int64))
+
+
+@triton.jit
 def prefetch_l2(p):
     """Ask L2 for the 128-byte lines at p (a tensor of addresses); nothing is returned or waited for."""
     tl.inline_asm_elementwise(

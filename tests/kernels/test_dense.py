@@ -153,3 +153,28 @@ def test_run_backend_triton_matches_the_reference_over_steps(weights):
             assert rel_rms(ref[name], out[name]) <= bound, name
         else:
             assert torch.equal(ref[name].float(), out[name].float()), name
+
+
+def test_a_traced_launch_keeps_its_bits_and_records_every_task(weights):
+    """The trace build (benchmarks' `--trace`) stamps each task's claim, ready and publish (the interpreter has
+    no timer: it records the program only) and changes no output."""
+    from glm53ctl.kernels.runtime.trace import format_summary, summarize
+
+    k = DenseKind(weights, 2, 2, {"grid": 3}, "cpu")
+    x = k.inputs(seed=8)[0]
+    peers = k.peer_partials(x)
+    plain = {n: t.clone() for n, t in k(x, peers, poison=True).items()}
+    k.launch.tracing = True
+    tr = k.launch.buf["trace"]
+    tr.fill_(-1)
+    assert_same_bits(plain, k(x, peers, poison=True), "traced")
+    assert set(tr[:, 3].tolist()) == {0, 1, 2}  # every task recorded, by each of the 3 programs
+    # times made up (task i claimed at 10 i µs, ready 1 µs later, published 1 µs after that): the path runs
+    # back from the last task through each step's latest producer to a task that waits on nothing
+    n = k.launch.table.n_tasks
+    made_up = torch.arange(n)[:, None] * 10_000 + torch.tensor([0, 1000, 2000, 0])
+    s = summarize(k.launch.table, made_up)
+    assert sum(v["n"] for v in s["types"].values()) == n and s["end_us"] == 10 * (n - 1) + 2
+    path = [p["type"] for p in s["critical_path"]]
+    assert path[0] == "attn mix" and path[-1] == "ffn reduce" and "kda head" in path and "gate_up" in path
+    assert all(p["handoff"] > 0 for p in s["critical_path"][1:]) and "critical path" in format_summary(s)

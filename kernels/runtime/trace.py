@@ -1,0 +1,73 @@
+"""Reading a traced launch: when each task was claimed, had its inputs and published (device.stamp), per task
+type and along the critical path. A diagnostic for the GPU benchmarks: where a launch's time goes."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+
+from glm53ctl.kernels.runtime.table import TaskTable
+
+
+def producers(table: TaskTable) -> list[list[int]]:
+    """Each task's producer tasks (peers left out: their partials are in place before the launch)."""
+    out = [[] for _ in range(table.n_tasks)]
+    for s in table.sites:
+        out[s.task] += [p for p in s.producers if p >= 0]
+    return out
+
+
+def summarize(table: TaskTable, trace: torch.Tensor) -> dict:
+    """trace [n_tasks, 4] int64 (claimed, ready, published in ns; program) of one launch, as µs from the first
+    claim: per task type the first claim, first ready, last ready and last publish, the mean wait and work;
+    and the critical path back from the last publish (each step's latest producer), with the gap from that
+    producer's publish to the task's ready: the hand-off's cost on the path."""
+    t = trace.cpu().tolist()
+    t0 = min(r[0] for r in t)
+    us = lambda ns: (ns - t0) / 1000  # noqa: E731
+    types: dict[str, dict] = defaultdict(lambda: {"n": 0, "wait": 0.0, "work": 0.0})
+    for task, (claimed, ready, done, _) in enumerate(t):
+        s = types[table.type_names[table.tasks[task][0]]]
+        s["n"] += 1
+        s["first_claim"] = min(s.get("first_claim", 1e18), us(claimed))
+        s["first_ready"] = min(s.get("first_ready", 1e18), us(ready))
+        s["last_ready"] = max(s.get("last_ready", -1e18), us(ready))
+        s["last_done"] = max(s.get("last_done", -1e18), us(done))
+        s["wait"] += (ready - claimed) / 1000
+        s["work"] += (done - ready) / 1000
+    for s in types.values():
+        s["wait"] /= s["n"]
+        s["work"] /= s["n"]
+    prods = producers(table)
+    task = max(range(len(t)), key=lambda i: t[i][2])
+    path = []
+    while True:
+        step = {"task": task, "type": table.type_names[table.tasks[task][0]], "program": t[task][3]}
+        step |= {"claimed": us(t[task][0]), "ready": us(t[task][1]), "done": us(t[task][2])}
+        before = max(prods[task], key=lambda p: t[p][2], default=None)
+        if before is not None:
+            step["handoff"] = (t[task][1] - t[before][2]) / 1000
+        path.append(step)
+        if before is None:
+            break
+        task = before
+    return {"end_us": us(max(r[2] for r in t)), "types": dict(types), "critical_path": path[::-1]}
+
+
+def format_summary(s: dict) -> str:
+    """The summary as two short tables: per type, then the critical path with consecutive steps of one type
+    merged."""
+    lines = [f"launch: {s['end_us']:.1f} us from the first claim to the last publish"]
+    lines.append("| type | tasks | first claim | first ready | last ready | last publish | mean wait | mean work |")
+    for name, v in sorted(s["types"].items(), key=lambda kv: kv[1]["first_claim"]):
+        lines.append(
+            f"| {name} | {v['n']} | {v['first_claim']:.1f} | {v['first_ready']:.1f} | {v['last_ready']:.1f} | "
+            f"{v['last_done']:.1f} | {v['wait']:.1f} | {v['work']:.1f} |"
+        )
+    lines.append("critical path: type (ready -> publish, hand-off before it)")
+    lines += [
+        f"  {p['type']:<14} {p['ready']:7.1f} -> {p['done']:7.1f}  (+{p.get('handoff', 0.0):.2f})"
+        for p in s["critical_path"]
+    ]
+    return "\n".join(lines)
