@@ -850,9 +850,8 @@ def build_table(d: Dims, rows: int, knobs: dict, mode: str = "full") -> TaskTabl
         task = t.add(ttype, *args)
         if waits:
             t.wait(task, sorted(set(waits)), how, words)
-        if peers:
-            for q in range(1, d.T):
-                t.wait_peer(task, q)
+        if peers and d.T > 1:
+            t.wait_peers(task)
         return task
 
     mix = [[add(MIX_A, c, r) for c in range(d.NCH)] for r in range(rows)]

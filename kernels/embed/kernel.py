@@ -99,8 +99,8 @@ def build_table(D: int, chunk: int, tp: int, handoff: str, partial_only: bool) -
             continue
         r = t.add(REDUCE, d0)
         t.wait(r, [g], handoff)
-        for peer in range(1, tp):
-            t.wait_peer(r, peer)
+        if tp > 1:
+            t.wait_peers(r)
     return t
 
 

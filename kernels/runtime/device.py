@@ -176,8 +176,9 @@ def wait_site(
     never is: it is judged on one poll."""
     index = index.to(tl.int64)
     o_t = tl.arange(0, THREADS)
-    # a flag site: every thread reads the word; a box site: thread i reads word i % count of the line
-    p = tl.where(kind == 0, flags + index + o_t * 0, boxes + index * 32 + o_t % n_words)
+    # a flag site: thread i reads word i % count of the consecutive flags from `index` (one word but for the
+    # peers' site); a box site: word i % count of the line
+    p = tl.where(kind == 0, flags + index + o_t % n_words, boxes + index * 32 + o_t % n_words)
     live = site != stuck_site  # fault injection: a stuck site never sees its epoch
     v = _poll(p, INTERPRET, POLL)
     ok = (tl.min((v == epoch).to(tl.int32), axis=0) != 0) & live
@@ -198,10 +199,6 @@ def wait_site(
             rounds += 1
             if (POLL != 2) | (rounds % 8 == 0):
                 aborted = tl.max(_ld_relaxed(ctl + 3 + o_t * 0), axis=0)
-        if POLL != 0:
-            _fence_acq_rel(o_t)
-            # each thread fenced after its own word: a barrier orders every thread's later payload loads
-            tl.debug_barrier()
     if ok == 0:
         # a time-out, or a stop on another program's abort while this wait was still unsatisfied: either
         # way this task was blocked; the host names the lowest blocked task as the root
@@ -266,6 +263,13 @@ def wait_task(
                 POLL,
                 THREADS,
             )
+    if (not INTERPRET) and (POLL != 0):
+        if ns > 0:
+            # relaxed polls saw the epochs: one fence after all of them, not one per site (a fence waits for
+            # the program's outstanding memory operations), then a barrier: every thread fenced after its
+            # own words, so the CTA's later payload loads are ordered after all of them
+            _fence_acq_rel(tl.arange(0, 1))
+            tl.debug_barrier()
     return ok
 
 

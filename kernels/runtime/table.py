@@ -71,6 +71,12 @@ class TaskTable:
         assert 1 <= rank <= self.peers
         self.sites.append(Site(task, FLAG, -rank, 1, [-rank]))
 
+    def wait_peers(self, task: int) -> None:
+        """Wait until every peer's partial has arrived: one site polling their consecutive flag words at once
+        (a site per peer cost an all-reduce a poll, a time check and a CTA-wide verdict per peer)."""
+        assert self.peers >= 1
+        self.sites.append(Site(task, FLAG, -1, self.peers, [-q for q in range(1, self.peers + 1)]))
+
     @property
     def n_tasks(self) -> int:
         return len(self.tasks)

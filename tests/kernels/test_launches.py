@@ -10,7 +10,7 @@ from glm53ctl.kernels.numerics import rel_rms
 from glm53ctl.kernels.reference import Reference
 from glm53ctl.kernels.runtime import LaunchFault
 from glm53ctl.kernels.runtime.device import TASK_FIELDS
-from glm53ctl.kernels.runtime.table import BOX, TaskTable
+from glm53ctl.kernels.runtime.table import BOX, FLAG, TaskTable
 from glm53ctl.kernels.spec import load_model
 from glm53ctl.kernels.weights import Weights
 from glm53ctl.tuning.knobs import KNOBS
@@ -164,6 +164,19 @@ def test_task_table_is_topological_and_boxes_fit_a_line():
     # a row: type, a0-a2, first site, sites, publish flag / box words / first word, first site's kind/index/words
     assert rows[c][:12] == [1, 0, 0, 0, 0, 3, 0, 0, 40, BOX, 0, 32]
     assert rows[0][:12] == [0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0]
+
+
+def test_every_peer_in_one_site():
+    """An all-reduce waits on its peers at one site: their consecutive flag words (after the tasks' words),
+    polled at once, every peer named as its producer."""
+    t = TaskTable("test", {0: "a", 1: "b"}, peers=3)
+    a = t.add(0)
+    c = t.add(1)
+    t.wait(c, [a])
+    t.wait_peers(c)
+    assert [(s.kind, s.count, s.producers) for s in t.sites] == [(FLAG, 1, [a]), (FLAG, 3, [-1, -2, -3])]
+    assert t.build("cpu")["wait_index"].tolist() == [a, t.n_tasks]
+    assert [t.describe_task(p) for p in t.sites[1].producers] == ["peer rank 1", "peer rank 2", "peer rank 3"]
 
 
 def test_an_unchecked_fault_does_not_leak_into_the_next_launch(weights):
