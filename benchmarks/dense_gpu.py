@@ -416,7 +416,7 @@ def tail_timing(out_dir: Path) -> None:
     (out_dir / "tail.json").write_text(json.dumps(res, indent=2))
 
 
-def trace_keys(out_dir: Path, keys=((1, 1), (4, 1), (8, 1), (8, 8)), configs=({},)) -> None:
+def trace_keys(out_dir: Path, keys=((1, 1), (4, 1), (8, 1), (8, 8)), configs=({},), verbose=True) -> None:
     """Where a launch's time goes: each task's claim, ready and publish (a traced build, runtime/trace.py), per
     task type and along the critical path; of 7 launches over rotated weights, the one with the median end."""
     from glm53ctl.kernels.launches import DenseKind
@@ -429,10 +429,14 @@ def trace_keys(out_dir: Path, keys=((1, 1), (4, 1), (8, 1), (8, 8)), configs=({}
     warm_clocks()
     res = {"env": environment(), "keys": []}
     for tp, rows in keys:
+        first = None
         for v in configs:
             k = DenseKind(w, tp, rows, v, DEV)
             x = k.inputs(seed=1)[0].to(DEV)
             peers = k.peer_partials(x)
+            out = {n: t.clone() for n, t in k(x, peers, poison=True).items()}
+            first = first or out
+            bits = same(first, out)  # the first configuration's bits (meaningful where only schedule knobs differ)
             la = k.launch
             if peers is not None:
                 la.set_peers(peers.parts_a, peers.parts_f)
@@ -448,16 +452,20 @@ def trace_keys(out_dir: Path, keys=((1, 1), (4, 1), (8, 1), (8, 8)), configs=({}
                 torch.cuda.synchronize()
                 runs.append(summarize(la.table, la.buf["trace"]))
             s = sorted(runs, key=lambda r: r["end_us"])[3]
-            res["keys"].append({"tp": tp, "rows": rows, "knobs": v, "us": plain_us, "traced_us": traced_us, **s})
-            print(f"\n## TP{tp} rows{rows} {json.dumps(v)}: {plain_us:.1f} us ({traced_us:.1f} traced)", flush=True)
-            print(format_summary(s), flush=True)
+            res["keys"].append(
+                {"tp": tp, "rows": rows, "knobs": v, "us": plain_us, "traced_us": traced_us, "bits": bits, **s}
+            )
+            print(f"\n## TP{tp} rows{rows} {json.dumps(v)}: {plain_us:.1f} us ({traced_us:.1f} traced) bits {bits}")
+            print(format_summary(s) if verbose else format_summary(s).split("critical path")[0], flush=True)
             del k, ws
     (out_dir / "trace.json").write_text(json.dumps(res, indent=2))
 
 
 if __name__ == "__main__":
-    if "--trace" in sys.argv:
-        trace_keys(Path(sys.argv[1]))
+    if "--trace" in sys.argv:  # [--configs JSON-LIST]: knob sets traced one after another per key
+        i = sys.argv.index("--configs") + 1 if "--configs" in sys.argv else 0
+        configs = tuple(json.loads(sys.argv[i])) if i else ({},)
+        trace_keys(Path(sys.argv[1]), configs=configs, verbose=len(configs) == 1)
         sys.exit(0)
     # OUT_DIR [TPS, e.g. 4,8] [--no-checks]: one device call stays under its time limit
     if "--sweep" in sys.argv:

@@ -91,6 +91,14 @@ KNOBS = {
             "a KDA task publishes z, its program runs the next task (o_proj), then writes the states back",
         ),
         Knob(
+            "kda_split",
+            (1, 2, 4),
+            1,
+            ("dense",),
+            "schedule",
+            "programs per KDA head, each on its share of the state's value columns (part 0 then norms the head)",
+        ),
+        Knob(
             "chunk_cols",
             (64, 128, 256),
             128,

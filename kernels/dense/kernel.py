@@ -33,7 +33,7 @@ import triton.language as tl
 
 from glm53ctl.kernels.ffn.kernel import swiglu_act
 from glm53ctl.kernels.gemv import fold_norm, gemv_tile
-from glm53ctl.kernels.kda.kernel import SCRATCH, kda_head, kda_write_state
+from glm53ctl.kernels.kda.kernel import SCRATCH, kda_head, kda_norm, kda_write_state
 from glm53ctl.kernels.mhc.kernel import gate_finish
 from glm53ctl.kernels.runtime.device import (
     finish,
@@ -272,7 +272,7 @@ def _task_inproj_folded(
     y[r] = 1/RMS[r] * sum_j pre[r, j] * acc[r * HC + j] (x = sum_j pre_j H_j is linear in H). True unless the
     wait failed."""
     acc = gemv_tile(H, D, w_in, n0, R * HC, NIN, D, D, BN, BK, INTERPRET, M)
-    ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS)
+    ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, True)
     if ok:
         o_s = tl.arange(0, M)
         b_pre = tl.load(pr + (o_s // HC) * PR + o_s % HC, mask=o_s < R * HC, other=0.0)
@@ -289,6 +289,12 @@ def _task_inproj_folded(
 
 @triton.jit(noinline=True)
 def _task_kda(
+    rt,
+    row,
+    task,
+    epoch,
+    stuck_site,
+    budget_ns,
     y_in,
     lr,
     w_fb,
@@ -305,6 +311,7 @@ def _task_kda(
     kscr,
     h,
     r,
+    part,
     R,
     lower_bound,
     eps,
@@ -313,15 +320,19 @@ def _task_kda(
     W: tl.constexpr,
     RG: tl.constexpr,
     BK_R: tl.constexpr,
+    NV: tl.constexpr,
     INTERPRET: tl.constexpr,
     WRITE_STATE: tl.constexpr,
+    POLL: tl.constexpr,
+    THREADS: tl.constexpr,
 ):
-    """KDA: head h of row r, its f_b and g_b rows first (a [16, K] GEMV over the low-rank rows each)."""
+    """KDA: part `part` (of NV, knob kda_split) of head h of row r: f_b for the head (a [16, K] GEMV over the
+    low-rank rows), the delta rule on the part's value columns; part 0 then waits (late) for the other parts'
+    o and makes the head's z (g_b, the gated RMSNorm). True unless that wait failed."""
     P: tl.constexpr = HL * K
     NIN: tl.constexpr = 2 * RG + HL + 3 * P
     sel = tl.arange(0, 16)[:, None] == r
     f_h = gemv_tile(lr, 2 * RG, w_fb, h * K, R, P, RG, RG, K, BK_R, INTERPRET)
-    og_h = gemv_tile(lr + RG, 2 * RG, w_gb, h * K, R, P, RG, RG, K, BK_R, INTERPRET)
     kda_head(
         y_in + 2 * RG + HL,
         NIN,
@@ -329,27 +340,33 @@ def _task_kda(
         3 * K,
         tl.load(y_in + r * NIN + 2 * RG + h),
         tl.sum(tl.where(sel, f_h, 0.0), axis=0),
-        tl.sum(tl.where(sel, og_h, 0.0), axis=0),
         conv_in,
         conv_out,
         conv_w,
         A_log,
         dt_bias,
-        o_norm,
         S_in,
         S_out,
-        z,
         kscr,
         r,
         h,
+        part,
         lower_bound,
-        eps,
         HL,
         K,
         W,
+        NV,
         INTERPRET,
         WRITE_STATE,
     )
+    ok = task >= 0
+    if part == 0:
+        og_h = gemv_tile(lr + RG, 2 * RG, w_gb, h * K, R, P, RG, RG, K, BK_R, INTERPRET)
+        if NV > 1:
+            ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, True)
+        if ok:
+            kda_norm(kscr, tl.sum(tl.where(sel, og_h, 0.0), axis=0), o_norm, z, r, h, eps, HL, K, INTERPRET)
+    return ok
 
 
 @triton.jit(noinline=True)
@@ -549,6 +566,7 @@ def dense_kernel(
     FOLD: tl.constexpr,
     M: tl.constexpr,
     TRACE: tl.constexpr,
+    NV: tl.constexpr,
 ):
     P: tl.constexpr = HL * K
     NIN: tl.constexpr = 2 * RG + HL + 3 * P
@@ -562,6 +580,7 @@ def dense_kernel(
     pend = 0
     pend_r = 0
     pend_h = 0
+    pend_p = 0
     task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET)
     while task >= 0:
         row = task_row(rt, task)
@@ -592,10 +611,8 @@ def dense_kernel(
                 BN_O,
                 PREFETCH,
             )
-        # a folded INPROJ task waits for its gates after its stream (below); every other task before it starts
-        ok = task >= 0
-        if (ttype != 2) | (FOLD == 0):
-            ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS)
+        # a task's early sites; its late ones (a folded INPROJ's gates, a KDA head's other parts) in its body
+        ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, False)
         if TRACE:
             stamp(trace, task, 1, INTERPRET)
         if ok:
@@ -666,13 +683,21 @@ def dense_kernel(
                             S_out,
                             pend_r,
                             pend_h,
+                            pend_p,
                             HL,
                             K,
                             W,
+                            NV,
                             INTERPRET,
                         )
                         pend = 0
-                _task_kda(
+                ok = _task_kda(
+                    rt,
+                    row,
+                    task,
+                    epoch,
+                    stuck_site,
+                    budget_ns,
                     y_in,
                     lr,
                     w_fb,
@@ -689,6 +714,7 @@ def dense_kernel(
                     kscr,
                     a0,
                     a1,
+                    row[3],
                     R,
                     lower_bound,
                     norm_eps,
@@ -697,13 +723,17 @@ def dense_kernel(
                     W,
                     RG,
                     BK_R,
+                    NV,
                     INTERPRET,
                     not OPROJ_FIRST,
+                    POLL,
+                    THREADS,
                 )
                 if OPROJ_FIRST:
                     pend = 1
                     pend_h = a0
                     pend_r = a1
+                    pend_p = row[3]
             elif ttype == 4:
                 _task_partial(z + a1 * PK, w_o + a1 * PK, kpart_a + a1 * R * D, a0, R, D, PK, P, BN_O, BK_O, INTERPRET)
             elif ttype == 8:
@@ -793,7 +823,23 @@ def dense_kernel(
             # the write-back after the task that followed the KDA head (z is out, o_proj's loads issued)
             if (pend != 0) & (ttype != 3):
                 kda_write_state(
-                    kscr, y_in + HDR, NIN, K, 3 * K, conv_in, conv_out, S_in, S_out, pend_r, pend_h, HL, K, W, INTERPRET
+                    kscr,
+                    y_in + HDR,
+                    NIN,
+                    K,
+                    3 * K,
+                    conv_in,
+                    conv_out,
+                    S_in,
+                    S_out,
+                    pend_r,
+                    pend_h,
+                    pend_p,
+                    HL,
+                    K,
+                    W,
+                    NV,
+                    INTERPRET,
                 )
                 pend = 0
         n_done += 1
@@ -801,7 +847,23 @@ def dense_kernel(
     if OPROJ_FIRST:
         if pend != 0:
             kda_write_state(
-                kscr, y_in + HDR, NIN, K, 3 * K, conv_in, conv_out, S_in, S_out, pend_r, pend_h, HL, K, W, INTERPRET
+                kscr,
+                y_in + HDR,
+                NIN,
+                K,
+                3 * K,
+                conv_in,
+                conv_out,
+                S_in,
+                S_out,
+                pend_r,
+                pend_h,
+                pend_p,
+                HL,
+                K,
+                W,
+                NV,
+                INTERPRET,
             )
     finish(ctl, flags, n_tasks, n_peers, n_programs, epoch)
 
@@ -846,23 +908,32 @@ def build_table(d: Dims, rows: int, knobs: dict, mode: str = "full") -> TaskTabl
     t = TaskTable("dense", TYPE_NAMES, peers=0 if mode == "attn" else d.T - 1)
     how, words = knobs["handoff"], knobs["box_words"]
 
-    def add(ttype: int, *args: int, waits: list[int] = (), peers: bool = False) -> int:
+    def add(ttype: int, *args: int, waits: list[int] = (), peers: bool = False, late: bool = False) -> int:
         task = t.add(ttype, *args)
         if waits:
-            t.wait(task, sorted(set(waits)), how, words)
+            t.wait(task, sorted(set(waits)), how, words, late)
         if peers and d.T > 1:
             t.wait_peers(task)
         return task
 
     mix = [[add(MIX_A, c, r) for c in range(d.NCH)] for r in range(rows)]
     gates = [add(GATE_A, r, waits=mix[r]) for r in range(rows)]
-    inproj = [(n0, n0 + d.BN, add(INPROJ, n0, waits=gates)) for n0 in range(0, d.NIN, d.BN)]
+    # a folded INPROJ streams H from the start and waits for its gates at its end
+    fold = knobs["norm"] == "fold"
+    inproj = [(n0, n0 + d.BN, add(INPROJ, n0, waits=gates, late=fold)) for n0 in range(0, d.NIN, d.BN)]
     small = _covering(inproj, 0, 2 * d.RG)  # f_a | g_a: every head's low-rank rows
     heads = []
     for h in range(d.HL):
         own = small + _covering(inproj, 2 * d.RG + h, 2 * d.RG + h + 1)
         own += _covering(inproj, d.HDR + 3 * d.K * h, d.HDR + 3 * d.K * (h + 1))
-        heads.append([add(KDA, h, r, waits=own) for r in range(rows)])
+        head = []
+        for r in range(rows):
+            # parts 1.. of a split head first; part 0 makes z once they have published their o (late)
+            others = [add(KDA, h, r, p, waits=own) for p in range(knobs["kda_split"] - 1, 0, -1)]
+            head.append(add(KDA, h, r, 0, waits=own))
+            if others:
+                t.wait(head[-1], others, how, words, late=True)
+        heads.append(head)
     oproj = []
     for ks in range(d.KS_O):
         lo, hi = ks * d.PK, (ks + 1) * d.PK
@@ -1088,6 +1159,7 @@ class DenseLaunch:
             # a folded INPROJ's rows are H's R * HC stream rows, padded to a `tl.dot` tile
             "M": 16 if self.rows * d.HC <= 16 else 32,
             "TRACE": self.tracing,
+            "NV": self.knobs["kda_split"],
         }
 
     def options(self) -> dict:

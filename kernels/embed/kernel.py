@@ -68,7 +68,7 @@ def embed_kernel(
     while task >= 0:
         row = task_row(rt, task)
         ttype, d0 = row[0], row[1]
-        ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS)
+        ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, False)
         if ok:
             o_d = d0 + tl.arange(0, CHUNK)
             for r in range(R):

@@ -42,8 +42,9 @@ def kda_conv_shift(
         tl.store(conv_out + (r * (W - 1) + W - 2) * (3 * P) + chan, to_bf16(b_u, INTERPRET))
 
 
-# value columns of the state per step: a [K, BV] fp32 tile stays in registers (fixed: it sets no sum's order
-# across columns, but a tile's shape may set the order of the sums over keys)
+# value columns of the state per step: a [K, VB] fp32 tile stays in registers (fixed per model: it sets no
+# sum's order across columns, but a tile's shape may set the order of the sums over keys). VB = min(BV, K / 4):
+# a head's columns are at least 4 blocks, so a head splits into 1, 2 or 4 parts of whole blocks (knob kda_split)
 BV = tl.constexpr(32)
 SCRATCH = tl.constexpr(4)  # fp32 vectors per (row, head) in `scr`: o, and for a deferred write-back delta, decay, k
 
@@ -61,28 +62,31 @@ def kda_write_state(
     S_out,
     r,
     h,
+    part,
     H: tl.constexpr,
     K: tl.constexpr,
     W: tl.constexpr,
+    NV: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
-    """The deferred write-back of head h's states (row r): the recurrent state recomputed from S_in and the
-    step's decay, k and delta (kept in `scr` by kda_head), with kda_head's operations (so its bits), and
-    the shifted conv state."""
+    """The deferred write-back of part `part` (of NV) of head h's states (row r): its value columns of the
+    recurrent state recomputed from S_in and the step's decay, k and delta (kept in `scr` by kda_head), with
+    kda_head's operations (so its bits); part 0 also the shifted conv state."""
     P: tl.constexpr = H * K
+    VB: tl.constexpr = min(BV, K // 4)
     o_k = tl.arange(0, K)
     p_scr = scr + (r * SCRATCH) * P + h * K
     decay = tl.load(p_scr + 2 * P + o_k)
     k = tl.load(p_scr + 3 * P + o_k)
-    VB: tl.constexpr = min(BV, K)
-    for j0 in tl.static_range(0, K, VB):
-        o_j = j0 + tl.arange(0, VB)
+    for j0 in tl.static_range(0, K // NV, VB):
+        o_j = part * (K // NV) + j0 + tl.arange(0, VB)
         p_s = (r * H + h) * (K * K) + o_k[:, None] * K + o_j[None, :]
         s = tl.load(S_in + p_s) * decay[:, None]
         delta = tl.load(p_scr + P + o_j)
         s = tl.fma(k[:, None], delta[None, :], s)  # an explicit fma: the write-back repeats these bits
         tl.store(S_out + p_s, s)
-    kda_conv_shift(u, u_row, u_part, u_head, conv_in, conv_out, r, h, H, K, W, INTERPRET)
+    if part == 0:
+        kda_conv_shift(u, u_row, u_part, u_head, conv_in, conv_out, r, h, H, K, W, INTERPRET)
 
 
 @triton.jit
@@ -106,38 +110,37 @@ def kda_head(
     u_head,
     beta_logit,
     b_f,
-    b_og,
     conv_in,
     conv_out,
     conv_w,
     A_log,
     dt_bias,
-    o_norm_w,
     S_in,
     S_out,
-    z,
     scr,
     r,
     h,
+    part,
     lower_bound,
-    eps,
     H: tl.constexpr,
     K: tl.constexpr,
     W: tl.constexpr,
+    NV: tl.constexpr,
     INTERPRET: tl.constexpr,
     WRITE_STATE: tl.constexpr,
 ):
-    """Row r, local head h: z, and the new states (written here if WRITE_STATE, else later by
-    kda_write_state from what this leaves in `scr`, after the caller has published z).
+    """Row r, local head h, value columns of part `part` of NV: the delta rule on those columns and their
+    output o (to `scr`), and their new states (written here if WRITE_STATE, else later by kda_write_state
+    from what this leaves in `scr`). kda_norm then turns the head's o into z.
 
-    u: raw q|k|v (fp32), head h's part p at u + r*u_row + p*u_part + h*u_head; beta_logit (b), b_f (f) and
-    b_og (og) this head's values [K]; conv_in/out [R, W-1, 3P] bf16 (oldest tap first, q|k|v channels);
-    conv_w [3P, W] (tap W-1 on the current input); S_in/out [R, H, K, K] fp32 (S[i = key, j = value]);
-    z [R, P] bf16, what o_proj reads; scr [R, SCRATCH, P] fp32.
+    u: raw q|k|v (fp32), head h's part p at u + r*u_row + p*u_part + h*u_head; beta_logit (b) and b_f (f) this
+    head's values; conv_in/out [R, W-1, 3P] bf16 (oldest tap first, q|k|v channels); conv_w [3P, W] (tap W-1
+    on the current input); S_in/out [R, H, K, K] fp32 (S[i = key, j = value]); scr [R, SCRATCH, P] fp32.
 
-    The state is updated BV value columns at a time (columns are independent in the delta rule), so a
-    [K, BV] tile is live instead of [K, K]."""
+    The state is updated VB value columns at a time (columns are independent in the delta rule), so a
+    [K, VB] tile is live instead of [K, K]; so are a part's columns, so parts give the same bits as one."""
     P: tl.constexpr = H * K
+    VB: tl.constexpr = min(BV, K // 4)
     o_k = tl.arange(0, K)
     p_scr = scr + (r * SCRATCH) * P + h * K
     y_q = _conv_silu(u, u_row, u_part, u_head, conv_in, conv_w, r, h, 0, o_k, H, K, W)
@@ -151,9 +154,8 @@ def kda_head(
     k = y_k / tl.sqrt(tl.sum(y_k * y_k, axis=0) + 1e-6)
     # gated delta rule per value block: decay along the key dim, read S^T k, update, output from the
     # UPDATED state
-    VB: tl.constexpr = min(BV, K)
-    for j0 in tl.static_range(0, K, VB):
-        o_j = j0 + tl.arange(0, VB)
+    for j0 in tl.static_range(0, K // NV, VB):
+        o_j = part * (K // NV) + j0 + tl.arange(0, VB)
         y_v = _conv_silu(u, u_row, u_part, u_head, conv_in, conv_w, r, h, 2, o_j, H, K, W)
         p_s = (r * H + h) * (K * K) + o_k[:, None] * K + o_j[None, :]
         s = tl.load(S_in + p_s) * decay[:, None]
@@ -165,15 +167,24 @@ def kda_head(
             tl.store(p_scr + P + o_j, delta)
         tl.store(p_scr + o_j, tl.sum(s * q[:, None], axis=0))
     if not WRITE_STATE:
+        # every part stores the same decay and k (the same bits): each part's write-back reads its own
         tl.store(p_scr + 2 * P + o_k, decay)
         tl.store(p_scr + 3 * P + o_k, k)
+    if WRITE_STATE:
+        if part == 0:
+            kda_conv_shift(u, u_row, u_part, u_head, conv_in, conv_out, r, h, H, K, W, INTERPRET)
+
+
+@triton.jit
+def kda_norm(scr, b_og, o_norm_w, z, r, h, eps, H: tl.constexpr, K: tl.constexpr, INTERPRET: tl.constexpr):
+    """Head h's z (row r): the gated RMSNorm (sigmoid gate b_og [K]) of o, which kda_head's parts left in
+    `scr` (this program's threads or, split, other programs published it)."""
+    P: tl.constexpr = H * K
+    o_k = tl.arange(0, K)
     tl.debug_barrier()  # o's blocks were stored by other threads
-    o = tl.load(p_scr + o_k)
-    # gated RMSNorm per head, sigmoid gate
+    o = tl.load(scr + (r * SCRATCH) * P + h * K + o_k)
     zz = o / tl.sqrt(tl.sum(o * o, axis=0) / K + eps) * tl.load(o_norm_w + o_k).to(tl.float32) * tl.sigmoid(b_og)
     tl.store(z + r * P + h * K + o_k, to_bf16(zz, INTERPRET))
-    if WRITE_STATE:
-        kda_conv_shift(u, u_row, u_part, u_head, conv_in, conv_out, r, h, H, K, W, INTERPRET)
 
 
 @triton.jit
@@ -210,27 +221,26 @@ def kda_core_kernel(
         K,
         tl.load(b + r * H + h),
         tl.load(f + r * P + h * K + o_k),
-        tl.load(og + r * P + h * K + o_k),
         conv_in,
         conv_out,
         conv_w,
         A_log,
         dt_bias,
-        o_norm_w,
         S_in,
         S_out,
-        z,
         scr,
         r,
         h,
+        0,
         lower_bound,
-        eps,
         H,
         K,
         W,
+        1,
         INTERPRET,
         True,
     )
+    kda_norm(scr, tl.load(og + r * P + h * K + o_k), o_norm_w, z, r, h, eps, H, K, INTERPRET)
 
 
 def kda_core(u, b, f, og, conv_state, S, conv_w, A_log, dt_bias, o_norm_w, spec):

@@ -46,7 +46,7 @@ def chain_kernel(
     task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET)
     while task >= 0:
         row = task_row(rt, task)
-        ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS)
+        ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, False)
         if ok:
             publish(rt, row, task, epoch, INTERPRET)
         n_done += 1

@@ -128,9 +128,10 @@ def next_task(ctl, n_tasks, n_done, n_programs, INTERPRET: tl.constexpr, ok=True
 @triton.jit
 def task_row(rt, task):
     """A task's row of the table (runtime/table.py TASK_FIELDS), every field loaded at once, right after the
-    claim: type, a0, a1, a2, its wait sites (first, count), its publish list (flag, box words, first word)
-    and its first site's kind, index and word count. So neither its first wait nor its publish starts with
-    a dependent load of the runtime's arrays: one round trip each fewer on every hand-off."""
+    claim: type, a0, a1, a2, its wait sites (first, count), its publish list (flag, box words, first word),
+    its first site's kind, index and word count, and how many of its sites are early. So neither its first
+    wait nor its publish starts with a dependent load of the runtime's arrays: one round trip each fewer on
+    every hand-off."""
     tasks = rt[4]
     p = tasks + task * TASK_FIELDS
     return (
@@ -146,6 +147,7 @@ def task_row(rt, task):
         tl.load(p + 9),
         tl.load(p + 10),
         tl.load(p + 11),
+        tl.load(p + 12),
     )
 
 
@@ -229,14 +231,20 @@ def wait_task(
     INTERPRET: tl.constexpr,
     POLL: tl.constexpr,
     THREADS: tl.constexpr,
+    LATE: tl.constexpr,
 ):
-    """Every wait site of `task`, in order; False as soon as one times out or the launch aborted.
-    rt: the runtime's buffers, as `runtime_buffers` packs them; row: the task's `task_row`."""
+    """The early wait sites of `task` (LATE: its late ones, at the end of its work), in order; False as soon
+    as one times out or the launch aborted. rt: the runtime's buffers, as `runtime_buffers` packs them;
+    row: the task's `task_row`."""
     ctl, flags, boxes, errs, tasks, wait_kind, wait_index, wait_count, _ = rt
     s0 = row[4]
-    ns = row[5]
+    lo = s0
+    hi = s0 + row[12]
+    if LATE:
+        lo = s0 + row[12]
+        hi = s0 + row[5]
     ok = task >= 0
-    for s in range(s0, s0 + ns):
+    for s in range(lo, hi):
         if ok:
             # the first site's words come with the row; later sites' from the site arrays
             kind = row[9]
@@ -264,7 +272,7 @@ def wait_task(
                 THREADS,
             )
     if (not INTERPRET) and (POLL != 0):
-        if ns > 0:
+        if hi > lo:
             # relaxed polls saw the epochs: one fence after all of them, not one per site (a fence waits for
             # the program's outstanding memory operations), then a barrier: every thread fenced after its
             # own words, so the CTA's later payload loads are ordered after all of them

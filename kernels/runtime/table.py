@@ -24,6 +24,7 @@ class Site:
     index: int  # flag word, or box line
     count: int  # words polled
     producers: list[int]  # producer task ids (peers as -rank)
+    late: bool = False  # waited at the end of the task's work (device.wait_task LATE), not before it
 
 
 @dataclass
@@ -46,15 +47,19 @@ class TaskTable:
         self.first_site.append(len(self.sites))
         return len(self.tasks) - 1
 
-    def wait(self, task: int, producers: list[int], mechanism: str = "flag", words: int = BOX_WORDS) -> None:
+    def wait(
+        self, task: int, producers: list[int], mechanism: str = "flag", words: int = BOX_WORDS, late: bool = False
+    ) -> None:
         """The last-added task waits on producers (earlier tasks), by flag or by box (`words` producers per
-        128-byte line: fewer words, more lines to poll, less contention per line)."""
+        128-byte line: fewer words, more lines to poll, less contention per line). `late`: the task starts
+        without them and waits at the end of its work (a task's late sites come after its early ones)."""
         assert 1 <= words <= BOX_WORDS
         assert task == len(self.tasks) - 1, "waits are added right after their task"
         assert all(p < task for p in producers), "a task waits only on earlier tasks (topological order)"
+        assert late or not any(s.late for s in self.sites[self.first_site[task] :]), "early sites come first"
         if mechanism == "flag":
             for p in producers:
-                self.sites.append(Site(task, FLAG, p, 1, [p]))
+                self.sites.append(Site(task, FLAG, p, 1, [p], late))
         elif mechanism == "box":
             for i in range(0, len(producers), words):
                 group = producers[i : i + words]
@@ -62,7 +67,7 @@ class TaskTable:
                 self.box_lines += 1
                 for slot, p in enumerate(group):
                     self.box_pubs.setdefault(p, []).append(line * BOX_WORDS + slot)
-                self.sites.append(Site(task, BOX, line, len(group), group))
+                self.sites.append(Site(task, BOX, line, len(group), group, late))
         else:
             raise ValueError(f"unknown hand-off mechanism {mechanism!r}")
 
@@ -74,7 +79,8 @@ class TaskTable:
     def wait_peers(self, task: int) -> None:
         """Wait until every peer's partial has arrived: one site polling their consecutive flag words at once
         (a site per peer cost an all-reduce a poll, a time check and a CTA-wide verdict per peer)."""
-        assert self.peers >= 1
+        assert self.peers >= 1 and task == len(self.tasks) - 1
+        assert not any(s.late for s in self.sites[self.first_site[task] :]), "early sites come first"
         self.sites.append(Site(task, FLAG, -1, self.peers, [-q for q in range(1, self.peers + 1)]))
 
     @property
@@ -98,13 +104,15 @@ class TaskTable:
             pub_first.append(len(pub_slot))
             pub_slot.extend(self.box_pubs.get(t, []))
         # a task's row (device.task_row): type, a0, a1, a2, first site, sites, publish flag, box words, first
-        # word, then its first site's kind, index and words (so the kernel needs no second load to start)
+        # word, then its first site's kind, index and words (so the kernel needs no second load to start), and
+        # how many of its sites are early (the rest are late)
         rows = []
         for t in range(n):
             f, c = self.first_site[t], counts[t]
             first = (self.sites[f].kind, index[f], self.sites[f].count) if c else (0, 0, 0)
             pubs = (int(t in flagged), len(self.box_pubs.get(t, [])), pub_first[t])
-            row = [*self.tasks[t], f, c, *pubs, *first]
+            early = sum(not s.late for s in self.sites[f : f + c])
+            row = [*self.tasks[t], f, c, *pubs, *first, early]
             rows.append(row + [0] * (TASK_FIELDS.value - len(row)))
         i32 = lambda xs: torch.tensor(xs or [0], dtype=torch.int32)
         arrays = {

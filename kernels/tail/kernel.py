@@ -117,7 +117,7 @@ def tail_kernel(
         # a folded GEMV task waits after its stream (below); every other task before it starts
         ok = task >= 0
         if (ttype != 1) | (NORM_FOLD == 0):
-            ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS)
+            ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, False)
         if ok:
             if ttype == 0:
                 # NORM: ĥ[r] = RMSNorm(mean_j H[r, j]) * w for row a0, in one pass over the row (the
@@ -144,7 +144,7 @@ def tail_kernel(
                     # claimed here and then dropped on a failed wait is harmless: the launch is aborted)
                     nxt = next_task(ctl, n_tasks, n_done + 1, n_programs, INTERPRET)
                     ahead = 1
-                    ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS)
+                    ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, False)
                     # the mean of the streams, then the rows' 1/RMS (the norm weight is in lm_w)
                     acc = acc / HC * tl.load(rstd + o_m, mask=o_m < R, other=0.0)[:, None]
                 else:
