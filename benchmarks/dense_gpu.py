@@ -47,7 +47,8 @@ COPIES = 3
 
 def _compile(job):
     """Compile (no launch) one key's persistent and separate-launch kernels into the shared Triton cache."""
-    tp, rows, knobs, with_stages = job
+    tp, rows, knobs, with_stages = job[:4]
+    traced = len(job) > 4 and job[4]  # also the traced build (trace_keys)
     from glm53ctl.kernels.dense.kernel import DenseLaunch, SeparateLaunches, dense_kernel
     from glm53ctl.kernels.spec import load_model
     from glm53ctl.tuning.knobs import defaults, resolve_grid
@@ -61,6 +62,9 @@ def _compile(job):
         args = {n: (v.to(DEV) if isinstance(v, torch.Tensor) else v) for n, v in la.placeholder_args().items()}
         args |= la.runtime.args()
         dense_kernel.warmup(**args, **la.constexprs(), **la.options(), grid=(la.grid,))
+        if traced:
+            la.tracing = True
+            dense_kernel.warmup(**args, **la.constexprs(), **la.options(), grid=(la.grid,))
     return job
 
 
@@ -425,6 +429,7 @@ def trace_keys(out_dir: Path, keys=((1, 1), (4, 1), (8, 1), (8, 8)), configs=({}
     from glm53ctl.kernels.weights import Weights
 
     out_dir.mkdir(parents=True, exist_ok=True)
+    precompile([(tp, rows, v, False, True) for tp, rows in keys for v in configs])
     w = Weights(load_model("glm53_flash"), seed=0, device="cuda")
     warm_clocks()
     res = {"env": environment(), "keys": []}
