@@ -124,7 +124,7 @@ KNOBS = {
         ),
         Knob(
             "stages",
-            (1, 2, 3, 4),
+            (1, 2, 3, 4, 6, 8),
             4,
             ("tail", "dense"),
             "schedule",

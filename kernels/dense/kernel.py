@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from glm53ctl.kernels.ffn.kernel import swiglu_act
-from glm53ctl.kernels.gemv import fold_norm, gemv_tile
+from glm53ctl.kernels.gemv import fold_norm, gemv_tile, gemv_tile_pair
 from glm53ctl.kernels.kda.kernel import SCRATCH, kda_head, kda_norm, kda_write_state
 from glm53ctl.kernels.mhc.kernel import gate_finish
 from glm53ctl.kernels.runtime.device import (
@@ -446,8 +446,7 @@ def _task_gate_up(
     INTERPRET: tl.constexpr,
 ):
     """GU: gate and up rows n0.., the clamped SwiGLU, stored bf16 for down_proj."""
-    g = gemv_tile(x_hat, D, w_gate, n0, R, I, D, D, BN, BK, INTERPRET)
-    u = gemv_tile(x_hat, D, w_up, n0, R, I, D, D, BN, BK, INTERPRET)
+    g, u = gemv_tile_pair(x_hat, D, w_gate, w_up, n0, R, I, D, D, BN, BK, INTERPRET)
     o_m = tl.arange(0, 16)
     o_n = n0 + tl.arange(0, BN)
     tl.store(
