@@ -93,7 +93,7 @@ KNOBS = {
         Knob(
             "kda_split",
             (1, 2, 4),
-            1,
+            4,
             ("dense",),
             "schedule",
             "programs per KDA head, each on its share of the state's value columns (part 0 then norms the head)",

@@ -5,8 +5,9 @@ Tasks, in table order (a rank's shapes; every GEMV is `gemv_tile` over rows padd
   MIX_A   a column chunk of one row's attention-gate mix logits (fn @ H) and sum of squares
   GATE_A  row r: hc_pre (Sinkhorn), the RMSNorm: x̂, post, comb             waits on its row's MIX_A
   INPROJ  a tile of the fused in-projection f_a | g_a | b | (q_h | k_h | v_h per head)   waits on GATE_A
-  KDA     (head h, row r): f_b and g_b for the head, conv with its state, safe gate, delta rule, gated
-          RMSNorm; publishes z                                     waits on the INPROJ tiles it reads
+  KDA     (head h, row r, part p): f_b for the head, conv with its state, safe gate, the delta rule on the
+          part's value columns (knob kda_split: 1, 2 or 4 parts); part 0 then g_b and the gated RMSNorm:
+          publishes z                      waits on the INPROJ tiles it reads; part 0 late on the other parts
   OPROJ   a tile of o_proj over a K slice (ks): this rank's partial        waits on the slice's heads
   RED_A   a column chunk of one row: the partials summed in rank order (attn), hc_post (H1), and the FFN
           gate's mix logits over the chunk                   waits on its OPROJ tiles and the peers
@@ -47,7 +48,7 @@ from glm53ctl.kernels.runtime.device import (
     wait_task,
 )
 from glm53ctl.kernels.runtime.launch import DEFAULT_BUDGET_NS
-from glm53ctl.kernels.runtime.table import TaskTable
+from glm53ctl.kernels.runtime.table import FLAG, TaskTable
 from glm53ctl.kernels.tlx import interpreting, to_bf16
 
 MIX_A, GATE_A, INPROJ, KDA, OPROJ, RED_A, GATE_F, GU, DOWN, RED_F, OWN_A, OWN_F = range(12)
@@ -957,12 +958,19 @@ def build_table(d: Dims, rows: int, knobs: dict, mode: str = "full") -> TaskTabl
 
 
 def stage_table(full: TaskTable, ttype: int) -> TaskTable:
-    """One stage of the layer as its own launch: the tasks of one type, with no waits (the launch before
-    it has finished). `SeparateLaunches` runs the stages one after another: the baseline to beat."""
+    """One stage of the layer as its own launch: the tasks of one type, waiting only on each other (a split
+    KDA head's part 0 on its other parts); the launch before it has finished. `SeparateLaunches` runs the
+    stages one after another: the baseline to beat."""
     t = TaskTable("dense", TYPE_NAMES)
-    for task in full.tasks:
+    new = {}
+    for i, task in enumerate(full.tasks):
         if task[0] == ttype:
-            t.add(*task)
+            new[i] = t.add(*task)
+            for s in full.sites[full.first_site[i] : full.first_site[i + 1] if i + 1 < full.n_tasks else None]:
+                inside = [new[p] for p in s.producers if p in new]
+                assert len(inside) in (0, len(s.producers)), "a site waits on one stage"
+                if inside:
+                    t.wait(new[i], inside, "flag" if s.kind == FLAG else "box", late=s.late)
     return t
 
 

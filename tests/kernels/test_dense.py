@@ -127,10 +127,11 @@ def test_the_in_projection_waiting_for_the_gate(weights, tp, rows):
         assert_same_bits({n: out[n] for n in sep.whole.out}, sep(x.H, k.w[0], *k.rank_state(x, 0)), "separate")
 
 
-@pytest.mark.parametrize("oproj_first", [0, 1])
-def test_separate_launches_give_the_same_bits(weights, oproj_first):
-    """The baseline a persistent launch must beat: one launch per stage, the same bodies and bits."""
-    k = DenseKind(weights, 2, 2, {"oproj_first": oproj_first}, "cpu")
+@pytest.mark.parametrize(("oproj_first", "kda_split"), [(0, 1), (1, 4)])
+def test_separate_launches_give_the_same_bits(weights, oproj_first, kda_split):
+    """The baseline a persistent launch must beat: one launch per stage, the same bodies and bits. A split KDA
+    head's part 0 still waits for its other parts in the KDA stage's launch."""
+    k = DenseKind(weights, 2, 2, {"oproj_first": oproj_first, "kda_split": kda_split}, "cpu")
     x = k.inputs(seed=6)[0]
     peers = k.peer_partials(x)
     whole = k(x, peers, poison=True)
@@ -140,6 +141,9 @@ def test_separate_launches_give_the_same_bits(weights, oproj_first):
     out = sep(x.H, k.w[0], *k.rank_state(x, 0))
     assert_same_bits({n: whole[n] for n in out}, out, "separate launches")
     assert len(sep.stages) == 10
+    kda = sep.stages[SeparateLaunches.STAGES.index(KDA)].runtime.table
+    late = [s for s in kda.sites if s.late]
+    assert len(late) == (kda_split > 1) * kda.n_tasks // kda_split and len(kda.sites) == len(late)
 
 
 def test_run_backend_triton_matches_the_reference_over_steps(weights):
