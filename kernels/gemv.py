@@ -60,16 +60,17 @@ def gemv_tile_pair(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     INTERPRET: tl.constexpr,
+    M: tl.constexpr = 16,
 ):
     """gemv_tile over two matrices of one shape in one K loop (gate and up): each accumulator sums in
     gemv_tile's order (the same bits), and each pipelined step has both tiles in flight, twice the bytes of
     one: a program streams twice as fast where its loads in flight, not the bandwidth, set the pace."""
-    o_m = tl.arange(0, 16)
+    o_m = tl.arange(0, M)
     o_n = n0 + tl.arange(0, BLOCK_N)
     m_m = o_m < R
     m_n = o_n < N
-    acc1 = tl.zeros((16, BLOCK_N), dtype=tl.float32)
-    acc2 = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+    acc1 = tl.zeros((M, BLOCK_N), dtype=tl.float32)
+    acc2 = tl.zeros((M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         o_k = k0 + tl.arange(0, BLOCK_K)
         b_x = tl.load(x + o_m[:, None].to(tl.int64) * stride_x + o_k[None, :], mask=m_m[:, None], other=0.0)

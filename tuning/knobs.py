@@ -164,9 +164,9 @@ KNOBS = {
             "fold",
             ("tail", "dense"),
             "numeric",
-            "the GEMV after a norm (tail: lm_head; dense: the in-projection) waits for the normalized rows (task), "
-            "or streams H's stream rows against its weights with the norm weight folded in and waits for the "
-            "rows' scale (1/RMS; dense: and the gate's pre) only at its end (fold)",
+            "the GEMV after a norm (tail: lm_head; dense: the in-projection and gate/up) waits for the normalized "
+            "rows (task), or streams H's stream rows against its weights with the norm weight folded in and waits "
+            "for the rows' scale (1/RMS; dense: and the gate's pre) only at its end (fold)",
         ),
         Knob("chunk", (256, 512, 1024), 1024, ("embed",), "schedule", "hidden-dim columns per embed task"),
     )

@@ -13,6 +13,7 @@ Tasks, in table order (a rank's shapes; every GEMV is `gemv_tile` over rows padd
           gate's mix logits over the chunk                   waits on its OPROJ tiles and the peers
   GATE_F  row r: the FFN gate on H1                                    waits on its row's RED_A
   GU      a tile of gate and up, clamped SwiGLU: act                          waits on every GATE_F
+          (`norm fold`: streams H1's stream rows, waits on every RED_A, and late on every GATE_F)
   DOWN    a tile of down_proj over a K slice: this rank's partial         waits on the slice's GU tiles
   RED_F   a column chunk of one row: the partials summed in rank order (ffn.out), hc_post (H)
           waits on its DOWN tiles and the peers
@@ -275,11 +276,8 @@ def _task_inproj_folded(
     acc = gemv_tile(H, D, w_in, n0, R * HC, NIN, D, D, BN, BK, INTERPRET, M)
     ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, True)
     if ok:
-        o_s = tl.arange(0, M)
-        b_pre = tl.load(pr + (o_s // HC) * PR + o_s % HC, mask=o_s < R * HC, other=0.0)
-        y = tl.sum(tl.reshape(acc * b_pre[:, None], (M // HC, HC, BN)), axis=1)
+        y = _fold_rows(acc, pr, R, HC, M, BN)
         o_m = tl.arange(0, M // HC)
-        y = y * tl.load(pr + o_m * PR + HC, mask=o_m < R, other=0.0)[:, None]
         o_n = n0 + tl.arange(0, BN)
         m_r = o_m[:, None] < R
         tl.store(y_in + o_m[:, None] * NIN + o_n[None, :], y, mask=m_r & (o_n[None, :] < NIN))
@@ -455,6 +453,62 @@ def _task_gate_up(
         to_bf16(swiglu_act(g, u, LIMIT), INTERPRET),
         mask=(o_m[:, None] < R) & (o_n[None, :] < I),
     )
+
+
+@triton.jit
+def _fold_rows(acc, pr, R, HC: tl.constexpr, M: tl.constexpr, BN: tl.constexpr):
+    """A folded GEMV's sums over H's stream rows [M, BN] to its rows' sums [M / HC, BN]:
+    y[r] = 1/RMS[r] * sum_j pre[r, j] * acc[r * HC + j], with the gate's pre and 1/RMS from `pr`."""
+    o_s = tl.arange(0, M)
+    b_pre = tl.load(pr + (o_s // HC) * PR + o_s % HC, mask=o_s < R * HC, other=0.0)
+    y = tl.sum(tl.reshape(acc * b_pre[:, None], (M // HC, HC, BN)), axis=1)
+    o_m = tl.arange(0, M // HC)
+    return y * tl.load(pr + o_m * PR + HC, mask=o_m < R, other=0.0)[:, None]
+
+
+@triton.jit(noinline=True)
+def _task_gate_up_folded(
+    rt,
+    row,
+    task,
+    epoch,
+    stuck_site,
+    budget_ns,
+    H1,
+    w_gate,
+    w_up,
+    pr,
+    act,
+    n0,
+    R,
+    D: tl.constexpr,
+    HC: tl.constexpr,
+    I: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    LIMIT: tl.constexpr,
+    M: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    POLL: tl.constexpr,
+    THREADS: tl.constexpr,
+):
+    """GU with the FFN gate's norm folded into w_gate and w_up (knob `norm` "fold"): H1's R * HC stream rows
+    against both from the start (the task waited for the attention reduces, which write H1), then the wait
+    for the FFN gates (late) and their pre and 1/RMS applied, as in the folded in-projection. True unless
+    that wait failed."""
+    g, u = gemv_tile_pair(H1, D, w_gate, w_up, n0, R * HC, I, D, D, BN, BK, INTERPRET, M)
+    ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, True)
+    if ok:
+        g = _fold_rows(g, pr, R, HC, M, BN)
+        u = _fold_rows(u, pr, R, HC, M, BN)
+        o_m = tl.arange(0, M // HC)
+        o_n = n0 + tl.arange(0, BN)
+        tl.store(
+            act + o_m[:, None] * I + o_n[None, :],
+            to_bf16(swiglu_act(g, u, LIMIT), INTERPRET),
+            mask=(o_m[:, None] < R) & (o_n[None, :] < I),
+        )
+    return ok
 
 
 @triton.jit(noinline=True)
@@ -786,7 +840,34 @@ def dense_kernel(
                     INTERPRET,
                 )
             elif ttype == 7:
-                _task_gate_up(x_hat_f, w_gate, w_up, act, a0, R, D, I, BN_GU, BK_D, LIMIT, INTERPRET)
+                if FOLD:
+                    ok = _task_gate_up_folded(
+                        rt,
+                        row,
+                        task,
+                        epoch,
+                        stuck_site,
+                        budget_ns,
+                        H1,
+                        w_gate,
+                        w_up,
+                        pr + 16 * PR,
+                        act,
+                        a0,
+                        R,
+                        D,
+                        HC,
+                        I,
+                        BN_GU,
+                        BK_D,
+                        LIMIT,
+                        M,
+                        INTERPRET,
+                        POLL,
+                        THREADS,
+                    )
+                else:
+                    _task_gate_up(x_hat_f, w_gate, w_up, act, a0, R, D, I, BN_GU, BK_D, LIMIT, INTERPRET)
             elif ttype == 9:
                 _task_reduce(
                     kpart_f,
@@ -946,7 +1027,12 @@ def build_table(d: Dims, rows: int, knobs: dict, mode: str = "full") -> TaskTabl
         return t
     reds = [add(RED_A, c, r, waits=_covering(oproj, c * d.CH, (c + 1) * d.CH), peers=True) for c, r in chunks]
     gates_f = [add(GATE_F, r, waits=reds[r * d.NCH : (r + 1) * d.NCH]) for r in range(rows)]
-    gu = [(n0, n0 + d.BN_GU, add(GU, n0, waits=gates_f)) for n0 in range(0, d.I, d.BN_GU)]
+    # folded, gate/up streams H1 (written by the reduces) and waits for the FFN gates at its end
+    gu = []
+    for n0 in range(0, d.I, d.BN_GU):
+        gu.append((n0, n0 + d.BN_GU, add(GU, n0, waits=reds if fold else gates_f)))
+        if fold:
+            t.wait(gu[-1][2], gates_f, how, words, late=True)
     down = []
     for ks in range(d.KS_F):
         need = _covering(gu, ks * d.IK, (ks + 1) * d.IK)
@@ -992,10 +1078,12 @@ class SeparateLaunches:
 def prepare_weights(w, spec, tp: int, device, fold: bool = False) -> dict[str, torch.Tensor]:
     """One rank's layer weights as the kernel reads them (done once per key, like a checkpoint's fused
     layout): the in-projection rows f_a | g_a | b | (q_h | k_h | v_h per head), the conv taps [3P, W] fp32.
-    fold (knob `norm` "fold"): the in-projection times the gate's norm weight, rounded to bf16 once."""
+    fold (knob `norm` "fold"): the in-projection, gate and up times their gate's norm weight, rounded to bf16
+    once."""
     a_ = "self_attn."
     from glm53ctl.tuning.knobs import defaults
 
+    norm_f = w["post_attention_layernorm.weight"]
     d = Dims(spec, tp, defaults("dense"))  # the layout depends on no knob
     qkv = torch.stack([w[f"{a_}{n}_proj.weight"].view(d.HL, d.K, d.D) for n in ("q", "k", "v")], dim=1)
     w_in = torch.cat([w[f"{a_}{n}.weight"] for n in ("f_a_proj", "g_a_proj", "b_proj")] + [qkv.reshape(-1, d.D)])
@@ -1016,8 +1104,8 @@ def prepare_weights(w, spec, tp: int, device, fold: bool = False) -> dict[str, t
         "dt_bias": w[f"{a_}dt_bias"].float(),
         "o_norm": w[f"{a_}o_norm.weight"],
         "w_o": w[f"{a_}o_proj.weight"],
-        "w_gate": w["mlp.gate_proj.weight"],
-        "w_up": w["mlp.up_proj.weight"],
+        "w_gate": fold_norm(norm_f, w["mlp.gate_proj.weight"]) if fold else w["mlp.gate_proj.weight"],
+        "w_up": fold_norm(norm_f, w["mlp.up_proj.weight"]) if fold else w["mlp.up_proj.weight"],
         "w_down": w["mlp.down_proj.weight"],
     }
     return {k: v.to(device).contiguous() for k, v in out.items()}
