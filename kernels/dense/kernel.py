@@ -496,11 +496,11 @@ def _task_gate_up_folded(
     against both from the start (the task waited for the attention reduces, which write H1), then the wait
     for the FFN gates (late) and their pre and 1/RMS applied, as in the folded in-projection. True unless
     that wait failed."""
-    g, u = gemv_tile_pair(H1, D, w_gate, w_up, n0, R * HC, I, D, D, BN, BK, INTERPRET, M)
+    g_s, u_s = gemv_tile_pair(H1, D, w_gate, w_up, n0, R * HC, I, D, D, BN, BK, INTERPRET, M)
     ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, True)
     if ok:
-        g = _fold_rows(g, pr, R, HC, M, BN)
-        u = _fold_rows(u, pr, R, HC, M, BN)
+        g = _fold_rows(g_s, pr, R, HC, M, BN)
+        u = _fold_rows(u_s, pr, R, HC, M, BN)
         o_m = tl.arange(0, M // HC)
         o_n = n0 + tl.arange(0, BN)
         tl.store(
