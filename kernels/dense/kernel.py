@@ -133,6 +133,10 @@ def _prefetch(
     ttype,
     a0,
     a1,
+    a2,
+    w_fb,
+    w_gb,
+    fn_f,
     w_in,
     w_gate,
     w_up,
@@ -150,14 +154,32 @@ def _prefetch(
     BN: tl.constexpr,
     BN_GU: tl.constexpr,
     BN_O: tl.constexpr,
+    HC: tl.constexpr,
+    CH: tl.constexpr,
+    NV: tl.constexpr,
     WHICH: tl.constexpr,
 ):
     """Before a task waits, start what it reads that no producer writes: a GEMV task's weight tile, a KDA
     task's recurrent state. Launch-wide, the small latency-bound steps (gates, KDA, reduces) then overlap
     the next stage's weight streaming. WHICH 1: every such task; 2: o_proj, gate/up and down only (what
-    fits the L2 while the in-projection streams)."""
+    fits the L2 while the in-projection streams); 3: only the KDA heads' weights and state and the attention
+    reduces' FFN mix rows (their latency-bound steps wait long; the GEMV stages stream their own)."""
     NIN: tl.constexpr = 2 * RG + HL + 3 * P
-    if (ttype == 2) & (WHICH == 1):
+    if WHICH == 3:
+        if ttype == 3:
+            _prefetch_rows(w_fb, a0 * K, RG, 0, P, K, RG)
+            if a2 == 0:
+                _prefetch_rows(w_gb, a0 * K, RG, 0, P, K, RG)
+            o_k = tl.arange(0, K)
+            o_l = a2 * (K // NV) + tl.arange(0, max(K // NV // 32, 1)) * 32
+            prefetch_l2(S_in + (a1 * HL + a0) * (K * K) + o_k[:, None] * K + o_l[None, :])
+        elif ttype == 5:
+            NMIX: tl.constexpr = (2 + HC) * HC
+            o_m = tl.minimum(tl.arange(0, 32), NMIX - 1)
+            o_l = tl.arange(0, HC * CH // 32)  # 32 fp32 a line: stream j's columns of chunk a0
+            o_c = (o_l // (CH // 32)) * D + a0 * CH + (o_l % (CH // 32)) * 32
+            prefetch_l2(fn_f + o_m[:, None] * (HC * D) + o_c[None, :])
+    elif (ttype == 2) & (WHICH == 1):
         _prefetch_rows(w_in, a0, D, 0, NIN, BN, D)
     elif (ttype == 3) & (WHICH == 1):
         o_k = tl.arange(0, K)
@@ -646,6 +668,10 @@ def dense_kernel(
                 ttype,
                 a0,
                 a1,
+                row[3],
+                w_fb,
+                w_gb,
+                fn_f,
                 w_in,
                 w_gate,
                 w_up,
@@ -663,6 +689,9 @@ def dense_kernel(
                 BN,
                 BN_GU,
                 BN_O,
+                HC,
+                CH,
+                NV,
                 PREFETCH,
             )
         # a task's early sites; its late ones (a folded INPROJ's gates, a KDA head's other parts) in its body
