@@ -6,22 +6,6 @@ import triton.language as tl
 
 from glm53ctl.kernels.tlx import interpreting
 
-STAGGER_ROWS = tl.constexpr(128)  # the largest GEMV tile height of any knob (block_n, block_n_out)
-
-
-@triton.jit
-def k_block(i, n0, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGGER: tl.constexpr):
-    """The first column of step i of a GEMV tile's K loop: i itself, or (STAGGER) rotated by a block count set
-    by the tile's rows, so the tiles of a stage that start together do not all read the same column block of
-    their rows at once (the same address bits: the same memory partitions). The rotation changes every
-    STAGGER_ROWS rows, a multiple of every tile height a schedule knob offers: the order of a row's sums
-    depends on the row, not on the tiling or the schedule."""
-    k0 = i
-    if STAGGER:
-        nk: tl.constexpr = K // BLOCK_K
-        k0 = tl.multiple_of((i + ((n0 // STAGGER_ROWS) * 7 % nk) * BLOCK_K) % K, BLOCK_K)
-    return k0
-
 
 @triton.jit
 def gemv_tile(
@@ -37,10 +21,9 @@ def gemv_tile(
     BLOCK_K: tl.constexpr,
     INTERPRET: tl.constexpr,
     M: tl.constexpr = 16,
-    STAGGER: tl.constexpr = False,
 ):
     """acc[m, n] = sum_k x[m, k] * w[n0 + n, k] for m < R: [M, BLOCK_N] fp32 (rows >= R are zero; M >= R, 16 the
-    smallest `tl.dot` tile). STAGGER: the K loop starts at a column block set by the tile (see k_block).
+    smallest `tl.dot` tile).
 
     x: [R, K] bf16 rows with stride stride_x; w: bf16 rows n0.. up to N (exclusive) STRIDE_W apart (K
     contiguous; a split-K slice of a wider matrix has STRIDE_W > K). Both strides constexpr: loads keep their
@@ -50,8 +33,8 @@ def gemv_tile(
     m_m = o_m < R
     m_n = o_n < N
     acc = tl.zeros((M, BLOCK_N), dtype=tl.float32)
-    for i in range(0, K, BLOCK_K):
-        o_k = k_block(i, n0, K, BLOCK_N, BLOCK_K, STAGGER) + tl.arange(0, BLOCK_K)
+    for k0 in range(0, K, BLOCK_K):
+        o_k = k0 + tl.arange(0, BLOCK_K)
         b_x = tl.load(x + o_m[:, None].to(tl.int64) * stride_x + o_k[None, :], mask=m_m[:, None], other=0.0)
         b_w = tl.load(w + o_n[:, None].to(tl.int64) * STRIDE_W + o_k[None, :], mask=m_n[:, None], other=0.0)
         if INTERPRET:
@@ -78,7 +61,6 @@ def gemv_tile_pair(
     BLOCK_K: tl.constexpr,
     INTERPRET: tl.constexpr,
     M: tl.constexpr = 16,
-    STAGGER: tl.constexpr = False,
 ):
     """gemv_tile over two matrices of one shape in one K loop (gate and up): each accumulator sums in
     gemv_tile's order (the same bits), and each pipelined step has both tiles in flight, twice the bytes of
@@ -89,8 +71,8 @@ def gemv_tile_pair(
     m_n = o_n < N
     acc1 = tl.zeros((M, BLOCK_N), dtype=tl.float32)
     acc2 = tl.zeros((M, BLOCK_N), dtype=tl.float32)
-    for i in range(0, K, BLOCK_K):
-        o_k = k_block(i, n0, K, BLOCK_N, BLOCK_K, STAGGER) + tl.arange(0, BLOCK_K)
+    for k0 in range(0, K, BLOCK_K):
+        o_k = k0 + tl.arange(0, BLOCK_K)
         b_x = tl.load(x + o_m[:, None].to(tl.int64) * stride_x + o_k[None, :], mask=m_m[:, None], other=0.0)
         p_w = o_n[:, None].to(tl.int64) * STRIDE_W + o_k[None, :]
         b_w1 = tl.load(w1 + p_w, mask=m_n[:, None], other=0.0)

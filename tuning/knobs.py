@@ -115,15 +115,6 @@ KNOBS = {
             "K slices of o_proj and down_proj (more tasks on narrow stages); fewer where K is narrow",
         ),
         Knob(
-            "stagger",
-            (0, 1),
-            0,
-            ("dense",),
-            "numeric",
-            "a GEMV tile's K loop starts at a column block set by the tile (tiles released together then read "
-            "different address bits); it sets the order of the tile's sums",
-        ),
-        Knob(
             "block_k",
             (64, 128, 256, 512),
             128,

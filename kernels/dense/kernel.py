@@ -255,10 +255,9 @@ def _task_inproj(
     BN: tl.constexpr,
     BK: tl.constexpr,
     INTERPRET: tl.constexpr,
-    STAGGER: tl.constexpr,
 ):
     """INPROJ: rows n0.. of the fused in-projection; the low-rank f_a | g_a rows also in bf16."""
-    acc = gemv_tile(x_hat, D, w_in, n0, R, NIN, D, D, BN, BK, INTERPRET, 16, STAGGER)
+    acc = gemv_tile(x_hat, D, w_in, n0, R, NIN, D, D, BN, BK, INTERPRET)
     o_m = tl.arange(0, 16)
     o_n = n0 + tl.arange(0, BN)
     m_r = o_m[:, None] < R
@@ -289,7 +288,6 @@ def _task_inproj_folded(
     BK: tl.constexpr,
     M: tl.constexpr,
     INTERPRET: tl.constexpr,
-    STAGGER: tl.constexpr,
     POLL: tl.constexpr,
     THREADS: tl.constexpr,
 ):
@@ -297,7 +295,7 @@ def _task_inproj_folded(
     n0.. of w_in ⊙ norm_w, needing nothing from the gate; then the wait for the gates, and
     y[r] = 1/RMS[r] * sum_j pre[r, j] * acc[r * HC + j] (x = sum_j pre_j H_j is linear in H). True unless the
     wait failed."""
-    acc = gemv_tile(H, D, w_in, n0, R * HC, NIN, D, D, BN, BK, INTERPRET, M, STAGGER)
+    acc = gemv_tile(H, D, w_in, n0, R * HC, NIN, D, D, BN, BK, INTERPRET, M)
     ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, True)
     if ok:
         y = _fold_rows(acc, pr, R, HC, M, BN)
@@ -405,10 +403,9 @@ def _task_partial(
     BN: tl.constexpr,
     BK: tl.constexpr,
     INTERPRET: tl.constexpr,
-    STAGGER: tl.constexpr,
 ):
     """OPROJ / DOWN: output rows n0.. over one K slice (x, w already offset to it): out [R, N]."""
-    acc = gemv_tile(x, STRIDE, w, n0, R, N, K, STRIDE, BN, BK, INTERPRET, 16, STAGGER)
+    acc = gemv_tile(x, STRIDE, w, n0, R, N, K, STRIDE, BN, BK, INTERPRET)
     o_m = tl.arange(0, 16)
     o_n = n0 + tl.arange(0, BN)
     tl.store(out + o_m[:, None] * N + o_n[None, :], acc, mask=(o_m[:, None] < R) & (o_n[None, :] < N))
@@ -468,10 +465,9 @@ def _task_gate_up(
     BK: tl.constexpr,
     LIMIT: tl.constexpr,
     INTERPRET: tl.constexpr,
-    STAGGER: tl.constexpr,
 ):
     """GU: gate and up rows n0.., the clamped SwiGLU, stored bf16 for down_proj."""
-    g, u = gemv_tile_pair(x_hat, D, w_gate, w_up, n0, R, I, D, D, BN, BK, INTERPRET, 16, STAGGER)
+    g, u = gemv_tile_pair(x_hat, D, w_gate, w_up, n0, R, I, D, D, BN, BK, INTERPRET)
     o_m = tl.arange(0, 16)
     o_n = n0 + tl.arange(0, BN)
     tl.store(
@@ -515,7 +511,6 @@ def _task_gate_up_folded(
     LIMIT: tl.constexpr,
     M: tl.constexpr,
     INTERPRET: tl.constexpr,
-    STAGGER: tl.constexpr,
     POLL: tl.constexpr,
     THREADS: tl.constexpr,
 ):
@@ -523,7 +518,7 @@ def _task_gate_up_folded(
     against both from the start (the task waited for the attention reduces, which write H1), then the wait
     for the FFN gates (late) and their pre and 1/RMS applied, as in the folded in-projection. True unless
     that wait failed."""
-    g_s, u_s = gemv_tile_pair(H1, D, w_gate, w_up, n0, R * HC, I, D, D, BN, BK, INTERPRET, M, STAGGER)
+    g_s, u_s = gemv_tile_pair(H1, D, w_gate, w_up, n0, R * HC, I, D, D, BN, BK, INTERPRET, M)
     ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, True)
     if ok:
         g = _fold_rows(g_s, pr, R, HC, M, BN)
@@ -648,7 +643,6 @@ def dense_kernel(
     M: tl.constexpr,
     TRACE: tl.constexpr,
     NV: tl.constexpr,
-    STAGGER: tl.constexpr,
 ):
     P: tl.constexpr = HL * K
     NIN: tl.constexpr = 2 * RG + HL + 3 * P
@@ -752,12 +746,11 @@ def dense_kernel(
                         BK_D,
                         M,
                         INTERPRET,
-                        STAGGER,
                         POLL,
                         THREADS,
                     )
                 else:
-                    _task_inproj(x_hat_a, w_in, y_in, lr, a0, R, D, NIN, RG, BN, BK_D, INTERPRET, STAGGER)
+                    _task_inproj(x_hat_a, w_in, y_in, lr, a0, R, D, NIN, RG, BN, BK_D, INTERPRET)
             elif ttype == 3:
                 if OPROJ_FIRST:
                     if pend != 0:
@@ -825,23 +818,10 @@ def dense_kernel(
                     pend_r = a1
                     pend_p = row[3]
             elif ttype == 4:
-                _task_partial(
-                    z + a1 * PK, w_o + a1 * PK, kpart_a + a1 * R * D, a0, R, D, PK, P, BN_O, BK_O, INTERPRET, STAGGER
-                )
+                _task_partial(z + a1 * PK, w_o + a1 * PK, kpart_a + a1 * R * D, a0, R, D, PK, P, BN_O, BK_O, INTERPRET)
             elif ttype == 8:
                 _task_partial(
-                    act + a1 * IK,
-                    w_down + a1 * IK,
-                    kpart_f + a1 * R * D,
-                    a0,
-                    R,
-                    D,
-                    IK,
-                    I,
-                    BN_O,
-                    BK_I,
-                    INTERPRET,
-                    STAGGER,
+                    act + a1 * IK, w_down + a1 * IK, kpart_f + a1 * R * D, a0, R, D, IK, I, BN_O, BK_I, INTERPRET
                 )
             elif ttype == 5:
                 _task_reduce(
@@ -912,12 +892,11 @@ def dense_kernel(
                         LIMIT,
                         M,
                         INTERPRET,
-                        STAGGER,
                         POLL,
                         THREADS,
                     )
                 else:
-                    _task_gate_up(x_hat_f, w_gate, w_up, act, a0, R, D, I, BN_GU, BK_D, LIMIT, INTERPRET, STAGGER)
+                    _task_gate_up(x_hat_f, w_gate, w_up, act, a0, R, D, I, BN_GU, BK_D, LIMIT, INTERPRET)
             elif ttype == 9:
                 _task_reduce(
                     kpart_f,
@@ -1305,7 +1284,6 @@ class DenseLaunch:
             "M": 16 if self.rows * d.HC <= 16 else 32,
             "TRACE": self.tracing,
             "NV": self.knobs["kda_split"],
-            "STAGGER": bool(self.knobs["stagger"]),
         }
 
     def options(self) -> dict:

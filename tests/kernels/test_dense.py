@@ -4,12 +4,9 @@ launches with no host reset, every wait site stuck in turn, and the separate-lau
 
 import pytest
 import torch
-import triton
-import triton.language as tl
 
 from glm53ctl.kernels.checks import BOUNDS, fault_key, reference_outputs
 from glm53ctl.kernels.dense.kernel import KDA, OPROJ, SeparateLaunches, k_slices
-from glm53ctl.kernels.gemv import k_block
 from glm53ctl.kernels.harness import RunKey, run_reference
 from glm53ctl.kernels.launches import DenseKind, run_triton
 from glm53ctl.kernels.numerics import rel_rms
@@ -91,33 +88,6 @@ def test_ksplit_is_numeric_and_accurate(weights, ksplit):
     waited = {p for s in t.sites if s.task == first for p in s.producers}
     heads = {t.tasks[p][1] for p in waited}
     assert all(t.tasks[p][0] == KDA for p in waited) and heads == set(range(k.launch.d.HL // k.launch.d.KS_O))
-
-
-@triton.jit
-def _k_blocks(out):
-    """Tile t's K-loop column blocks (K 128, 4 blocks of 32, tiles of 64 rows) with stagger on: out[t, 0:4]."""
-    t = tl.program_id(0)
-    for i in tl.static_range(4):
-        tl.store(out + t * 4 + i, k_block(i * 32, t * 64, 128, 64, 32, True))
-
-
-def test_stagger_is_numeric_accurate_and_keeps_its_bits_across_schedules(weights):
-    """`stagger` rotates each GEMV tile's K loop by its rows: accurate, and the same bits for any grid, hand-off
-    or tile height. (tiny's GEMVs have K = 128, one or two K blocks, where no rotation changes a sum: the
-    rotation itself is checked on its own below; on glm53_flash, benchmarks/dense_gpu.py checks the bits.)"""
-    k = DenseKind(weights, 4, 2, {"stagger": 1, "grid": 3}, "cpu")
-    x = k.inputs(seed=10)[0]
-    peers = k.peer_partials(x)
-    out = k(x, peers, poison=True)
-    assert_accurate(weights, k, x, out)
-    other = DenseKind(weights, 4, 2, {"stagger": 1, "grid": 7, "handoff": "flag", "block_n_in": 16}, "cpu")
-    assert_same_bits(out, other(x, peers, poison=True), "stagger, grid 7, flags, block_n_in 16")
-    # each tile visits every column block once; tiles start at different ones, every 128 rows (so any tile
-    # height of the schedule knobs gives a row the same order)
-    blocks = torch.zeros(8, 4, dtype=torch.int32)
-    _k_blocks[(8,)](blocks)
-    assert all(sorted(b) == [0, 32, 64, 96] for b in blocks.tolist()) and len(set(blocks[:, 0].tolist())) == 4
-    assert blocks[::2].tolist() == blocks[1::2].tolist()
 
 
 def test_three_launches_in_a_row_without_host_reset(weights):
