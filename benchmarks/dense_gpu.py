@@ -466,7 +466,75 @@ def trace_keys(out_dir: Path, keys=((1, 1), (4, 1), (8, 1), (8, 8)), configs=({}
     (out_dir / "trace.json").write_text(json.dumps(res, indent=2))
 
 
+def stream_probe(out_dir: Path) -> None:
+    """How fast one program streams a GEMV tile's weights, as plain launches of the GEMV body over a gate-sized
+    matrix [1536, 4096] bf16 (TP8's w_gate; 8 copies rotated past the L2), one tile per program: µs, total
+    TB/s and GB/s per program, by tile height, K tile, warps and pipelining depth; beside a load-and-sum
+    kernel with no tl.dot. The layer launch streams its GEMV stages at 13-15 GB/s per program."""
+    import triton
+    import triton.language as tl
+
+    from glm53ctl.kernels.gemv import gemv_kernel
+
+    @triton.jit
+    def stream_kernel(w, y, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        n0 = tl.program_id(0) * BLOCK_N
+        o_n = n0 + tl.arange(0, BLOCK_N)
+        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            o_k = k0 + tl.arange(0, BLOCK_K)
+            acc += tl.sum(tl.load(w + o_n[:, None] * K + o_k[None, :]).to(tl.float32), axis=1)
+        tl.store(y + o_n, acc)
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    warm_clocks()
+    N, K, copies = 1536, 4096, 8
+    ws = [torch.randn(N, K, device=DEV).to(torch.bfloat16) for _ in range(copies)]
+    x = torch.randn(1, K, device=DEV).to(torch.bfloat16)
+    y = torch.empty(16, N, device=DEV)
+    it = iter(range(10**9))
+    rows = []
+    configs = [
+        ("gemv", bn, bk, nw, ns)
+        for bn, bk, nw, ns in (
+            (16, 128, 4, 4),
+            (16, 128, 4, 2),
+            (16, 128, 4, 8),
+            (16, 256, 4, 4),
+            (16, 512, 4, 3),
+            (32, 128, 4, 4),
+            (64, 128, 4, 4),
+            (16, 128, 8, 4),
+            (16, 128, 2, 4),
+            (16, 128, 1, 4),
+        )
+    ]
+    configs += [("stream", bn, bk, nw, ns) for bn, bk, nw, ns in ((16, 128, 4, 4), (16, 512, 4, 4), (16, 1024, 4, 3))]
+    for kind, bn, bk, nw, ns in configs:
+        grid = (N // bn,)
+        if kind == "gemv":
+            fn = lambda: gemv_kernel[grid](
+                x, ws[next(it) % copies], y, 1, N, K, bn, bk, False, num_warps=nw, num_stages=ns
+            )  # noqa: E731,E501
+        else:
+            fn = lambda: stream_kernel[grid](ws[next(it) % copies], y, K, bn, bk, num_warps=nw, num_stages=ns)  # noqa: E731
+        us = graph_time(fn)[0]
+        tb = N * K * 2 / us / 1e6
+        row = {"kind": kind, "block_n": bn, "block_k": bk, "warps": nw, "stages": ns, "programs": grid[0], "us": us}
+        row |= {"tb_s": tb, "gb_s_per_program": 1000 * tb / grid[0]}
+        rows.append(row)
+        print(
+            f"{kind} BN{bn} BK{bk} w{nw} st{ns} x{grid[0]}: {us:.1f} us, {tb:.2f} TB/s, "
+            f"{row['gb_s_per_program']:.1f} GB/s per program",
+            flush=True,
+        )
+    (out_dir / "stream.json").write_text(json.dumps({"env": environment(), "rows": rows}, indent=2))
+
+
 if __name__ == "__main__":
+    if "--stream" in sys.argv:
+        stream_probe(Path(sys.argv[1]))
+        sys.exit(0)
     if "--trace" in sys.argv:  # [--configs JSON-LIST]: knob sets traced one after another per key
         i = sys.argv.index("--configs") + 1 if "--configs" in sys.argv else 0
         configs = tuple(json.loads(sys.argv[i])) if i else ({},)
