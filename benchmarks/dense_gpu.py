@@ -20,7 +20,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
-from runtime_gpu import DEV, copy_bandwidth, environment, graph_time, warm_clocks
+from runtime_gpu import DEV, _copy_kernel, copy_bandwidth, environment, graph_time, warm_clocks
 
 TPS, ROWS = (1, 2, 4, 8), (1, 2, 4, 8)
 BITWISE_KEYS = ((4, 1), (8, 2))
@@ -491,7 +491,7 @@ def stream_probe(out_dir: Path) -> None:
     N, K, copies = 1536, 4096, 8
     ws = [torch.randn(N, K, device=DEV).to(torch.bfloat16) for _ in range(copies)]
     x = torch.randn(1, K, device=DEV).to(torch.bfloat16)
-    y = torch.empty(16, N, device=DEV)
+    y = torch.empty(16, 4 * N, device=DEV)
     it = iter(range(10**9))
     rows = []
     configs = [
@@ -510,21 +510,37 @@ def stream_probe(out_dir: Path) -> None:
         )
     ]
     configs += [("stream", bn, bk, nw, ns) for bn, bk, nw, ns in ((16, 128, 4, 4), (16, 512, 4, 4), (16, 1024, 4, 3))]
-    for kind, bn, bk, nw, ns in configs:
-        grid = (N // bn,)
-        if kind == "gemv":
-            fn = lambda: gemv_kernel[grid](
-                x, ws[next(it) % copies], y, 1, N, K, bn, bk, False, num_warps=nw, num_stages=ns
-            )  # noqa: E731,E501
+    # the same bytes as more, shorter rows: a split K's programs (2 or 4 slices); and a copy of them
+    configs += [("gemv", 16, 128, 4, 4, 2), ("gemv", 16, 128, 4, 4, 4), ("gemv", 32, 128, 4, 4, 2)]
+    configs += [("copy", 0, 0, 8, 1)]
+    for kind, bn, bk, nw, ns, *split in configs:
+        ks = split[0] if split else 1
+        wk = [w.view(N * ks, K // ks) for w in ws]
+        grid = (N * ks // bn,) if bn else (triton.cdiv(N * K, 8192),)
+        if kind == "copy":  # bytes read + written: twice the GEMV's
+            dst = torch.empty_like(ws[0])
+
+            def fn(dst=dst, grid=grid):
+                _copy_kernel[grid](ws[next(it) % copies], dst, N * K, BLOCK=8192, num_warps=8)
+
+        elif kind == "gemv":
+
+            def fn(grid=grid, wk=wk, ks=ks, bn=bn, bk=bk, nw=nw, ns=ns):
+                w = wk[next(it) % copies]
+                gemv_kernel[grid](x, w, y, 1, N * ks, K // ks, bn, bk, False, num_warps=nw, num_stages=ns)
+
         else:
-            fn = lambda: stream_kernel[grid](ws[next(it) % copies], y, K, bn, bk, num_warps=nw, num_stages=ns)  # noqa: E731
+
+            def fn(grid=grid, bn=bn, bk=bk, nw=nw, ns=ns):
+                stream_kernel[grid](ws[next(it) % copies], y, K, bn, bk, num_warps=nw, num_stages=ns)
+
         us = graph_time(fn)[0]
         tb = N * K * 2 / us / 1e6
         row = {"kind": kind, "block_n": bn, "block_k": bk, "warps": nw, "stages": ns, "programs": grid[0], "us": us}
-        row |= {"tb_s": tb, "gb_s_per_program": 1000 * tb / grid[0]}
+        row |= {"k_slices": ks, "tb_s": tb, "gb_s_per_program": 1000 * tb / grid[0]}
         rows.append(row)
         print(
-            f"{kind} BN{bn} BK{bk} w{nw} st{ns} x{grid[0]}: {us:.1f} us, {tb:.2f} TB/s, "
+            f"{kind} BN{bn} BK{bk} w{nw} st{ns} ks{ks} x{grid[0]}: {us:.1f} us, {tb:.2f} TB/s, "
             f"{row['gb_s_per_program']:.1f} GB/s per program",
             flush=True,
         )
