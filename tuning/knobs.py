@@ -115,6 +115,14 @@ KNOBS = {
             "K slices of o_proj and down_proj (more tasks on narrow stages); fewer where K is narrow",
         ),
         Knob(
+            "ksplit_gu",
+            (1, 2, 4),
+            1,
+            ("dense",),
+            "numeric",
+            "K slices of gate/up (shorter loops: a program's stream is latency-bound); slice 0 adds them in order",
+        ),
+        Knob(
             "block_k",
             (64, 128, 256, 512),
             128,

@@ -12,7 +12,8 @@ Tasks, in table order (a rank's shapes; every GEMV is `gemv_tile` over rows padd
   RED_A   a column chunk of one row: the partials summed in rank order (attn), hc_post (H1), and the FFN
           gate's mix logits over the chunk                   waits on its OPROJ tiles and the peers
   GATE_F  row r: the FFN gate on H1                                    waits on its row's RED_A
-  GU      a tile of gate and up, clamped SwiGLU: act                          waits on every GATE_F
+  GU      (tile, K slice) of gate and up (knob ksplit_gu); slice 0 adds the slices' sums (late) and makes
+          the clamped SwiGLU: act                                             waits on every GATE_F
           (`norm fold`: streams H1's stream rows, waits on every RED_A, and late on every GATE_F)
   DOWN    a tile of down_proj over a K slice: this rank's partial         waits on the slice's GU tiles
   RED_F   a column chunk of one row: the partials summed in rank order (ffn.out), hc_post (H)
@@ -265,6 +266,17 @@ def _task_inproj(
     tl.store(lr + o_m[:, None] * (2 * RG) + o_n[None, :], to_bf16(acc, INTERPRET), mask=m_r & (o_n[None, :] < 2 * RG))
 
 
+@triton.jit
+def _fold_rows(acc, pr, R, HC: tl.constexpr, M: tl.constexpr, BN: tl.constexpr):
+    """A folded GEMV's sums over H's stream rows [M, BN] to its rows' sums [M / HC, BN]:
+    y[r] = 1/RMS[r] * sum_j pre[r, j] * acc[r * HC + j], with the gate's pre and 1/RMS from `pr`."""
+    o_s = tl.arange(0, M)
+    b_pre = tl.load(pr + (o_s // HC) * PR + o_s % HC, mask=o_s < R * HC, other=0.0)
+    y = tl.sum(tl.reshape(acc * b_pre[:, None], (M // HC, HC, BN)), axis=1)
+    o_m = tl.arange(0, M // HC)
+    return y * tl.load(pr + o_m * PR + HC, mask=o_m < R, other=0.0)[:, None]
+
+
 @triton.jit(noinline=True)
 def _task_inproj_folded(
     rt,
@@ -453,55 +465,20 @@ def _task_reduce(
 
 @triton.jit(noinline=True)
 def _task_gate_up(
-    x_hat,
-    w_gate,
-    w_up,
-    act,
-    n0,
-    R,
-    D: tl.constexpr,
-    I: tl.constexpr,
-    BN: tl.constexpr,
-    BK: tl.constexpr,
-    LIMIT: tl.constexpr,
-    INTERPRET: tl.constexpr,
-):
-    """GU: gate and up rows n0.., the clamped SwiGLU, stored bf16 for down_proj."""
-    g, u = gemv_tile_pair(x_hat, D, w_gate, w_up, n0, R, I, D, D, BN, BK, INTERPRET)
-    o_m = tl.arange(0, 16)
-    o_n = n0 + tl.arange(0, BN)
-    tl.store(
-        act + o_m[:, None] * I + o_n[None, :],
-        to_bf16(swiglu_act(g, u, LIMIT), INTERPRET),
-        mask=(o_m[:, None] < R) & (o_n[None, :] < I),
-    )
-
-
-@triton.jit
-def _fold_rows(acc, pr, R, HC: tl.constexpr, M: tl.constexpr, BN: tl.constexpr):
-    """A folded GEMV's sums over H's stream rows [M, BN] to its rows' sums [M / HC, BN]:
-    y[r] = 1/RMS[r] * sum_j pre[r, j] * acc[r * HC + j], with the gate's pre and 1/RMS from `pr`."""
-    o_s = tl.arange(0, M)
-    b_pre = tl.load(pr + (o_s // HC) * PR + o_s % HC, mask=o_s < R * HC, other=0.0)
-    y = tl.sum(tl.reshape(acc * b_pre[:, None], (M // HC, HC, BN)), axis=1)
-    o_m = tl.arange(0, M // HC)
-    return y * tl.load(pr + o_m * PR + HC, mask=o_m < R, other=0.0)[:, None]
-
-
-@triton.jit(noinline=True)
-def _task_gate_up_folded(
     rt,
     row,
     task,
     epoch,
     stuck_site,
     budget_ns,
-    H1,
+    x,
     w_gate,
     w_up,
     pr,
+    gup,
     act,
     n0,
+    ks,
     R,
     D: tl.constexpr,
     HC: tl.constexpr,
@@ -510,26 +487,52 @@ def _task_gate_up_folded(
     BK: tl.constexpr,
     LIMIT: tl.constexpr,
     M: tl.constexpr,
+    KS: tl.constexpr,
+    FOLD: tl.constexpr,
     INTERPRET: tl.constexpr,
     POLL: tl.constexpr,
     THREADS: tl.constexpr,
 ):
-    """GU with the FFN gate's norm folded into w_gate and w_up (knob `norm` "fold"): H1's R * HC stream rows
-    against both from the start (the task waited for the attention reduces, which write H1), then the wait
-    for the FFN gates (late) and their pre and 1/RMS applied, as in the folded in-projection. True unless
-    that wait failed."""
-    g_s, u_s = gemv_tile_pair(H1, D, w_gate, w_up, n0, R * HC, I, D, D, BN, BK, INTERPRET, M)
-    ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, True)
-    if ok:
-        g = _fold_rows(g_s, pr, R, HC, M, BN)
-        u = _fold_rows(u_s, pr, R, HC, M, BN)
-        o_m = tl.arange(0, M // HC)
-        o_n = n0 + tl.arange(0, BN)
-        tl.store(
-            act + o_m[:, None] * I + o_n[None, :],
-            to_bf16(swiglu_act(g, u, LIMIT), INTERPRET),
-            mask=(o_m[:, None] < R) & (o_n[None, :] < I),
-        )
+    """GU: gate and up rows n0.. over K slice ks of KS (knob ksplit_gu), both in one K loop. A slice but the
+    first stores its sums in `gup` [KS, 2, 32, I] and is done; slice 0 then waits (late) for them, adds them
+    in slice order, and makes the clamped SwiGLU: act, bf16, for down_proj.
+
+    x: x̂ [R, D], or (FOLD: knob `norm` "fold") H1's R * HC stream rows against w_gate and w_up ⊙ norm_w:
+    slice 0 then also waits (late) for the FFN gates and applies their pre and 1/RMS, as the folded
+    in-projection does. True unless a wait failed."""
+    XR = R
+    if FOLD:
+        XR = R * HC
+    KK: tl.constexpr = D // KS
+    g_s, u_s = gemv_tile_pair(x + ks * KK, D, w_gate + ks * KK, w_up + ks * KK, n0, XR, I, KK, D, BN, BK, INTERPRET, M)
+    o_s = tl.arange(0, M)
+    o_n = n0 + tl.arange(0, BN)
+    p_gup = gup + o_s[:, None] * I + o_n[None, :]
+    m_gup = (o_s[:, None] < XR) & (o_n[None, :] < I)
+    ok = task >= 0
+    if ks != 0:
+        tl.store(p_gup + (ks * 2) * (32 * I), g_s, mask=m_gup)
+        tl.store(p_gup + (ks * 2 + 1) * (32 * I), u_s, mask=m_gup)
+    else:
+        if (KS > 1) or FOLD:
+            ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, True)
+        if ok:
+            for q in tl.static_range(1, KS):
+                g_s += tl.load(p_gup + (q * 2) * (32 * I), mask=m_gup, other=0.0)
+                u_s += tl.load(p_gup + (q * 2 + 1) * (32 * I), mask=m_gup, other=0.0)
+            if FOLD:
+                g = _fold_rows(g_s, pr, R, HC, M, BN)
+                u = _fold_rows(u_s, pr, R, HC, M, BN)
+                o_m = tl.arange(0, M // HC)
+            else:
+                g = g_s
+                u = u_s
+                o_m = tl.arange(0, M)
+            tl.store(
+                act + o_m[:, None] * I + o_n[None, :],
+                to_bf16(swiglu_act(g, u, LIMIT), INTERPRET),
+                mask=(o_m[:, None] < R) & (o_n[None, :] < I),
+            )
     return ok
 
 
@@ -591,6 +594,7 @@ def dense_kernel(
     kpart_f,
     parts_f,
     pr,
+    gup,
     trace,
     # outputs
     x_hat_a,
@@ -626,6 +630,7 @@ def dense_kernel(
     NCH: tl.constexpr,
     KS_O: tl.constexpr,
     KS_F: tl.constexpr,
+    KS_GU: tl.constexpr,
     BN: tl.constexpr,
     BN_GU: tl.constexpr,
     BN_O: tl.constexpr,
@@ -633,6 +638,7 @@ def dense_kernel(
     BK_R: tl.constexpr,
     BK_O: tl.constexpr,
     BK_I: tl.constexpr,
+    BK_GU: tl.constexpr,
     LIMIT: tl.constexpr,
     INTERPRET: tl.constexpr,
     POLL: tl.constexpr,
@@ -869,34 +875,35 @@ def dense_kernel(
                     INTERPRET,
                 )
             elif ttype == 7:
-                if FOLD:
-                    ok = _task_gate_up_folded(
-                        rt,
-                        row,
-                        task,
-                        epoch,
-                        stuck_site,
-                        budget_ns,
-                        H1,
-                        w_gate,
-                        w_up,
-                        pr + 16 * PR,
-                        act,
-                        a0,
-                        R,
-                        D,
-                        HC,
-                        I,
-                        BN_GU,
-                        BK_D,
-                        LIMIT,
-                        M,
-                        INTERPRET,
-                        POLL,
-                        THREADS,
-                    )
-                else:
-                    _task_gate_up(x_hat_f, w_gate, w_up, act, a0, R, D, I, BN_GU, BK_D, LIMIT, INTERPRET)
+                ok = _task_gate_up(
+                    rt,
+                    row,
+                    task,
+                    epoch,
+                    stuck_site,
+                    budget_ns,
+                    H1 if FOLD else x_hat_f,
+                    w_gate,
+                    w_up,
+                    pr + 16 * PR,
+                    gup,
+                    act,
+                    a0,
+                    a1,
+                    R,
+                    D,
+                    HC,
+                    I,
+                    BN_GU,
+                    BK_GU,
+                    LIMIT,
+                    M,
+                    KS_GU,
+                    FOLD,
+                    INTERPRET,
+                    POLL,
+                    THREADS,
+                )
             elif ttype == 9:
                 _task_reduce(
                     kpart_f,
@@ -1005,10 +1012,12 @@ class Dims:
         self.CH = min(knobs["chunk_cols"], self.D // 4)
         self.NCH = self.D // self.CH
         self.KS_O, self.KS_F = k_slices(knobs["ksplit"], self.P), k_slices(knobs["ksplit"], self.I)
+        self.KS_GU = k_slices(knobs["ksplit_gu"], self.D)
         self.PK, self.IK = self.P // self.KS_O, self.I // self.KS_F
         self.BN, self.BN_GU, self.BN_O = knobs["block_n_in"], knobs["block_n_gu"], knobs["block_n_out"]
         bk = knobs["block_k"]
         self.BK_D, self.BK_R, self.BK_O, self.BK_I = (min(bk, n) for n in (self.D, self.RG, self.PK, self.IK))
+        self.BK_GU = min(bk, self.D // self.KS_GU)
 
 
 def build_table(d: Dims, rows: int, knobs: dict, mode: str = "full") -> TaskTable:
@@ -1059,7 +1068,12 @@ def build_table(d: Dims, rows: int, knobs: dict, mode: str = "full") -> TaskTabl
     # folded, gate/up streams H1 (written by the reduces) and waits for the FFN gates at its end
     gu = []
     for n0 in range(0, d.I, d.BN_GU):
-        gu.append((n0, n0 + d.BN_GU, add(GU, n0, waits=reds if fold else gates_f)))
+        # K slices 1.. first; slice 0 adds their sums (late) and makes act
+        need = reds if fold else gates_f
+        others = [add(GU, n0, ks, waits=need) for ks in range(d.KS_GU - 1, 0, -1)]
+        gu.append((n0, n0 + d.BN_GU, add(GU, n0, 0, waits=need)))
+        if others:
+            t.wait(gu[-1][2], others, how, words, late=True)
         if fold:
             t.wait(gu[-1][2], gates_f, how, words, late=True)
     down = []
@@ -1204,6 +1218,7 @@ class DenseLaunch:
             "kpart_f": e(d.KS_F, R, D),
             "parts_f": e(tp, R, D),
             "pr": e(2, 16, PR.value),  # the attention and FFN gates' pre and 1/RMS per row
+            "gup": e(d.KS_GU, 2, 32, d.I),  # gate/up's K-slice sums (slice 0 adds them)
             "trace": e(self.table.n_tasks, 4, dtype=torch.int64),  # written only by a traced launch
         }
         self.out = {
@@ -1266,13 +1281,14 @@ class DenseLaunch:
 
     def constexprs(self) -> dict:
         d = self.d
-        names = ("D", "HC", "HL", "K", "W", "RG", "I", "T", "CH", "NCH", "KS_O", "KS_F", "BN", "BN_GU", "BN_O")
+        names = ("D", "HC", "HL", "K", "W", "RG", "I", "T", "CH", "NCH", "KS_O", "KS_F", "KS_GU", "BN", "BN_GU", "BN_O")
         return {n: getattr(d, n) for n in names} | {
             "ITERS": d.iters,
             "BK_D": d.BK_D,
             "BK_R": d.BK_R,
             "BK_O": d.BK_O,
             "BK_I": d.BK_I,
+            "BK_GU": d.BK_GU,
             "LIMIT": self.spec.moe.swiglu_limit,
             "INTERPRET": interpreting(),
             "POLL": self.knobs["poll"],
