@@ -32,7 +32,7 @@ VARIANTS = (
     {"poll": 2},
     {"block_n_in": 16},
     {"block_n_in": 64},
-    {"block_n_gu": 32},
+    {"block_n_gu": 16},
     {"block_n_gu": 64},
     {"block_n_out": 16},
     {"block_n_out": 64},
@@ -40,8 +40,12 @@ VARIANTS = (
     {"oproj_first": 1},
     {"stages": 2},
     {"prefetch": 1},
+    {"prefetch": 3},
+    {"kda_split": 1},
+    {"kda_split": 2},
 )
-TIMED = ({}, {"oproj_first": 1}, {"ksplit": 1}, {"norm": "task"})
+# the defaults, the GEMV tiling of gate/up before ksplit_gu (better at TP8 rows 8), oproj_first, norm task
+TIMED = ({}, {"ksplit_gu": 1, "block_n_gu": 16}, {"oproj_first": 1}, {"norm": "task"})
 COPIES = 3
 
 

@@ -61,7 +61,7 @@ KNOBS = {
         Knob(
             "block_n_gu",
             (16, 32, 64),
-            16,
+            32,
             ("dense",),
             "schedule",
             "gate/up rows per task (each task runs both GEMVs and the SwiGLU over them)",
@@ -117,7 +117,7 @@ KNOBS = {
         Knob(
             "ksplit_gu",
             (1, 2, 4),
-            1,
+            2,
             ("dense",),
             "numeric",
             "K slices of gate/up (shorter loops: a program's stream is latency-bound); slice 0 adds them in order",
