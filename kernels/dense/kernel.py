@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from glm53ctl.kernels.ffn.kernel import swiglu_act
-from glm53ctl.kernels.gemv import fold_norm, gemv_tile, gemv_tile_pair
+from glm53ctl.kernels.gemv import fold_norm, gemv_tile, gemv_tile_pair, sum_streams
 from glm53ctl.kernels.kda.kernel import SCRATCH, kda_head, kda_norm, kda_write_state
 from glm53ctl.kernels.mhc.kernel import gate_finish
 from glm53ctl.kernels.runtime.device import (
@@ -272,7 +272,7 @@ def _fold_rows(acc, pr, R, HC: tl.constexpr, M: tl.constexpr, BN: tl.constexpr):
     y[r] = 1/RMS[r] * sum_j pre[r, j] * acc[r * HC + j], with the gate's pre and 1/RMS from `pr`."""
     o_s = tl.arange(0, M)
     b_pre = tl.load(pr + (o_s // HC) * PR + o_s % HC, mask=o_s < R * HC, other=0.0)
-    y = tl.sum(tl.reshape(acc * b_pre[:, None], (M // HC, HC, BN)), axis=1)
+    y = sum_streams(acc * b_pre[:, None], M, HC, BN)
     o_m = tl.arange(0, M // HC)
     return y * tl.load(pr + o_m * PR + HC, mask=o_m < R, other=0.0)[:, None]
 

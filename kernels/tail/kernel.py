@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from glm53ctl.kernels.gemv import fold_norm, gemv_tile
+from glm53ctl.kernels.gemv import fold_norm, gemv_tile, sum_streams
 from glm53ctl.kernels.runtime.device import (
     finish,
     launch_epoch,
@@ -57,7 +57,7 @@ def _lm_head_folded(
     """sum_j H[m, j] . w'[n0 + n] for rows m < R: [M // HC, BLOCK_N] fp32. H's R * HC stream rows are the
     GEMV's rows as they are (bf16, contiguous), so nothing is computed between a load and the `tl.dot`."""
     acc = gemv_tile(H, D, w, n0, R * HC, N, D, D, BLOCK_N, BLOCK_K, INTERPRET, M)
-    return tl.sum(tl.reshape(acc, (M // HC, HC, BLOCK_N)), axis=1)
+    return sum_streams(acc, M, HC, BLOCK_N)
 
 
 @triton.jit(do_not_specialize=["stuck_site", "budget_ns"])
