@@ -419,8 +419,30 @@ def tail_timing(out_dir: Path) -> None:
             )[0]
             k.launch.runtime.check()
             floor = tail_bytes(spec, tp, rows) / (bw * 1e12) * 1e6
-            res["tail"].append({"tp": tp, "rows": rows, "us": us, "floor_us": floor, "pct_copy": 100 * floor / us})
-            print(f"tail TP{tp} rows{rows}: {us:.1f} us, floor {floor:.1f} = {100 * floor / us:.1f}% copy", flush=True)
+            # the bits across tile heights (sum_streams: the folded lm_head adds H's streams in stream order)
+            ref = {n: t.clone() for n, t in k(x, peers, poison=True).items()}
+            bits = all(
+                all(
+                    torch.equal(ref[n], t)
+                    for n, t in KindLaunch(w, "tail", tp, rows, {"block_n": b}, DEV)(x, peers, poison=True).items()
+                )
+                for b in (16, 32, 128)
+            )
+            res["tail"].append(
+                {
+                    "tp": tp,
+                    "rows": rows,
+                    "us": us,
+                    "floor_us": floor,
+                    "pct_copy": 100 * floor / us,
+                    "block_n_bits": bits,
+                }
+            )
+            print(
+                f"tail TP{tp} rows{rows}: {us:.1f} us, floor {floor:.1f} = {100 * floor / us:.1f}% copy, "
+                f"block_n 16/32/128 bitwise {bits}",
+                flush=True,
+            )
     (out_dir / "tail.json").write_text(json.dumps(res, indent=2))
 
 
@@ -552,6 +574,9 @@ def stream_probe(out_dir: Path) -> None:
 
 
 if __name__ == "__main__":
+    if "--tail" in sys.argv:
+        tail_timing(Path(sys.argv[1]))
+        sys.exit(0)
     if "--stream" in sys.argv:
         stream_probe(Path(sys.argv[1]))
         sys.exit(0)
