@@ -65,9 +65,10 @@ def format_summary(s: dict) -> str:
             f"| {name} | {v['n']} | {v['first_claim']:.1f} | {v['first_ready']:.1f} | {v['last_ready']:.1f} | "
             f"{v['last_done']:.1f} | {v['wait']:.1f} | {v['work']:.1f} |"
         )
-    lines.append("critical path: type (ready -> publish, hand-off before it)")
-    lines += [
-        f"  {p['type']:<14} {p['ready']:7.1f} -> {p['done']:7.1f}  (+{p.get('handoff', 0.0):.2f})"
-        for p in s["critical_path"]
-    ]
+    lines.append("critical path: type (ready -> publish, hand-off before it; 'late': the task had started and waited")
+    lines.append("at its end: a folded GEMV for its gates, a KDA head's or gate/up tile's first part for the others)")
+    for p in s["critical_path"]:
+        h = p.get("handoff", 0.0)
+        step = f"(+{h:.2f})" if h >= 0 else "(late)"
+        lines.append(f"  {p['type']:<14} {p['ready']:7.1f} -> {p['done']:7.1f}  {step}")
     return "\n".join(lines)
