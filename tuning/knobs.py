@@ -123,6 +123,14 @@ KNOBS = {
             "K slices of gate/up (shorter loops: a program's stream is latency-bound); slice 0 adds them in order",
         ),
         Knob(
+            "ksplit_in",
+            (1, 2, 4),
+            1,
+            ("dense",),
+            "numeric",
+            "K slices of the in-projection (shorter loops: a program's stream is latency-bound); slice 0 adds them",
+        ),
+        Knob(
             "block_k",
             (64, 128, 256, 512),
             128,

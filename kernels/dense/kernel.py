@@ -4,7 +4,9 @@ Tasks, in table order (a rank's shapes; every GEMV is `gemv_tile` over rows padd
 
   MIX_A   a column chunk of one row's attention-gate mix logits (fn @ H) and sum of squares
   GATE_A  row r: hc_pre (Sinkhorn), the RMSNorm: x̂, post, comb             waits on its row's MIX_A
-  INPROJ  a tile of the fused in-projection f_a | g_a | b | (q_h | k_h | v_h per head)   waits on GATE_A
+  INPROJ  (tile, K slice) of the fused in-projection f_a | g_a | b | (q_h | k_h | v_h per head) (knob
+          ksplit_in); slice 0 adds the slices' sums (late)                    waits on GATE_A
+          (`norm fold`: streams H's stream rows and waits late on GATE_A)
   KDA     (head h, row r, part p): f_b for the head, conv with its state, safe gate, the delta rule on the
           part's value columns (knob kda_split: 1, 2 or 4 parts); part 0 then g_b and the gated RMSNorm:
           publishes z                      waits on the INPROJ tiles it reads; part 0 late on the other parts
@@ -242,30 +244,6 @@ def _task_mix(H, fn, mixp, ssp, c, r, D: tl.constexpr, HC: tl.constexpr, CH: tl.
     tl.store(ssp + c * 16 + r, ss)
 
 
-@triton.jit(noinline=True)
-def _task_inproj(
-    x_hat,
-    w_in,
-    y_in,
-    lr,
-    n0,
-    R,
-    D: tl.constexpr,
-    NIN: tl.constexpr,
-    RG: tl.constexpr,
-    BN: tl.constexpr,
-    BK: tl.constexpr,
-    INTERPRET: tl.constexpr,
-):
-    """INPROJ: rows n0.. of the fused in-projection; the low-rank f_a | g_a rows also in bf16."""
-    acc = gemv_tile(x_hat, D, w_in, n0, R, NIN, D, D, BN, BK, INTERPRET)
-    o_m = tl.arange(0, 16)
-    o_n = n0 + tl.arange(0, BN)
-    m_r = o_m[:, None] < R
-    tl.store(y_in + o_m[:, None] * NIN + o_n[None, :], acc, mask=m_r & (o_n[None, :] < NIN))
-    tl.store(lr + o_m[:, None] * (2 * RG) + o_n[None, :], to_bf16(acc, INTERPRET), mask=m_r & (o_n[None, :] < 2 * RG))
-
-
 @triton.jit
 def _fold_rows(acc, pr, R, HC: tl.constexpr, M: tl.constexpr, BN: tl.constexpr):
     """A folded GEMV's sums over H's stream rows [M, BN] to its rows' sums [M / HC, BN]:
@@ -278,19 +256,21 @@ def _fold_rows(acc, pr, R, HC: tl.constexpr, M: tl.constexpr, BN: tl.constexpr):
 
 
 @triton.jit(noinline=True)
-def _task_inproj_folded(
+def _task_inproj(
     rt,
     row,
     task,
     epoch,
     stuck_site,
     budget_ns,
-    H,
+    x,
     w_in,
     pr,
+    ipp,
     y_in,
     lr,
     n0,
+    ks,
     R,
     D: tl.constexpr,
     HC: tl.constexpr,
@@ -299,24 +279,47 @@ def _task_inproj_folded(
     BN: tl.constexpr,
     BK: tl.constexpr,
     M: tl.constexpr,
+    KS: tl.constexpr,
+    FOLD: tl.constexpr,
     INTERPRET: tl.constexpr,
     POLL: tl.constexpr,
     THREADS: tl.constexpr,
 ):
-    """INPROJ with the gate's norm folded into w_in (knob `norm` "fold"): H's R * HC stream rows against rows
-    n0.. of w_in ⊙ norm_w, needing nothing from the gate; then the wait for the gates, and
-    y[r] = 1/RMS[r] * sum_j pre[r, j] * acc[r * HC + j] (x = sum_j pre_j H_j is linear in H). True unless the
-    wait failed."""
-    acc = gemv_tile(H, D, w_in, n0, R * HC, NIN, D, D, BN, BK, INTERPRET, M)
-    ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, True)
-    if ok:
-        y = _fold_rows(acc, pr, R, HC, M, BN)
-        o_m = tl.arange(0, M // HC)
-        o_n = n0 + tl.arange(0, BN)
-        m_r = o_m[:, None] < R
-        tl.store(y_in + o_m[:, None] * NIN + o_n[None, :], y, mask=m_r & (o_n[None, :] < NIN))
-        m_lr = m_r & (o_n[None, :] < 2 * RG)
-        tl.store(lr + o_m[:, None] * (2 * RG) + o_n[None, :], to_bf16(y, INTERPRET), mask=m_lr)
+    """INPROJ: rows n0.. of the fused in-projection over K slice ks of KS (knob ksplit_in), y_in fp32 and the
+    low-rank f_a | g_a rows also in bf16 (lr). A slice but the first stores its sums in `ipp` [KS, 32, NIN] and
+    is done; slice 0 waits (late) for them and adds them in slice order.
+
+    x: x̂ [R, D], or (FOLD: knob `norm` "fold") H's R * HC stream rows against w_in ⊙ norm_w, needing nothing
+    from the gate: slice 0 then also waits (late) for the gates and makes y[r] = 1/RMS[r] * sum_j pre[r, j] *
+    acc[r * HC + j] (x = sum_j pre_j H_j is linear in H). True unless a wait failed."""
+    XR = R
+    if FOLD:
+        XR = R * HC
+    KK: tl.constexpr = D // KS
+    acc = gemv_tile(x + ks * KK, D, w_in + ks * KK, n0, XR, NIN, KK, D, BN, BK, INTERPRET, M)
+    o_s = tl.arange(0, M)
+    o_n = n0 + tl.arange(0, BN)
+    p_ipp = ipp + o_s[:, None] * NIN + o_n[None, :]
+    m_ipp = (o_s[:, None] < XR) & (o_n[None, :] < NIN)
+    ok = task >= 0
+    if ks != 0:
+        tl.store(p_ipp + ks * (32 * NIN), acc, mask=m_ipp)
+    else:
+        if (KS > 1) or FOLD:
+            ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, True)
+        if ok:
+            for q in tl.static_range(1, KS):
+                acc += tl.load(p_ipp + q * (32 * NIN), mask=m_ipp, other=0.0)
+            if FOLD:
+                y = _fold_rows(acc, pr, R, HC, M, BN)
+                o_m = tl.arange(0, M // HC)
+            else:
+                y = acc
+                o_m = tl.arange(0, M)
+            m_r = o_m[:, None] < R
+            tl.store(y_in + o_m[:, None] * NIN + o_n[None, :], y, mask=m_r & (o_n[None, :] < NIN))
+            m_lr = m_r & (o_n[None, :] < 2 * RG)
+            tl.store(lr + o_m[:, None] * (2 * RG) + o_n[None, :], to_bf16(y, INTERPRET), mask=m_lr)
     return ok
 
 
@@ -594,6 +597,7 @@ def dense_kernel(
     kpart_f,
     parts_f,
     pr,
+    ipp,
     gup,
     trace,
     # outputs
@@ -631,6 +635,7 @@ def dense_kernel(
     KS_O: tl.constexpr,
     KS_F: tl.constexpr,
     KS_GU: tl.constexpr,
+    KS_IN: tl.constexpr,
     BN: tl.constexpr,
     BN_GU: tl.constexpr,
     BN_O: tl.constexpr,
@@ -639,6 +644,7 @@ def dense_kernel(
     BK_O: tl.constexpr,
     BK_I: tl.constexpr,
     BK_GU: tl.constexpr,
+    BK_IN: tl.constexpr,
     LIMIT: tl.constexpr,
     INTERPRET: tl.constexpr,
     POLL: tl.constexpr,
@@ -729,34 +735,35 @@ def dense_kernel(
                     INTERPRET,
                 )
             elif ttype == 2:
-                if FOLD:
-                    ok = _task_inproj_folded(
-                        rt,
-                        row,
-                        task,
-                        epoch,
-                        stuck_site,
-                        budget_ns,
-                        H,
-                        w_in,
-                        pr,
-                        y_in,
-                        lr,
-                        a0,
-                        R,
-                        D,
-                        HC,
-                        NIN,
-                        RG,
-                        BN,
-                        BK_D,
-                        M,
-                        INTERPRET,
-                        POLL,
-                        THREADS,
-                    )
-                else:
-                    _task_inproj(x_hat_a, w_in, y_in, lr, a0, R, D, NIN, RG, BN, BK_D, INTERPRET)
+                ok = _task_inproj(
+                    rt,
+                    row,
+                    task,
+                    epoch,
+                    stuck_site,
+                    budget_ns,
+                    H if FOLD else x_hat_a,
+                    w_in,
+                    pr,
+                    ipp,
+                    y_in,
+                    lr,
+                    a0,
+                    a1,
+                    R,
+                    D,
+                    HC,
+                    NIN,
+                    RG,
+                    BN,
+                    BK_IN,
+                    M,
+                    KS_IN,
+                    FOLD,
+                    INTERPRET,
+                    POLL,
+                    THREADS,
+                )
             elif ttype == 3:
                 if OPROJ_FIRST:
                     if pend != 0:
@@ -1013,11 +1020,13 @@ class Dims:
         self.NCH = self.D // self.CH
         self.KS_O, self.KS_F = k_slices(knobs["ksplit"], self.P), k_slices(knobs["ksplit"], self.I)
         self.KS_GU = k_slices(knobs["ksplit_gu"], self.D)
+        self.KS_IN = k_slices(knobs["ksplit_in"], self.D)
         self.PK, self.IK = self.P // self.KS_O, self.I // self.KS_F
         self.BN, self.BN_GU, self.BN_O = knobs["block_n_in"], knobs["block_n_gu"], knobs["block_n_out"]
         bk = knobs["block_k"]
         self.BK_D, self.BK_R, self.BK_O, self.BK_I = (min(bk, n) for n in (self.D, self.RG, self.PK, self.IK))
         self.BK_GU = min(bk, self.D // self.KS_GU)
+        self.BK_IN = min(bk, self.D // self.KS_IN)
 
 
 def build_table(d: Dims, rows: int, knobs: dict, mode: str = "full") -> TaskTable:
@@ -1039,7 +1048,15 @@ def build_table(d: Dims, rows: int, knobs: dict, mode: str = "full") -> TaskTabl
     gates = [add(GATE_A, r, waits=mix[r]) for r in range(rows)]
     # a folded INPROJ streams H from the start and waits for its gates at its end
     fold = knobs["norm"] == "fold"
-    inproj = [(n0, n0 + d.BN, add(INPROJ, n0, waits=gates, late=fold)) for n0 in range(0, d.NIN, d.BN)]
+    inproj = []
+    for n0 in range(0, d.NIN, d.BN):
+        # K slices 1.. first (folded: nothing to wait for); slice 0 adds their sums (late) and stores the rows
+        others = [add(INPROJ, n0, ks, waits=[] if fold else gates) for ks in range(d.KS_IN - 1, 0, -1)]
+        inproj.append((n0, n0 + d.BN, add(INPROJ, n0, 0, waits=[] if fold else gates)))
+        if others:
+            t.wait(inproj[-1][2], others, how, words, late=True)
+        if fold:
+            t.wait(inproj[-1][2], gates, how, words, late=True)
     small = _covering(inproj, 0, 2 * d.RG)  # f_a | g_a: every head's low-rank rows
     heads = []
     for h in range(d.HL):
@@ -1219,6 +1236,7 @@ class DenseLaunch:
             "parts_f": e(tp, R, D),
             "pr": e(2, 16, PR.value),  # the attention and FFN gates' pre and 1/RMS per row
             "gup": e(d.KS_GU, 2, 32, d.I),  # gate/up's K-slice sums (slice 0 adds them)
+            "ipp": e(d.KS_IN, 32, d.NIN),  # the in-projection's K-slice sums
             "trace": e(self.table.n_tasks, 4, dtype=torch.int64),  # written only by a traced launch
         }
         self.out = {
@@ -1281,7 +1299,8 @@ class DenseLaunch:
 
     def constexprs(self) -> dict:
         d = self.d
-        names = ("D", "HC", "HL", "K", "W", "RG", "I", "T", "CH", "NCH", "KS_O", "KS_F", "KS_GU", "BN", "BN_GU", "BN_O")
+        names = ("D", "HC", "HL", "K", "W", "RG", "I", "T", "CH", "NCH", "KS_O", "KS_F", "KS_GU", "KS_IN")
+        names += ("BN", "BN_GU", "BN_O")
         return {n: getattr(d, n) for n in names} | {
             "ITERS": d.iters,
             "BK_D": d.BK_D,
@@ -1289,6 +1308,7 @@ class DenseLaunch:
             "BK_O": d.BK_O,
             "BK_I": d.BK_I,
             "BK_GU": d.BK_GU,
+            "BK_IN": d.BK_IN,
             "LIMIT": self.spec.moe.swiglu_limit,
             "INTERPRET": interpreting(),
             "POLL": self.knobs["poll"],
@@ -1296,8 +1316,8 @@ class DenseLaunch:
             "OPROJ_FIRST": bool(self.knobs["oproj_first"]),
             "PREFETCH": self.knobs["prefetch"],
             "FOLD": self.knobs["norm"] == "fold",
-            # a folded INPROJ's rows are H's R * HC stream rows, padded to a `tl.dot` tile
-            "M": 16 if self.rows * d.HC <= 16 else 32,
+            # a folded GEMV's rows are H's R * HC stream rows, padded to a `tl.dot` tile
+            "M": 16 if self.knobs["norm"] != "fold" or self.rows * d.HC <= 16 else 32,
             "TRACE": self.tracing,
             "NV": self.knobs["kda_split"],
         }

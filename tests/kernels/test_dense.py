@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from glm53ctl.kernels.checks import BOUNDS, fault_key, reference_outputs
-from glm53ctl.kernels.dense.kernel import GATE_F, GU, KDA, OPROJ, SeparateLaunches, k_slices
+from glm53ctl.kernels.dense.kernel import GATE_A, GATE_F, GU, INPROJ, KDA, OPROJ, SeparateLaunches, k_slices
 from glm53ctl.kernels.harness import RunKey, run_reference
 from glm53ctl.kernels.launches import DenseKind, run_triton
 from glm53ctl.kernels.numerics import rel_rms
@@ -90,27 +90,31 @@ def test_ksplit_is_numeric_and_accurate(weights, ksplit):
     assert all(t.tasks[p][0] == KDA for p in waited) and heads == set(range(k.launch.d.HL // k.launch.d.KS_O))
 
 
-@pytest.mark.parametrize(("ksplit_gu", "norm"), [(2, "fold"), (4, "task")])
-def test_gate_up_k_slices_are_accurate_and_keep_their_bits(weights, ksplit_gu, norm):
-    """ksplit_gu (numeric): gate/up over K slices, slice 0 adding them in order after a late wait: accurate,
-    the same bits for other grids and hand-offs and as separate launches, and slice 0 waits late on the
-    tile's other slices (and, folded, on the FFN gates)."""
-    k = DenseKind(weights, 2, 3, {"ksplit_gu": ksplit_gu, "norm": norm, "grid": 3}, "cpu")
-    assert k.launch.d.KS_GU == ksplit_gu
+@pytest.mark.parametrize(("ksplit_gu", "ksplit_in", "norm"), [(2, 1, "fold"), (4, 2, "task"), (1, 4, "fold")])
+def test_k_slices_are_accurate_and_keep_their_bits(weights, ksplit_gu, ksplit_in, norm):
+    """ksplit_gu and ksplit_in (numeric): gate/up and the in-projection over K slices, slice 0 adding them in
+    order after a late wait: accurate, the same bits for other grids and hand-offs and as separate launches,
+    and slice 0 waits late on the tile's other slices (and, folded, on its gates)."""
+    knobs = {"ksplit_gu": ksplit_gu, "ksplit_in": ksplit_in, "norm": norm}
+    k = DenseKind(weights, 2, 3, {**knobs, "grid": 3}, "cpu")
+    assert (k.launch.d.KS_GU, k.launch.d.KS_IN) == (ksplit_gu, ksplit_in)
     x = k.inputs(seed=11)[0]
     peers = k.peer_partials(x)
     out = k(x, peers, poison=True)
     assert_accurate(weights, k, x, out)
-    other = DenseKind(weights, 2, 3, {"ksplit_gu": ksplit_gu, "norm": norm, "grid": 7, "handoff": "flag"}, "cpu")
+    other = DenseKind(weights, 2, 3, {**knobs, "grid": 7, "handoff": "flag"}, "cpu")
     assert_same_bits(out, other(x, peers, poison=True), "grid 7, flags")
     sep = SeparateLaunches(k.spec, 2, 3, k.knobs, "cpu")
     sep.whole.set_peers(peers.parts_a, peers.parts_f)
     sep.whole.poison()
     assert_same_bits({n: out[n] for n in sep.whole.out}, sep(x.H, k.w[0], *k.rank_state(x, 0)), "separate")
     t = k.launch.table
-    first = [i for i, task in enumerate(t.tasks) if task[0] == GU and task[2] == 0][0]
-    late = {t.tasks[p][0] for s in t.sites if s.task == first and s.late for p in s.producers}
-    assert late == ({GU, GATE_F} if norm == "fold" else {GU})
+    for ttype, slices, gate in ((GU, ksplit_gu, GATE_F), (INPROJ, ksplit_in, GATE_A)):
+        tiles = [i for i, task in enumerate(t.tasks) if task[0] == ttype]
+        first = next(i for i in tiles if t.tasks[i][2] == 0)
+        late = {t.tasks[p][0] for s in t.sites if s.task == first and s.late for p in s.producers}
+        assert late == ({ttype} if slices > 1 else set()) | ({gate} if norm == "fold" else set())
+        assert len(tiles) % slices == 0 and {t.tasks[i][2] for i in tiles} == set(range(slices))
 
 
 def test_three_launches_in_a_row_without_host_reset(weights):
