@@ -160,6 +160,8 @@ def _prefetch(
     HC: tl.constexpr,
     CH: tl.constexpr,
     NV: tl.constexpr,
+    KS_IN: tl.constexpr,
+    KS_GU: tl.constexpr,
     WHICH: tl.constexpr,
 ):
     """Before a task waits, start what it reads that no producer writes: a GEMV task's weight tile, a KDA
@@ -182,8 +184,8 @@ def _prefetch(
             o_l = tl.arange(0, HC * CH // 32)  # 32 fp32 a line: stream j's columns of chunk a0
             o_c = (o_l // (CH // 32)) * D + a0 * CH + (o_l % (CH // 32)) * 32
             prefetch_l2(fn_f + o_m[:, None] * (HC * D) + o_c[None, :])
-    elif (ttype == 2) & (WHICH == 1):
-        _prefetch_rows(w_in, a0, D, 0, NIN, BN, D)
+    elif (ttype == 2) & (WHICH == 1):  # a K slice's columns only
+        _prefetch_rows(w_in, a0, D, a1 * (D // KS_IN), NIN, BN, D // KS_IN)
     elif (ttype == 3) & (WHICH == 1):
         o_k = tl.arange(0, K)
         o_l = tl.arange(0, K // 32) * 32
@@ -191,8 +193,8 @@ def _prefetch(
     elif ttype == 4:
         _prefetch_rows(w_o, a0, P, a1 * PK, D, BN_O, PK)
     elif ttype == 7:
-        _prefetch_rows(w_gate, a0, D, 0, I, BN_GU, D)
-        _prefetch_rows(w_up, a0, D, 0, I, BN_GU, D)
+        _prefetch_rows(w_gate, a0, D, a1 * (D // KS_GU), I, BN_GU, D // KS_GU)
+        _prefetch_rows(w_up, a0, D, a1 * (D // KS_GU), I, BN_GU, D // KS_GU)
     elif ttype == 8:
         _prefetch_rows(w_down, a0, I, a1 * IK, D, BN_O, IK)
 
@@ -704,6 +706,8 @@ def dense_kernel(
                 HC,
                 CH,
                 NV,
+                KS_IN,
+                KS_GU,
                 PREFETCH,
             )
         # a task's early sites; its late ones (a folded INPROJ's gates, a KDA head's other parts) in its body
@@ -1027,6 +1031,10 @@ class Dims:
         self.BK_D, self.BK_R, self.BK_O, self.BK_I = (min(bk, n) for n in (self.D, self.RG, self.PK, self.IK))
         self.BK_GU = min(bk, self.D // self.KS_GU)
         self.BK_IN = min(bk, self.D // self.KS_IN)
+        # the GEMV body has no K mask: a K slice must be whole K tiles
+        for k, tile in ((self.D // self.KS_GU, self.BK_GU), (self.D // self.KS_IN, self.BK_IN), (self.PK, self.BK_O)):
+            assert k % tile == 0, f"a K slice of {k} columns is not whole K tiles of {tile}"
+        assert self.IK % self.BK_I == 0 and self.D % self.BK_D == 0 and self.RG % self.BK_R == 0
 
 
 def build_table(d: Dims, rows: int, knobs: dict, mode: str = "full") -> TaskTable:
@@ -1330,6 +1338,8 @@ class DenseLaunch:
         assert H.shape == (R, d.HC, d.D) and H.dtype == torch.bfloat16 and H.is_contiguous()
         assert conv_in.shape == self.conv_out.shape and conv_in.dtype == torch.bfloat16 and conv_in.is_contiguous()
         assert S_in.shape == self.S_out.shape and S_in.dtype == torch.float32 and S_in.is_contiguous()
+        # double-buffered: a KDA head's part 0 shifts the conv state while its other parts may still read it
+        assert conv_in.data_ptr() != self.conv_out.data_ptr() and S_in.data_ptr() != self.S_out.data_ptr()
         args = self.kernel_args(H, w, conv_in, S_in, stuck_site, budget_ns or DEFAULT_BUDGET_NS)
         dense_kernel[(self.grid,)](**args, **self.constexprs(), **self.options())
         if check:

@@ -117,6 +117,43 @@ def test_k_slices_are_accurate_and_keep_their_bits(weights, ksplit_gu, ksplit_in
         assert len(tiles) % slices == 0 and {t.tasks[i][2] for i in tiles} == set(range(slices))
 
 
+@pytest.mark.parametrize(
+    "knobs", [{}, {"norm": "task", "ksplit_in": 2, "kda_split": 2}, {"ksplit_gu": 4, "kda_split": 1}]
+)
+@pytest.mark.parametrize(("tp", "rows"), [(1, 2), (4, 3)])
+def test_every_split_task_waits_on_exactly_its_parts(tp, rows, knobs):
+    """The interpreter runs tasks in table order, so a wait left out could not fail a launch test: the table's
+    waits are checked here, producer by producer. A KDA head's part 0 waits late on exactly the other parts of
+    its head and row; a gate/up or in-projection tile's slice 0 late on exactly its other slices (and, folded,
+    every gate of its side); the other parts and slices wait early on what they read, and late on nothing."""
+    from glm53ctl.kernels.dense.kernel import GATE_A, INPROJ, MIX_A, RED_A, Dims, build_table
+    from glm53ctl.tuning.knobs import defaults
+
+    k = {**defaults("dense"), **knobs}
+    t = build_table(Dims(load_model("tiny"), tp, k), rows, k)
+    fold = k["norm"] == "fold"
+    of_type = lambda ttype: {i for i, task in enumerate(t.tasks) if task[0] == ttype}  # noqa: E731
+    for i, (ttype, a0, a1, a2) in enumerate(t.tasks):
+        sites = [s for s in t.sites if s.task == i]
+        early = {p for s in sites if not s.late for p in s.producers}
+        late = {p for s in sites if s.late for p in s.producers}
+        assert all(p < i for p in early | late)
+        if ttype == KDA:
+            parts = {j for j, task in enumerate(t.tasks) if task[:3] == (KDA, a0, a1)} - {i}
+            assert late == (parts if a2 == 0 else set()) and len(parts) == k["kda_split"] - 1
+            assert early and all(t.tasks[p][0] == INPROJ and t.tasks[p][2] == 0 for p in early)
+        elif ttype in (GU, INPROJ):
+            slices = {j for j, task in enumerate(t.tasks) if task[:2] == (ttype, a0)} - {i}
+            gates = of_type(GATE_F if ttype == GU else GATE_A)
+            expect_early = (of_type(RED_A) if ttype == GU else set()) if fold else gates
+            assert early == expect_early
+            assert late == ((slices | (gates if fold else set())) if a1 == 0 else set())
+        elif ttype == GATE_A:
+            assert early == {j for j in of_type(MIX_A) if t.tasks[j][2] == a0} and not late
+        else:
+            assert not late
+
+
 def test_three_launches_in_a_row_without_host_reset(weights):
     k = DenseKind(weights, 4, 3, {"grid": 3}, "cpu")
     x = k.inputs(seed=4)[0]
