@@ -11,6 +11,7 @@ Buffers (int32, see runtime/table.py for the host side):
   clean even if nobody called the host check (a CUDA graph replaying a faulted launch, say)
   flags[task]: the epoch once task published (a word per producer)
   boxes[line * 32 + slot]: a consumer's own 128-byte lines, a word per producer
+  ctl[8 + i]: the i-th task claimed, in the interpreter only (table order unless Runtime.shuffle)
   errs[program, 0:5]: site, task, program, expected epoch, value seen (of that program's time-out)
 Sites: wait_kind / wait_index / wait_count per site, numbered in task-table order.
 """
@@ -19,6 +20,7 @@ import triton
 import triton.language as tl
 
 BOX_WORDS = 32  # 128-byte lines of int32
+CTL_WORDS = tl.constexpr(8)  # the control words; the interpreter's claim order follows them
 TASK_FIELDS = tl.constexpr(16)  # int32 words of a task's row: see task_row
 ABORTED = tl.constexpr(1 << 16)  # added to the programs-done counter by the first program to abort (grids stay below)
 
@@ -122,6 +124,11 @@ def next_task(ctl, n_tasks, n_done, n_programs, INTERPRET: tl.constexpr, ok=True
         go = go & ((n_done < share) | (tl.program_id(0) == n_programs - 1))
     if go:
         task = claim(ctl, n_tasks)
+        if INTERPRET:
+            # the claim order: table order, or a random topological order (Runtime.shuffle), so a wait left out
+            # of the table shows in the interpreter too (the GPU claims in table order and reads none of this)
+            if task >= 0:
+                task = tl.load(ctl + CTL_WORDS + task)
     return task
 
 

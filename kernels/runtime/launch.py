@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from glm53ctl.errors import CheckFailed
-from glm53ctl.kernels.runtime.device import BOX_WORDS
+from glm53ctl.kernels.runtime.device import BOX_WORDS, CTL_WORDS
 from glm53ctl.kernels.runtime.table import INT32_MAX, TaskTable
 
 ARRAYS = ("tasks", "wait_kind", "wait_index", "wait_count", "pub_slot")
@@ -42,15 +42,44 @@ class Runtime:
         self.arrays = t.build(dev)
         # tag, claim counter, programs done, abort epoch, lowest timed-out task, and the host's copies of the
         # last two (see runtime/device.py)
-        self.ctl = torch.zeros(8, dtype=torch.int32, device=dev)
+        self.ctl = torch.zeros(CTL_WORDS.value + t.n_tasks, dtype=torch.int32, device=dev)
         self.ctl[4] = INT32_MAX
         self.ctl[6] = INT32_MAX
+        self.ctl[CTL_WORDS.value :] = torch.arange(t.n_tasks, dtype=torch.int32)  # the interpreter's claim order
         # tasks' flag words, then one word per peer: a peer's partial is in place before the launch,
         # so its word holds the epoch the next launch expects (the last program keeps it so)
         self.flags = torch.zeros(t.n_tasks + t.peers, dtype=torch.int32, device=dev)
         self.flags[t.n_tasks :] = 1
         self.boxes = torch.zeros(max(t.box_lines, 1) * BOX_WORDS, dtype=torch.int32, device=dev)
         self.errs = torch.zeros(self.max_programs, 5, dtype=torch.int32, device=dev)
+
+    def shuffle(self, seed: int) -> list[int]:
+        """In the interpreter, claim the tasks in a random topological order of the table's waits (early and
+        late) instead of table order: a task that reads from a producer it does not wait on may then run first
+        and read what is not there yet. The GPU claims in table order whatever this says. Returns the order."""
+        import random
+
+        rng = random.Random(seed)
+        t = self.table
+        consumers: list[list[int]] = [[] for _ in range(t.n_tasks)]
+        missing = [0] * t.n_tasks
+        for s in t.sites:
+            for p in s.producers:
+                if p >= 0:
+                    consumers[p].append(s.task)
+                    missing[s.task] += 1
+        ready = [i for i in range(t.n_tasks) if missing[i] == 0]
+        order = []
+        while ready:
+            i = ready.pop(rng.randrange(len(ready)))
+            order.append(i)
+            for c in consumers[i]:
+                missing[c] -= 1
+                if missing[c] == 0:
+                    ready.append(c)
+        assert len(order) == t.n_tasks, "the waits have a cycle"
+        self.ctl[CTL_WORDS.value :] = torch.tensor(order, dtype=torch.int32)
+        return order
 
     def args(self) -> dict[str, torch.Tensor]:
         """The runtime's kernel arguments, by name (every launch kind's kernel starts with these)."""

@@ -154,6 +154,57 @@ def test_every_split_task_waits_on_exactly_its_parts(tp, rows, knobs):
             assert not late
 
 
+def _poison_handoffs(launch) -> None:
+    """NaN in every hand-off buffer a task reads from another (not the peers' partials, set before a launch):
+    a task that runs before its producer then reads NaN, not the last launch's values."""
+    for name, buf in launch.buf.items():
+        if buf.is_floating_point() and name not in ("parts_a", "parts_f"):
+            buf.fill_(float("nan"))
+
+
+@pytest.mark.filterwarnings("ignore:All-NaN slice")  # the table without its late waits reads poisoned buffers
+@pytest.mark.parametrize(
+    ("tp", "rows", "knobs"),
+    [(2, 3, {}), (4, 2, {"norm": "task", "ksplit_in": 2, "kda_split": 2, "oproj_first": 1, "ksplit_gu": 4})],
+)
+def test_any_claim_order_the_waits_allow_gives_the_same_bits(weights, tp, rows, knobs):
+    """The interpreter claims in table order, where a wait left out of the table is harmless. Claimed in random
+    topological orders of the waits (Runtime.shuffle), with the hand-off buffers NaN-poisoned first, the launch
+    gives the table order's bits; and a table without its late waits (a split head's part 0 on its parts, a
+    slice 0 on its slices, a folded GEMV on its gates) does not: the check can fail."""
+    from unittest import mock
+
+    from glm53ctl.kernels.runtime.table import TaskTable
+
+    k = DenseKind(weights, tp, rows, {"grid": 3, **knobs}, "cpu")
+    x = k.inputs(seed=12)[0]
+    peers = k.peer_partials(x)
+    ref = {n: t.clone() for n, t in k(x, peers, poison=True).items()}
+    n = k.launch.table.n_tasks
+    for seed in (1, 2):
+        assert k.launch.runtime.shuffle(seed) != list(range(n))
+        _poison_handoffs(k.launch)
+        assert_same_bits(ref, k(x, peers, poison=True), f"claim order {seed}")
+
+    wait = TaskTable.wait
+
+    def early_only(self, task, producers, mechanism="flag", words=32, late=False):
+        if not late:
+            wait(self, task, producers, mechanism, words)
+
+    with mock.patch.object(TaskTable, "wait", early_only):
+        bad = DenseKind(weights, tp, rows, {"grid": 3, **knobs}, "cpu")
+    assert not any(s.late for s in bad.launch.table.sites)
+    assert_same_bits(ref, bad(x, peers, poison=True), "table order hides the missing waits")
+    differs = 0
+    for seed in range(3):
+        bad.launch.runtime.shuffle(seed)
+        _poison_handoffs(bad.launch)
+        out = bad(x, peers, poison=True)
+        differs += any(not torch.equal(_bits(ref[n]), _bits(out[n])) for n in ref)
+    assert differs > 0
+
+
 def test_three_launches_in_a_row_without_host_reset(weights):
     k = DenseKind(weights, 4, 3, {"grid": 3}, "cpu")
     x = k.inputs(seed=4)[0]

@@ -148,6 +148,18 @@ def test_tail_split_even_deals_every_row_once(v_local, tp, rows, grid):
     assert len(gemv) >= rounds * free - max(1, free // 16)  # and the last round almost full (tiles: 303 of 371)
 
 
+@pytest.mark.parametrize(("tp", "rows"), [(2, 2), (4, 1), (8, 5)])
+def test_any_claim_order_the_waits_allow_gives_the_same_bits(weights, tp, rows):
+    """Claimed in random topological orders of the table's waits (Runtime.shuffle, the interpreter only), the
+    tail gives the table order's bits (dense: tests/kernels/test_dense.py, with a table that must fail; tiny's
+    embed has one gather and one reduce, a single order)."""
+    k, x, peers = _launch(weights, "tail", tp, rows, grid=3)
+    ref = {n: t.clone() for n, t in k(x, peers, poison=True).items()}
+    for seed in (1, 2):
+        assert k.launch.runtime.shuffle(seed) != list(range(k.launch.table.n_tasks))
+        assert _same(ref, k(x, peers, poison=True)), seed
+
+
 def test_task_table_is_topological_and_boxes_fit_a_line():
     t = TaskTable("test", {0: "a", 1: "b"}, peers=1)
     producers = [t.add(0) for _ in range(40)]
