@@ -82,7 +82,9 @@ def test_bitwise_across_grids_and_every_schedule_knob(weights, kind):
     Numeric knobs change the reduction order: within the reference bound instead."""
     base_k, x, peers = _launch(weights, kind, 2, 3, grid=1)
     base = base_k(x, peers)
-    for knob in (k for k in KNOBS.values() if kind in k.kinds):
+    # stages (a compile option), poll and prefetch (inline asm) change nothing the interpreter runs: the GPU
+    # checks them (benchmarks/runtime_gpu.py)
+    for knob in (k for k in KNOBS.values() if kind in k.kinds and k.name not in ("stages", "poll", "prefetch")):
         values = (3, 64) if knob.name == "grid" else knob.values
         for value in values:
             k, _, _ = _launch(weights, kind, 2, 3, **{knob.name: value})
