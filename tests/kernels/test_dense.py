@@ -41,7 +41,7 @@ def assert_accurate(weights, k, x, out) -> None:
         assert err <= bound, (name, err)  # NaN fails here too
 
 
-@pytest.mark.parametrize(("tp", "rows"), [(1, 8), (2, 4), (4, 2), (8, 1), (8, 8)])
+@pytest.mark.parametrize(("tp", "rows"), [(1, 8), (2, 4), (4, 2), (8, 1)])
 def test_against_the_reference(weights, tp, rows):
     """Every output and write within its bound (every TP x rows key: `glm53ctl check`, in tests/cli)."""
     k = DenseKind(weights, tp, rows, {"grid": 3}, "cpu")
@@ -222,12 +222,13 @@ def test_three_launches_in_a_row_without_host_reset(weights):
 
 
 def test_each_site_stuck_is_named_and_the_retry_is_clean(weights):
-    res = fault_key(weights, "dense", 2, 1, "cpu", None, budget_ns=10**6, wall_s=60)
-    assert res.sites > 20 and res.ok, res.problems
+    """Every site of TP8 rows 1 (42: early and late ones, the peers' site) stuck in turn."""
+    res = fault_key(weights, "dense", 8, 1, "cpu", None, budget_ns=10**6, wall_s=60)
+    assert res.sites > 40 and res.ok, res.problems
     assert res.named == res.retries_equal == res.sites
 
 
-@pytest.mark.parametrize(("tp", "rows"), [(1, 1), (2, 3), (4, 8), (8, 5)])
+@pytest.mark.parametrize(("tp", "rows"), [(1, 1), (2, 3), (4, 8)])
 def test_the_in_projection_waiting_for_the_gate(weights, tp, rows):
     """`norm` is numeric: the default ("fold": INPROJ tasks stream H's R * HC stream rows against
     w_in ⊙ norm_w from the start and wait for the gates' pre and 1/RMS at their end; stuck at the end in
