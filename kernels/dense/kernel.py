@@ -769,28 +769,6 @@ def dense_kernel(
                     THREADS,
                 )
             elif ttype == 3:
-                if OPROJ_FIRST:
-                    if pend != 0:
-                        kda_write_state(
-                            kscr,
-                            y_in + HDR,
-                            NIN,
-                            K,
-                            3 * K,
-                            conv_in,
-                            conv_out,
-                            S_in,
-                            S_out,
-                            pend_r,
-                            pend_h,
-                            pend_p,
-                            HL,
-                            K,
-                            W,
-                            NV,
-                            INTERPRET,
-                        )
-                        pend = 0
                 ok = _task_kda(
                     rt,
                     row,
@@ -829,11 +807,6 @@ def dense_kernel(
                     POLL,
                     THREADS,
                 )
-                if OPROJ_FIRST:
-                    pend = 1
-                    pend_h = a0
-                    pend_r = a1
-                    pend_p = row[3]
             elif ttype == 4:
                 _task_partial(z + a1 * PK, w_o + a1 * PK, kpart_a + a1 * R * D, a0, R, D, PK, P, BN_O, BK_O, INTERPRET)
             elif ttype == 8:
@@ -948,8 +921,9 @@ def dense_kernel(
                 if TRACE:
                     stamp(trace, task, 2, INTERPRET)
         if OPROJ_FIRST:
-            # the write-back after the task that followed the KDA head (z is out, o_proj's loads issued)
-            if (pend != 0) & (ttype != 3):
+            # a KDA head of an earlier task: its states now, after the task that followed it (z is out, that
+            # task's loads issued); then this task's head, if it is one, waits for the next task
+            if pend != 0:
                 kda_write_state(
                     kscr,
                     y_in + HDR,
@@ -970,6 +944,11 @@ def dense_kernel(
                     INTERPRET,
                 )
                 pend = 0
+            if (ttype == 3) & ok:
+                pend = 1
+                pend_h = a0
+                pend_r = a1
+                pend_p = row[3]
         n_done += 1
         task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET, ok)
     if OPROJ_FIRST:
