@@ -239,10 +239,24 @@ def environment() -> dict:
         ).stdout.strip(),
         "python": platform.python_version(),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        # the device machine's copy of the tree may carry a stale .git: the caller passes the sha it ran
+        # the device machine's copy of the tree may carry a stale .git: the caller passes the sha it ran, typed
+        # in on its own machine (`$(git rev-parse HEAD)` run on the device gives the stale one)
         "git_sha": os.environ.get("GIT_SHA")
         or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
+        "code_digest": code_digest(),
     }
+
+
+def code_digest() -> str:
+    """sha256 of the code a run executes (kernels/, tuning/, benchmarks/ *.py, by path and content): it names the
+    run's code whatever the device copy's git says; `python3 benchmarks/runtime_gpu.py --digest` prints it here."""
+    import hashlib
+
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for f in sorted(p for d in ("kernels", "tuning", "benchmarks") for p in (root / d).rglob("*.py")):
+        h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
 
 
 def main(out_dir: Path) -> None:
@@ -494,6 +508,9 @@ def main(out_dir: Path) -> None:
 
 
 if __name__ == "__main__":
+    if "--digest" in sys.argv:
+        print(code_digest())
+        sys.exit(0)
     if "--diagnose" in sys.argv:
         diagnose(Path(sys.argv[1]))
         sys.exit()
