@@ -447,7 +447,10 @@ def tail_timing(out_dir: Path) -> None:
     (out_dir / "tail.json").write_text(json.dumps(res, indent=2))
 
 
-def trace_keys(out_dir: Path, keys=((1, 1), (4, 1), (8, 1), (8, 8)), configs=({},), verbose=True) -> None:
+TRACE_KEYS = ((1, 1), (4, 1), (8, 1), (8, 8))
+
+
+def trace_keys(out_dir: Path, keys=TRACE_KEYS, configs=({},), verbose=True) -> None:
     """Where a launch's time goes: each task's claim, ready and publish (a traced build, runtime/trace.py), per
     task type and along the critical path; of 7 launches over rotated weights, the one with the median end."""
     from glm53ctl.kernels.launches import DenseKind
@@ -584,7 +587,9 @@ if __name__ == "__main__":
     if "--trace" in sys.argv:  # [--configs JSON-LIST]: knob sets traced one after another per key
         i = sys.argv.index("--configs") + 1 if "--configs" in sys.argv else 0
         configs = tuple(json.loads(sys.argv[i])) if i else ({},)
-        trace_keys(Path(sys.argv[1]), configs=configs, verbose=len(configs) == 1)
+        j = sys.argv.index("--keys") + 1 if "--keys" in sys.argv else 0  # [--keys 1x8,4x1]: TP x rows
+        keys = tuple(tuple(int(v) for v in k.split("x")) for k in sys.argv[j].split(",")) if j else None
+        trace_keys(Path(sys.argv[1]), keys or TRACE_KEYS, configs=configs, verbose=len(configs) == 1)
         sys.exit(0)
     # OUT_DIR [TPS, e.g. 4,8] [--no-checks]: one device call stays under its time limit
     if "--sweep" in sys.argv:
