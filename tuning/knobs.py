@@ -92,11 +92,12 @@ KNOBS = {
         ),
         Knob(
             "kda_split",
-            (1, 2, 4),
-            4,
+            (0, 1, 2, 4),
+            0,
             ("dense",),
             "schedule",
-            "programs per KDA head, each on its share of the state's value columns (part 0 then norms the head)",
+            "programs per KDA head, each on its share of the state's value columns (part 0 then norms the head); "
+            "0: the most of 4, 2, 1 whose parts the grid's programs cover",
         ),
         Knob(
             "chunk_cols",

@@ -123,15 +123,17 @@ def test_k_slices_are_accurate_and_keep_their_bits(weights, ksplit_gu, ksplit_in
 
 
 @pytest.mark.parametrize(
-    "knobs", [{}, {"norm": "task", "ksplit_in": 2, "kda_split": 2}, {"ksplit_gu": 4, "kda_split": 1}]
+    "knobs", [{}, {"norm": "task", "ksplit_in": 2, "kda_split": 2}, {"ksplit_gu": 4, "kda_split": 4}]
 )
 @pytest.mark.parametrize(("tp", "rows"), [(1, 2), (4, 3)])
 def test_every_split_task_waits_on_exactly_its_parts(tp, rows, knobs):
     """The interpreter runs tasks in table order, so a wait left out could not fail a launch test: the table's
     waits are checked here, producer by producer. A KDA head's part 0 waits late on exactly the other parts of
     its head and row; a gate/up or in-projection tile's slice 0 late on exactly its other slices (and, folded,
-    every gate of its side); the other parts and slices wait early on what they read, and late on nothing."""
-    from glm53ctl.kernels.dense.kernel import GATE_A, INPROJ, MIX_A, RED_A, Dims, build_table
+    every FFN gate, or every attention mix task); the other parts and slices wait early on what they read, and
+    late on nothing; an attention reduce waits on its row's gate (post and comb), which a folded in-projection
+    no longer does."""
+    from glm53ctl.kernels.dense.kernel import GATE_A, INPROJ, MIX_A, RED_A, Dims, build_table, kda_parts
     from glm53ctl.tuning.knobs import defaults
 
     k = {**defaults("dense"), **knobs}
@@ -145,18 +147,36 @@ def test_every_split_task_waits_on_exactly_its_parts(tp, rows, knobs):
         assert all(p < i for p in early | late)
         if ttype == KDA:
             parts = {j for j, task in enumerate(t.tasks) if task[:3] == (KDA, a0, a1)} - {i}
-            assert late == (parts if a2 == 0 else set()) and len(parts) == k["kda_split"] - 1
+            nv = kda_parts(k["kda_split"], Dims(load_model("tiny"), tp, k).HL, rows, k["grid"])
+            assert late == (parts if a2 == 0 else set()) and len(parts) == nv - 1
             assert early and all(t.tasks[p][0] == INPROJ and t.tasks[p][2] == 0 for p in early)
         elif ttype in (GU, INPROJ):
             slices = {j for j, task in enumerate(t.tasks) if task[:2] == (ttype, a0)} - {i}
             gates = of_type(GATE_F if ttype == GU else GATE_A)
             expect_early = (of_type(RED_A) if ttype == GU else set()) if fold else gates
             assert early == expect_early
-            assert late == ((slices | (gates if fold else set())) if a1 == 0 else set())
+            folded = of_type(GATE_F if ttype == GU else MIX_A) if fold else set()
+            assert late == ((slices | folded) if a1 == 0 else set())
+        elif ttype == RED_A:
+            assert {j for j in of_type(GATE_A) if t.tasks[j][1] == a1} <= early and not late
         elif ttype == GATE_A:
             assert early == {j for j in of_type(MIX_A) if t.tasks[j][2] == a0} and not late
         else:
             assert not late
+
+
+def test_kda_split_0_splits_heads_as_far_as_the_grid_covers_their_parts():
+    """kda_split 0 at glm53_flash's keys on an H200's 396 programs: the parts that measured fastest of 1, 2, 4
+    (docs/perf/2026-11-30-dense.md); a value given is kept."""
+    from glm53ctl.kernels.dense.kernel import Dims, kda_parts
+    from glm53ctl.tuning.knobs import defaults
+
+    spec = load_model("glm53_flash")
+    heads = {tp: Dims(spec, tp, defaults("dense")).HL for tp in (1, 2, 4, 8)}
+    best = {(1, 1): 4, (1, 2): 2, (1, 4): 1, (1, 8): 1, (2, 2): 4, (2, 4): 2, (2, 8): 1, (4, 1): 4, (4, 4): 4}
+    best |= {(4, 8): 2, (8, 1): 4, (8, 8): 4}
+    assert {key: kda_parts(0, heads[key[0]], key[1], 396) for key in best} == best
+    assert kda_parts(2, heads[1], 8, 396) == 2 and kda_parts(0, heads[8], 1, 4) == 1
 
 
 def _poison_handoffs(launch) -> None:
