@@ -43,10 +43,11 @@ VARIANTS = (
     {"prefetch": 3},
     {"kda_split": 1},
     {"kda_split": 2},
+    {"kda_split": 4},
 )
-# the defaults, the GEMV tiling of gate/up before ksplit_gu (better at TP8 rows 8), oproj_first, the
-# in-projection over 2 K slices (not measured yet), norm task
-TIMED = ({}, {"ksplit_gu": 1, "block_n_gu": 16}, {"oproj_first": 1}, {"ksplit_in": 2}, {"norm": "task"})
+# the defaults, the GEMV tiling of gate/up before ksplit_gu (better at TP8 rows 8), oproj_first, every KDA head
+# in 4 parts (the default before kda_split 0), norm task
+TIMED = ({}, {"ksplit_gu": 1, "block_n_gu": 16}, {"oproj_first": 1}, {"kda_split": 4}, {"norm": "task"})
 COPIES = 3
 
 

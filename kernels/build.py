@@ -106,7 +106,7 @@ def knobs_in_force(key: BuildKey) -> dict:
     from glm53ctl.tuning.knobs import knobs_for
 
     knobs = knobs_for(load_model(key.model).name, key.kind, key.tp, key.rows)
-    knobs["grid"] = knobs["grid"] or 396  # grid 0 resolves per device; the code does not depend on it
+    knobs["grid"] = knobs["grid"] or 396  # grid 0 resolves per device (an H200: 3 x 132); kda_split 0 reads it
     return knobs
 
 

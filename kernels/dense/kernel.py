@@ -2,17 +2,17 @@
 
 Tasks, in table order (a rank's shapes; every GEMV is `gemv_tile` over rows padded to 16):
 
-  MIX_A   a column chunk of one row's attention-gate mix logits (fn @ H), sum of squares and stream Gram matrix
+  MIX_A   a column chunk of one row's attention-gate mix logits (fn @ H) and sum of squares
   GATE_A  row r: hc_pre (Sinkhorn), the RMSNorm: x̂, post, comb             waits on its row's MIX_A
   INPROJ  (tile, K slice) of the fused in-projection f_a | g_a | b | (q_h | k_h | v_h per head) (knob
           ksplit_in); slice 0 adds the slices' sums (late)                    waits on GATE_A
-          (`norm fold`: streams H's stream rows, waits late on every MIX_A: pre and 1/RMS from their chunks)
+          (`norm fold`: streams H's stream rows and waits late on GATE_A)
   KDA     (head h, row r, part p): f_b for the head, conv with its state, safe gate, the delta rule on the
-          part's value columns (knob kda_split: at most 1, 2 or 4 parts, `kda_parts`); part 0 then g_b, the norm:
+          part's value columns (knob kda_split, `kda_parts`: 1, 2 or 4 parts); part 0 then g_b, the norm:
           publishes z                      waits on the INPROJ tiles it reads; part 0 late on the other parts
   OPROJ   a tile of o_proj over a K slice (ks): this rank's partial        waits on the slice's heads
   RED_A   a column chunk of one row: the partials summed in rank order (attn), hc_post (H1), and the FFN
-          gate's mix logits over the chunk         waits on its row's GATE_A, its OPROJ tiles and the peers
+          gate's mix logits over the chunk                   waits on its OPROJ tiles and the peers
   GATE_F  row r: the FFN gate on H1                                    waits on its row's RED_A
   GU      (tile, K slice) of gate and up (knob ksplit_gu); slice 0 adds the slices' sums (late) and makes
           the clamped SwiGLU: act                                             waits on every GATE_F
@@ -75,28 +75,12 @@ PR = tl.constexpr(8)  # floats per row of the gates' pre [HC] and 1/RMS (buffer 
 
 
 @triton.jit
-def _mix_block(fn, p_h, o_c, D: tl.constexpr, HC: tl.constexpr):
-    """Columns o_c of a row's streams at p_h [HC, D]: their share of the gate's mix logits fn @ h [32] (fp32,
-    padded), of the sum of squares, and of the streams' Gram matrix [HC, HC]. Every load is issued before any
-    sum (a sum's barrier would otherwise hold the next stream's loads back: one round trip per stream)."""
+def _mix_chunk(mix, ss, fn, b_h, j, o_k, D: tl.constexpr, HC: tl.constexpr):
+    """Add stream j's columns o_k (values b_h, fp32) to a row's mix logits [32] and sum of squares."""
     NMIX: tl.constexpr = (2 + HC) * HC
     o_m = tl.arange(0, 32)
-    o_j = tl.arange(0, HC)
-    b_h = tl.load(p_h + o_j[:, None] * D + o_c[None, :]).to(tl.float32)  # [HC, CH]
-    p_fn = fn + o_m[:, None, None] * (HC * D) + o_j[None, :, None] * D + o_c[None, None, :]
-    b_fn = tl.load(p_fn, mask=o_m[:, None, None] < NMIX, other=0.0)  # [32, HC, CH]
-    mix = tl.sum(tl.sum(b_fn * b_h[None, :, :], axis=2), axis=1)
-    gram = tl.sum(b_h[:, None, :] * b_h[None, :, :], axis=2)
-    return mix, tl.sum(tl.sum(b_h * b_h, axis=1), axis=0), gram
-
-
-@triton.jit
-def _store_mix(mixp, ssp, gp, c, r, mix, ss, gram, HC: tl.constexpr):
-    """Chunk c's share of row r's mix logits, sum of squares and Gram matrix (a folded in-projection's 1/RMS)."""
-    tl.store(mixp + (c * 16 + r) * 32 + tl.arange(0, 32), mix)
-    tl.store(ssp + c * 16 + r, ss)
-    o_j = tl.arange(0, HC)
-    tl.store(gp + (c * 16 + r) * (HC * HC) + o_j[:, None] * HC + o_j[None, :], gram)
+    b_fn = tl.load(fn + o_m[:, None] * (HC * D) + j * D + o_k[None, :], mask=o_m[:, None] < NMIX, other=0.0)
+    return mix + tl.sum(b_fn * b_h[None, :], axis=1), ss + tl.sum(b_h * b_h, axis=0)
 
 
 @triton.jit(noinline=True)
@@ -250,65 +234,27 @@ def _hc_post_chunk(a, H, post, comb, H_out, r, o_c, D: tl.constexpr, HC: tl.cons
 
 
 @triton.jit(noinline=True)
-def _task_mix(H, fn, mixp, ssp, gp, c, r, D: tl.constexpr, HC: tl.constexpr, CH: tl.constexpr):
-    """MIX_A: chunk c of row r's attention-gate mix logits, sum of squares and stream Gram matrix."""
+def _task_mix(H, fn, mixp, ssp, c, r, D: tl.constexpr, HC: tl.constexpr, CH: tl.constexpr):
+    """MIX_A: chunk c of row r's attention-gate mix logits and sum of squares."""
     o_c = c * CH + tl.arange(0, CH)
-    mix, ss, gram = _mix_block(fn, H + r * (HC * D), o_c, D, HC)
-    _store_mix(mixp, ssp, gp, c, r, mix, ss, gram, HC)
+    mix = tl.zeros((32,), dtype=tl.float32)
+    ss = 0.0
+    for j in tl.static_range(HC):
+        b_h = tl.load(H + (r * HC + j) * D + o_c).to(tl.float32)
+        mix, ss = _mix_chunk(mix, ss, fn, b_h, j, o_c, D, HC)
+    tl.store(mixp + (c * 16 + r) * 32 + tl.arange(0, 32), mix)
+    tl.store(ssp + c * 16 + r, ss)
 
 
 @triton.jit
-def _fold_rows(acc, b_pre, rstd, HC: tl.constexpr, M: tl.constexpr, BN: tl.constexpr):
+def _fold_rows(acc, pr, R, HC: tl.constexpr, M: tl.constexpr, BN: tl.constexpr):
     """A folded GEMV's sums over H's stream rows [M, BN] to its rows' sums [M / HC, BN]:
-    y[r] = rstd[r] * sum_j pre[r, j] * acc[r * HC + j], b_pre [M] by stream row, rstd [M / HC]."""
-    return sum_streams(acc * b_pre[:, None], M, HC, BN) * rstd[:, None]
-
-
-@triton.jit
-def _gate_rows(pr, R, HC: tl.constexpr, M: tl.constexpr):
-    """The gates' pre [M] by stream row and 1/RMS [M / HC] by row, as stored in `pr` by _gate."""
+    y[r] = 1/RMS[r] * sum_j pre[r, j] * acc[r * HC + j], with the gate's pre and 1/RMS from `pr`."""
     o_s = tl.arange(0, M)
     b_pre = tl.load(pr + (o_s // HC) * PR + o_s % HC, mask=o_s < R * HC, other=0.0)
+    y = sum_streams(acc * b_pre[:, None], M, HC, BN)
     o_m = tl.arange(0, M // HC)
-    return b_pre, tl.load(pr + o_m * PR + HC, mask=o_m < R, other=0.0)
-
-
-@triton.jit
-def _mix_rows(
-    mixp,
-    ssp,
-    gp,
-    base,
-    scale,
-    R,
-    hc_eps,
-    norm_eps,
-    D: tl.constexpr,
-    HC: tl.constexpr,
-    NCH: tl.constexpr,
-    M: tl.constexpr,
-):
-    """pre [M] by stream row and the gate's 1/RMS [M / HC] by row straight from the mix tasks' chunks, without
-    the gate: pre as _gate makes it (the same operations, so the same bits), and |x|^2 of x = sum_j pre_j H_j
-    as pre^T G pre, G the streams' Gram matrix. A folded GEMV needs nothing else from the gate (no Sinkhorn)."""
-    o_s = tl.arange(0, M)
-    o_j = tl.arange(0, HC)
-    row = o_s // HC
-    m_s = row < R
-    mix = tl.zeros((M, HC), dtype=tl.float32)  # [stream row (r, i), j]: row r's mix logit j
-    ss = tl.zeros((M,), dtype=tl.float32)
-    gram = tl.zeros((M, HC), dtype=tl.float32)  # [(r, i), j]: G_r[i, j]
-    for c in tl.static_range(NCH):  # in chunk order, as _gate adds them
-        p = c * 16 + row
-        mix += tl.load(mixp + p[:, None] * 32 + o_j[None, :], mask=m_s[:, None], other=0.0)
-        ss += tl.load(ssp + p, mask=m_s, other=0.0)
-        gram += tl.load(gp + p[:, None] * (HC * HC) + (o_s % HC)[:, None] * HC + o_j[None, :], mask=m_s[:, None])
-    rs = 1.0 / tl.sqrt(ss / (HC * D) + norm_eps)
-    pre = tl.sigmoid(mix * rs[:, None] * tl.load(scale) + tl.load(base + o_j)[None, :]) + hc_eps  # [(r, i), j]
-    b_pre = tl.sum(tl.where(o_j[None, :] == (o_s % HC)[:, None], pre, 0.0), axis=1)  # pre[r, i]: exact
-    sq = tl.sum(tl.reshape(b_pre * tl.sum(gram * pre, axis=1), (M // HC, HC)), axis=1)  # sum_ij pre_i G_ij pre_j
-    o_m = tl.arange(0, M // HC)
-    return tl.where(m_s, b_pre, 0.0), tl.where(o_m < R, 1.0 / tl.sqrt(sq / D + norm_eps), 0.0)
+    return y * tl.load(pr + o_m * PR + HC, mask=o_m < R, other=0.0)[:, None]
 
 
 @triton.jit(noinline=True)
@@ -321,22 +267,15 @@ def _task_inproj(
     budget_ns,
     x,
     w_in,
-    mixp,
-    ssp,
-    gp,
-    base,
-    scale,
+    pr,
     ipp,
     y_in,
     lr,
     n0,
     ks,
     R,
-    hc_eps,
-    norm_eps,
     D: tl.constexpr,
     HC: tl.constexpr,
-    NCH: tl.constexpr,
     NIN: tl.constexpr,
     RG: tl.constexpr,
     BN: tl.constexpr,
@@ -353,9 +292,8 @@ def _task_inproj(
     is done; slice 0 waits (late) for them and adds them in slice order.
 
     x: x̂ [R, D], or (FOLD: knob `norm` "fold") H's R * HC stream rows against w_in ⊙ norm_w, needing nothing
-    from the gate: slice 0 then also waits (late) for every mix task and makes y[r] = 1/RMS[r] * sum_j pre[r, j]
-    * acc[r * HC + j] (x = sum_j pre_j H_j is linear in H), pre and 1/RMS from the mix tasks' chunks
-    (_mix_rows): the gate's Sinkhorn and x̂ are off this path. True unless a wait failed."""
+    from the gate: slice 0 then also waits (late) for the gates and makes y[r] = 1/RMS[r] * sum_j pre[r, j] *
+    acc[r * HC + j] (x = sum_j pre_j H_j is linear in H). True unless a wait failed."""
     XR = R
     if FOLD:
         XR = R * HC
@@ -375,8 +313,7 @@ def _task_inproj(
             for q in tl.static_range(1, KS):
                 acc += tl.load(p_ipp + q * (32 * NIN), mask=m_ipp, other=0.0)
             if FOLD:
-                b_pre, rstd = _mix_rows(mixp, ssp, gp, base, scale, R, hc_eps, norm_eps, D, HC, NCH, M)
-                y = _fold_rows(acc, b_pre, rstd, HC, M, BN)
+                y = _fold_rows(acc, pr, R, HC, M, BN)
                 o_m = tl.arange(0, M // HC)
             else:
                 y = acc
@@ -503,7 +440,6 @@ def _task_reduce(
     fn,
     mixp,
     ssp,
-    gp,
     c,
     r,
     R,
@@ -523,9 +459,13 @@ def _task_reduce(
     tl.store(out + r * D + o_c, a)
     _hc_post_chunk(a, H, post, comb, H_out, r, o_c, D, HC, INTERPRET)
     if MIX:
-        tl.debug_barrier()  # H_out's chunk is read back in another layout: other threads' stores first
-        mix, ss, gram = _mix_block(fn, H_out + r * (HC * D), o_c, D, HC)
-        _store_mix(mixp, ssp, gp, c, r, mix, ss, gram, HC)
+        mix = tl.zeros((32,), dtype=tl.float32)
+        ss = 0.0
+        for j in tl.static_range(HC):
+            b_h = tl.load(H_out + (r * HC + j) * D + o_c).to(tl.float32)
+            mix, ss = _mix_chunk(mix, ss, fn, b_h, j, o_c, D, HC)
+        tl.store(mixp + (c * 16 + r) * 32 + tl.arange(0, 32), mix)
+        tl.store(ssp + c * 16 + r, ss)
 
 
 @triton.jit(noinline=True)
@@ -586,9 +526,8 @@ def _task_gate_up(
                 g_s += tl.load(p_gup + (q * 2) * (32 * I), mask=m_gup, other=0.0)
                 u_s += tl.load(p_gup + (q * 2 + 1) * (32 * I), mask=m_gup, other=0.0)
             if FOLD:
-                b_pre, rstd = _gate_rows(pr, R, HC, M)
-                g = _fold_rows(g_s, b_pre, rstd, HC, M, BN)
-                u = _fold_rows(u_s, b_pre, rstd, HC, M, BN)
+                g = _fold_rows(g_s, pr, R, HC, M, BN)
+                u = _fold_rows(u_s, pr, R, HC, M, BN)
                 o_m = tl.arange(0, M // HC)
             else:
                 g = g_s
@@ -650,7 +589,6 @@ def dense_kernel(
     # hand-off buffers
     mixp,
     ssp,
-    gp,
     y_in,
     lr,
     z,
@@ -778,7 +716,7 @@ def dense_kernel(
             stamp(trace, task, 1, INTERPRET)
         if ok:
             if ttype == 0:
-                _task_mix(H, fn_a, mixp, ssp, gp, a0, a1, D, HC, CH)
+                _task_mix(H, fn_a, mixp, ssp, a0, a1, D, HC, CH)
             elif ttype == 1:
                 _gate(
                     mixp,
@@ -810,22 +748,15 @@ def dense_kernel(
                     budget_ns,
                     H if FOLD else x_hat_a,
                     w_in,
-                    mixp,
-                    ssp,
-                    gp,
-                    base_a,
-                    scale_a,
+                    pr,
                     ipp,
                     y_in,
                     lr,
                     a0,
                     a1,
                     R,
-                    hc_eps,
-                    norm_eps,
                     D,
                     HC,
-                    NCH,
                     NIN,
                     RG,
                     BN,
@@ -894,7 +825,6 @@ def dense_kernel(
                     fn_f,
                     mixp + NCH * 16 * 32,
                     ssp + NCH * 16,
-                    gp + NCH * 16 * HC * HC,
                     a0,
                     a1,
                     R,
@@ -970,7 +900,6 @@ def dense_kernel(
                     fn_f,
                     mixp,
                     ssp,
-                    gp,
                     a0,
                     a1,
                     R,
@@ -1115,9 +1044,8 @@ def build_table(d: Dims, rows: int, knobs: dict, mode: str = "full") -> TaskTabl
 
     mix = [[add(MIX_A, c, r) for c in range(d.NCH)] for r in range(rows)]
     gates = [add(GATE_A, r, waits=mix[r]) for r in range(rows)]
-    # a folded INPROJ streams H from the start and waits for every mix task at its end (not for the gates)
+    # a folded INPROJ streams H from the start and waits for its gates at its end
     fold = knobs["norm"] == "fold"
-    mixes = [task for m in mix for task in m]
     inproj = []
     for n0 in range(0, d.NIN, d.BN):
         # K slices 1.. first (folded: nothing to wait for); slice 0 adds their sums (late) and stores the rows
@@ -1126,7 +1054,7 @@ def build_table(d: Dims, rows: int, knobs: dict, mode: str = "full") -> TaskTabl
         if others:
             t.wait(inproj[-1][2], others, how, words, late=True)
         if fold:
-            t.wait(inproj[-1][2], mixes, how, words, late=True)
+            t.wait(inproj[-1][2], gates, how, words, late=True)
     small = _covering(inproj, 0, 2 * d.RG)  # f_a | g_a: every head's low-rank rows
     nv = kda_parts(knobs["kda_split"], d.HL, rows, knobs["grid"])
     heads = []
@@ -1151,10 +1079,7 @@ def build_table(d: Dims, rows: int, knobs: dict, mode: str = "full") -> TaskTabl
         for c, r in chunks:
             add(OWN_A, c, r, waits=_covering(oproj, c * d.CH, (c + 1) * d.CH))
         return t
-    # hc_post reads its row's post and comb: the gate is no producer of the in-projection when folded
-    reds = [
-        add(RED_A, c, r, waits=[gates[r], *_covering(oproj, c * d.CH, (c + 1) * d.CH)], peers=True) for c, r in chunks
-    ]
+    reds = [add(RED_A, c, r, waits=_covering(oproj, c * d.CH, (c + 1) * d.CH), peers=True) for c, r in chunks]
     gates_f = [add(GATE_F, r, waits=reds[r * d.NCH : (r + 1) * d.NCH]) for r in range(rows)]
     # folded, gate/up streams H1 (written by the reduces) and waits for the FFN gates at its end
     gu = []
@@ -1299,7 +1224,6 @@ class DenseLaunch:
         self.buf = {
             "mixp": e(2, d.NCH, 16, 32),
             "ssp": e(2, d.NCH, 16),
-            "gp": e(2, d.NCH, 16, HC, HC),  # the stream Gram matrices' chunks (a folded in-projection's 1/RMS)
             "y_in": e(R, d.NIN),
             "lr": e(R, 2 * d.RG, dtype=bf16),
             "z": e(R, d.P, dtype=bf16),

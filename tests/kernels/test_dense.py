@@ -130,9 +130,7 @@ def test_every_split_task_waits_on_exactly_its_parts(tp, rows, knobs):
     """The interpreter runs tasks in table order, so a wait left out could not fail a launch test: the table's
     waits are checked here, producer by producer. A KDA head's part 0 waits late on exactly the other parts of
     its head and row; a gate/up or in-projection tile's slice 0 late on exactly its other slices (and, folded,
-    every FFN gate, or every attention mix task); the other parts and slices wait early on what they read, and
-    late on nothing; an attention reduce waits on its row's gate (post and comb), which a folded in-projection
-    no longer does."""
+    every gate of its side); the other parts and slices wait early on what they read, and late on nothing."""
     from glm53ctl.kernels.dense.kernel import GATE_A, INPROJ, MIX_A, RED_A, Dims, build_table, kda_parts
     from glm53ctl.tuning.knobs import defaults
 
@@ -155,10 +153,7 @@ def test_every_split_task_waits_on_exactly_its_parts(tp, rows, knobs):
             gates = of_type(GATE_F if ttype == GU else GATE_A)
             expect_early = (of_type(RED_A) if ttype == GU else set()) if fold else gates
             assert early == expect_early
-            folded = of_type(GATE_F if ttype == GU else MIX_A) if fold else set()
-            assert late == ((slices | folded) if a1 == 0 else set())
-        elif ttype == RED_A:
-            assert {j for j in of_type(GATE_A) if t.tasks[j][1] == a1} <= early and not late
+            assert late == ((slices | (gates if fold else set())) if a1 == 0 else set())
         elif ttype == GATE_A:
             assert early == {j for j in of_type(MIX_A) if t.tasks[j][2] == a0} and not late
         else:
