@@ -265,6 +265,7 @@ def _task_inproj(
     epoch,
     stuck_site,
     budget_ns,
+    trace,
     x,
     w_in,
     pr,
@@ -283,6 +284,7 @@ def _task_inproj(
     M: tl.constexpr,
     KS: tl.constexpr,
     FOLD: tl.constexpr,
+    TRACE: tl.constexpr,
     INTERPRET: tl.constexpr,
     POLL: tl.constexpr,
     THREADS: tl.constexpr,
@@ -307,6 +309,8 @@ def _task_inproj(
     if ks != 0:
         tl.store(p_ipp + ks * (32 * NIN), acc, mask=m_ipp)
     else:
+        if TRACE:
+            stamp(trace, task, 4, INTERPRET)
         if (KS > 1) or FOLD:
             ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, True)
         if ok:
@@ -333,6 +337,7 @@ def _task_kda(
     epoch,
     stuck_site,
     budget_ns,
+    trace,
     y_in,
     lr,
     w_fb,
@@ -359,6 +364,7 @@ def _task_kda(
     RG: tl.constexpr,
     BK_R: tl.constexpr,
     NV: tl.constexpr,
+    TRACE: tl.constexpr,
     INTERPRET: tl.constexpr,
     WRITE_STATE: tl.constexpr,
     POLL: tl.constexpr,
@@ -400,6 +406,8 @@ def _task_kda(
     ok = task >= 0
     if part == 0:
         og_h = gemv_tile(lr + RG, 2 * RG, w_gb, h * K, R, P, RG, RG, K, BK_R, INTERPRET)
+        if TRACE:
+            stamp(trace, task, 4, INTERPRET)
         if NV > 1:
             ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, True)
         if ok:
@@ -476,6 +484,7 @@ def _task_gate_up(
     epoch,
     stuck_site,
     budget_ns,
+    trace,
     x,
     w_gate,
     w_up,
@@ -494,6 +503,7 @@ def _task_gate_up(
     M: tl.constexpr,
     KS: tl.constexpr,
     FOLD: tl.constexpr,
+    TRACE: tl.constexpr,
     INTERPRET: tl.constexpr,
     POLL: tl.constexpr,
     THREADS: tl.constexpr,
@@ -519,6 +529,8 @@ def _task_gate_up(
         tl.store(p_gup + (ks * 2) * (32 * I), g_s, mask=m_gup)
         tl.store(p_gup + (ks * 2 + 1) * (32 * I), u_s, mask=m_gup)
     else:
+        if TRACE:
+            stamp(trace, task, 4, INTERPRET)
         if (KS > 1) or FOLD:
             ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, True)
         if ok:
@@ -746,6 +758,7 @@ def dense_kernel(
                     epoch,
                     stuck_site,
                     budget_ns,
+                    trace,
                     H if FOLD else x_hat_a,
                     w_in,
                     pr,
@@ -764,6 +777,7 @@ def dense_kernel(
                     M,
                     KS_IN,
                     FOLD,
+                    TRACE,
                     INTERPRET,
                     POLL,
                     THREADS,
@@ -776,6 +790,7 @@ def dense_kernel(
                     epoch,
                     stuck_site,
                     budget_ns,
+                    trace,
                     y_in,
                     lr,
                     w_fb,
@@ -802,6 +817,7 @@ def dense_kernel(
                     RG,
                     BK_R,
                     NV,
+                    TRACE,
                     INTERPRET,
                     not OPROJ_FIRST,
                     POLL,
@@ -866,6 +882,7 @@ def dense_kernel(
                     epoch,
                     stuck_site,
                     budget_ns,
+                    trace,
                     H1 if FOLD else x_hat_f,
                     w_gate,
                     w_up,
@@ -884,6 +901,7 @@ def dense_kernel(
                     M,
                     KS_GU,
                     FOLD,
+                    TRACE,
                     INTERPRET,
                     POLL,
                     THREADS,
@@ -1236,7 +1254,7 @@ class DenseLaunch:
             "pr": e(2, 16, PR.value),  # the attention and FFN gates' pre and 1/RMS per row
             "gup": e(d.KS_GU, 2, 32, d.I),  # gate/up's K-slice sums (slice 0 adds them)
             "ipp": e(d.KS_IN, 32, d.NIN),  # the in-projection's K-slice sums
-            "trace": e(self.table.n_tasks, 4, dtype=torch.int64),  # written only by a traced launch
+            "trace": e(self.table.n_tasks, 5, dtype=torch.int64),  # written only by a traced launch
         }
         self.out = {
             "attn.x_hat": e(R, D, dtype=bf16),

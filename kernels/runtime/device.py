@@ -83,9 +83,10 @@ def launch_epoch(ctl, INTERPRET: tl.constexpr):
 
 @triton.jit
 def stamp(trace, task, slot, INTERPRET: tl.constexpr):
-    """A task's trace record [4] (runtime/trace.py): the %globaltimer (ns) at `slot` (0 claimed, 1 inputs
-    ready, 2 published), and the program at slot 3. The interpreter has no timer: it stores the program only."""
-    p = trace + task.to(tl.int64) * 4
+    """A task's trace record [5] (runtime/trace.py): the %globaltimer (ns) at `slot` (0 claimed, 1 inputs
+    ready, 2 published, 4 its own work done before its late waits), and the program at slot 3. The interpreter
+    has no timer: it stores the program only."""
+    p = trace + task.to(tl.int64) * 5
     if not INTERPRET:
         tl.store(p + slot, tl.max(_globaltimer(tl.arange(0, 1)), axis=0))
     if slot == 0:

@@ -19,16 +19,20 @@ def producers(table: TaskTable) -> list[list[int]]:
 
 
 def summarize(table: TaskTable, trace: torch.Tensor) -> dict:
-    """trace [n_tasks, 4] int64 (claimed, ready, published in ns; program) of one launch, as µs from the first
-    claim: per task type the first claim, first ready, last ready and last publish, the mean wait and work;
+    """trace [n_tasks, 4 or 5] int64 (claimed, ready, published in ns; program; optionally the start of the task's
+    late waits) of one launch, as µs from the first claim: per task type the first claim, first ready, last ready
+    and last publish, the mean wait and work (and own work, where late waits were stamped);
     and the critical path back from the last publish (each step's latest producer), with the gap from that
     producer's publish to the task's ready: the hand-off's cost on the path."""
     t = trace.cpu().tolist()
     t0 = min(r[0] for r in t)
     us = lambda ns: (ns - t0) / 1000  # noqa: E731
     types: dict[str, dict] = defaultdict(lambda: {"n": 0, "wait": 0.0, "work": 0.0})
-    for task, (claimed, ready, done, _) in enumerate(t):
+    for task, (claimed, ready, done, _, *own) in enumerate(t):
         s = types[table.type_names[table.tasks[task][0]]]
+        if own and own[0] > 0:  # stamped before its late waits: its own work, apart from waiting for the others
+            s["own"] = s.get("own", 0.0) + (own[0] - ready) / 1000
+            s["n_own"] = s.get("n_own", 0) + 1
         s["n"] += 1
         s["first_claim"] = min(s.get("first_claim", 1e18), us(claimed))
         s["first_ready"] = min(s.get("first_ready", 1e18), us(ready))
@@ -39,6 +43,8 @@ def summarize(table: TaskTable, trace: torch.Tensor) -> dict:
     for s in types.values():
         s["wait"] /= s["n"]
         s["work"] /= s["n"]
+        if "own" in s:
+            s["own"] /= s.pop("n_own")
     prods = producers(table)
     task = max(range(len(t)), key=lambda i: t[i][2])
     path = []
@@ -59,12 +65,15 @@ def format_summary(s: dict) -> str:
     """The summary as two short tables: per type, then the critical path with consecutive steps of one type
     merged."""
     lines = [f"launch: {s['end_us']:.1f} us from the first claim to the last publish"]
-    lines.append("| type | tasks | first claim | first ready | last ready | last publish | mean wait | mean work |")
+    head = "| type | tasks | first claim | first ready | last ready | last publish | mean wait | mean work | own |"
+    lines.append(head)
     for name, v in sorted(s["types"].items(), key=lambda kv: kv[1]["first_claim"]):
+        own = f"{v['own']:.1f}" if "own" in v else "-"
         lines.append(
             f"| {name} | {v['n']} | {v['first_claim']:.1f} | {v['first_ready']:.1f} | {v['last_ready']:.1f} | "
-            f"{v['last_done']:.1f} | {v['wait']:.1f} | {v['work']:.1f} |"
+            f"{v['last_done']:.1f} | {v['wait']:.1f} | {v['work']:.1f} | {own} |"
         )
+    lines.append("(own: of a task with late waits, ready to the start of those waits: its work apart from the others)")
     lines.append("critical path: type (ready -> publish, hand-off before it; 'late': the task had started and waited")
     lines.append("at its end: a folded GEMV for its gates, a KDA head's or gate/up tile's first part for the others)")
     for p in s["critical_path"]:
