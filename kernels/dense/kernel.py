@@ -3,7 +3,8 @@
 Tasks, in table order (a rank's shapes; every GEMV is `gemv_tile` over rows padded to 16):
 
   MIX_A   a column chunk of one row's attention-gate mix logits (fn @ H) and sum of squares
-  GATE_A  row r: hc_pre (Sinkhorn), the RMSNorm: x̂, post, comb             waits on its row's MIX_A
+  GATE_A  row r: hc_pre without the comb, the RMSNorm: x̂, post             waits on its row's MIX_A
+  COMB_A  row r: the Sinkhorn comb (for hc_post; several µs: kept off the in-projection's path)  the same
   INPROJ  (tile, K slice) of the fused in-projection f_a | g_a | b | (q_h | k_h | v_h per head) (knob
           ksplit_in); slice 0 adds the slices' sums (late)                    waits on GATE_A
           (`norm fold`: streams H's stream rows and waits late on GATE_A)
@@ -12,14 +13,15 @@ Tasks, in table order (a rank's shapes; every GEMV is `gemv_tile` over rows padd
           publishes z                      waits on the INPROJ tiles it reads; part 0 late on the other parts
   OPROJ   a tile of o_proj over a K slice (ks): this rank's partial        waits on the slice's heads
   RED_A   a column chunk of one row: the partials summed in rank order (attn), hc_post (H1), and the FFN
-          gate's mix logits over the chunk                   waits on its OPROJ tiles and the peers
-  GATE_F  row r: the FFN gate on H1                                    waits on its row's RED_A
+          gate's mix logits over the chunk          waits on its row's COMB_A, its OPROJ tiles and the peers
+  GATE_F  row r: the FFN gate on H1 (x̂, post)                         waits on its row's RED_A
+  COMB_F  row r: its comb                                                the same
   GU      (tile, K slice) of gate and up (knob ksplit_gu); slice 0 adds the slices' sums (late) and makes
           the clamped SwiGLU: act                                             waits on every GATE_F
           (`norm fold`: streams H1's stream rows, waits on every RED_A, and late on every GATE_F)
   DOWN    a tile of down_proj over a K slice: this rank's partial         waits on the slice's GU tiles
   RED_F   a column chunk of one row: the partials summed in rank order (ffn.out), hc_post (H)
-          waits on its DOWN tiles and the peers
+          waits on its row's COMB_F, its DOWN tiles and the peers
 
 The in-projection rows are laid out per head (q_h | k_h | v_h) after the small f_a | g_a | b rows, so a
 KDA task waits only on the tiles of its own head. OWN_A / OWN_F replace RED_A / RED_F in a peer's partial
@@ -39,7 +41,7 @@ import triton.language as tl
 from glm53ctl.kernels.ffn.kernel import swiglu_act
 from glm53ctl.kernels.gemv import fold_norm, gemv_tile, gemv_tile_pair, sum_streams
 from glm53ctl.kernels.kda.kernel import SCRATCH, kda_head, kda_norm, kda_write_state
-from glm53ctl.kernels.mhc.kernel import gate_finish
+from glm53ctl.kernels.mhc.kernel import gate_comb, gate_pre
 from glm53ctl.kernels.runtime.device import (
     finish,
     launch_epoch,
@@ -55,7 +57,7 @@ from glm53ctl.kernels.runtime.launch import DEFAULT_BUDGET_NS
 from glm53ctl.kernels.runtime.table import FLAG, TaskTable
 from glm53ctl.kernels.tlx import interpreting, to_bf16
 
-MIX_A, GATE_A, INPROJ, KDA, OPROJ, RED_A, GATE_F, GU, DOWN, RED_F, OWN_A, OWN_F = range(12)
+MIX_A, GATE_A, INPROJ, KDA, OPROJ, RED_A, GATE_F, GU, DOWN, RED_F, OWN_A, OWN_F, COMB_A, COMB_F = range(14)
 TYPE_NAMES = {
     MIX_A: "attn mix",
     GATE_A: "attn gate",
@@ -69,6 +71,8 @@ TYPE_NAMES = {
     RED_F: "ffn reduce",
     OWN_A: "attn partial",
     OWN_F: "ffn partial",
+    COMB_A: "attn comb",
+    COMB_F: "ffn comb",
 }
 MODES = ("full", "attn", "ffn")
 PR = tl.constexpr(8)  # floats per row of the gates' pre [HC] and 1/RMS (buffer "pr")
@@ -96,6 +100,7 @@ def _gate(
     comb,
     pr,
     r,
+    comb_task,
     hc_eps,
     norm_eps,
     D: tl.constexpr,
@@ -104,8 +109,9 @@ def _gate(
     NCH: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
-    """Row r's gate from its chunks' mix logits and sums of squares, summed in chunk order. Also pr[r]: pre
-    [HC] and 1/RMS, what a GEMV with the norm folded into its weights scales its stream rows by."""
+    """Row r's gate from its chunks' mix logits and sums of squares, summed in chunk order. GATE (comb false):
+    x̂, post, and pr[r]: pre [HC] and 1/RMS, what a GEMV with the norm folded into its weights scales its
+    stream rows by. COMB (comb_task true): the Sinkhorn comb alone, off the path to the GEMV after the gate."""
     o_m = tl.arange(0, 32)
     mix = tl.zeros((32,), dtype=tl.float32)
     ss = 0.0
@@ -113,12 +119,14 @@ def _gate(
         mix += tl.load(mixp + (c * 16 + r) * 32 + o_m)
         ss += tl.load(ssp + c * 16 + r)
     # fn @ (H / rms(H)) = (fn @ H) / rms(H): the unweighted RMSNorm over all streams, applied once
-    rs = 1.0 / tl.sqrt(ss / (HC * D) + norm_eps)
-    b_pre, rstd = gate_finish(
-        mix * rs, H + r * (HC * D), base, scale, norm_w, x_hat, post, comb, r, hc_eps, norm_eps, D, HC, ITERS, INTERPRET
-    )
-    tl.store(pr + r * PR + tl.arange(0, HC), b_pre)
-    tl.store(pr + r * PR + HC, rstd)
+    mix = mix * (1.0 / tl.sqrt(ss / (HC * D) + norm_eps))
+    if comb_task:
+        gate_comb(mix, base, scale, comb, r, hc_eps, HC, ITERS)
+    else:
+        p_h = H + r * (HC * D)
+        b_pre, rstd = gate_pre(mix, p_h, base, scale, norm_w, x_hat, post, r, hc_eps, norm_eps, D, HC, INTERPRET)
+        tl.store(pr + r * PR + tl.arange(0, HC), b_pre)
+        tl.store(pr + r * PR + HC, rstd)
 
 
 @triton.jit
@@ -729,7 +737,7 @@ def dense_kernel(
         if ok:
             if ttype == 0:
                 _task_mix(H, fn_a, mixp, ssp, a0, a1, D, HC, CH)
-            elif ttype == 1:
+            elif (ttype == 1) | (ttype == 12):
                 _gate(
                     mixp,
                     ssp,
@@ -742,6 +750,7 @@ def dense_kernel(
                     comb_a,
                     pr,
                     a0,
+                    ttype == 12,
                     hc_eps,
                     norm_eps,
                     D,
@@ -853,7 +862,7 @@ def dense_kernel(
                     True,
                     INTERPRET,
                 )
-            elif ttype == 6:
+            elif (ttype == 6) | (ttype == 13):
                 _gate(
                     mixp + NCH * 16 * 32,
                     ssp + NCH * 16,
@@ -866,6 +875,7 @@ def dense_kernel(
                     comb_f,
                     pr + 16 * PR,
                     a0,
+                    ttype == 13,
                     hc_eps,
                     norm_eps,
                     D,
@@ -932,7 +942,7 @@ def dense_kernel(
                 )
             elif ttype == 10:
                 _task_own(kpart_a, parts_a, a0, a1, R, RANK, D, CH, KS_O)
-            else:
+            elif ttype == 11:
                 _task_own(kpart_f, parts_f, a0, a1, R, RANK, D, CH, KS_F)
             if ok:
                 publish(rt, row, task, epoch, INTERPRET)
@@ -1062,6 +1072,8 @@ def build_table(d: Dims, rows: int, knobs: dict, mode: str = "full") -> TaskTabl
 
     mix = [[add(MIX_A, c, r) for c in range(d.NCH)] for r in range(rows)]
     gates = [add(GATE_A, r, waits=mix[r]) for r in range(rows)]
+    # the Sinkhorn comb: for hc_post in the attention reduces (none in a peer's "attn" launch), not the GEMVs
+    combs = [add(COMB_A, r, waits=mix[r]) for r in range(rows)] if mode != "attn" else []
     # a folded INPROJ streams H from the start and waits for its gates at its end
     fold = knobs["norm"] == "fold"
     inproj = []
@@ -1097,8 +1109,11 @@ def build_table(d: Dims, rows: int, knobs: dict, mode: str = "full") -> TaskTabl
         for c, r in chunks:
             add(OWN_A, c, r, waits=_covering(oproj, c * d.CH, (c + 1) * d.CH))
         return t
-    reds = [add(RED_A, c, r, waits=_covering(oproj, c * d.CH, (c + 1) * d.CH), peers=True) for c, r in chunks]
+    reds = [
+        add(RED_A, c, r, waits=[combs[r], *_covering(oproj, c * d.CH, (c + 1) * d.CH)], peers=True) for c, r in chunks
+    ]
     gates_f = [add(GATE_F, r, waits=reds[r * d.NCH : (r + 1) * d.NCH]) for r in range(rows)]
+    combs_f = [add(COMB_F, r, waits=reds[r * d.NCH : (r + 1) * d.NCH]) for r in range(rows)] if mode == "full" else []
     # folded, gate/up streams H1 (written by the reduces) and waits for the FFN gates at its end
     gu = []
     for n0 in range(0, d.I, d.BN_GU):
@@ -1115,8 +1130,10 @@ def build_table(d: Dims, rows: int, knobs: dict, mode: str = "full") -> TaskTabl
         need = _covering(gu, ks * d.IK, (ks + 1) * d.IK)
         down += [(n0, n0 + d.BN_O, add(DOWN, n0, ks, waits=need)) for n0 in range(0, d.D, d.BN_O)]
     for c, r in chunks:
-        last = OWN_F if mode == "ffn" else RED_F
-        add(last, c, r, waits=_covering(down, c * d.CH, (c + 1) * d.CH), peers=mode == "full")
+        if mode == "ffn":
+            add(OWN_F, c, r, waits=_covering(down, c * d.CH, (c + 1) * d.CH))
+        else:
+            add(RED_F, c, r, waits=[combs_f[r], *_covering(down, c * d.CH, (c + 1) * d.CH)], peers=True)
     return t
 
 
@@ -1138,9 +1155,9 @@ def stage_table(full: TaskTable, ttype: int) -> TaskTable:
 
 
 class SeparateLaunches:
-    """The same task bodies as one launch per stage (10 launches, the same buffers and the same bits)."""
+    """The same task bodies as one launch per stage (12 launches, the same buffers and the same bits)."""
 
-    STAGES = (MIX_A, GATE_A, INPROJ, KDA, OPROJ, RED_A, GATE_F, GU, DOWN, RED_F)
+    STAGES = (MIX_A, GATE_A, COMB_A, INPROJ, KDA, OPROJ, RED_A, GATE_F, COMB_F, GU, DOWN, RED_F)
 
     def __init__(self, spec, tp: int, rows: int, knobs: dict, device) -> None:
         self.whole = DenseLaunch(spec, tp, rows, knobs, device)

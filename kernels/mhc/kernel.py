@@ -82,24 +82,33 @@ def gate_finish(
     """The gate of row r from its mix logits (fn @ f, padded to 32) and its streams at p_h [HC, D]: pre, post,
     the Sinkhorn comb, x = sum_j pre[j] H[j], then the RMSNorm. Stores x̂[r], post[r] and comb[r]; returns
     pre [HC] and the RMSNorm's 1/RMS (for a GEMV that folds the norm into its weights)."""
+    gate_comb(mix, base, scale, comb, r, hc_eps, HC, ITERS)
+    return gate_pre(mix, p_h, base, scale, norm_w, x_hat, post, r, hc_eps, norm_eps, D, HC, INTERPRET)
+
+
+@triton.jit
+def gate_pre(
+    mix,
+    p_h,
+    base,
+    scale,
+    norm_w,
+    x_hat,
+    post,
+    r,
+    hc_eps,
+    norm_eps,
+    D: tl.constexpr,
+    HC: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    """gate_finish without the comb: pre, post, x = sum_j pre[j] H[j] and its RMSNorm. Stores x̂[r] and post[r];
+    returns pre [HC] and 1/RMS. What the GEMV after the gate needs; the Sinkhorn is for hc_post, much later."""
     o_m = tl.arange(0, 32)
     o_c = tl.arange(0, HC)
     o_d = tl.arange(0, D)
-    s0 = tl.load(scale)
-    s1 = tl.load(scale + 1)
-    s2 = tl.load(scale + 2)
-    b_pre = tl.sigmoid(_pick(mix, o_m, o_c) * s0 + tl.load(base + o_c)) + hc_eps
-    b_post = 2.0 * tl.sigmoid(_pick(mix, o_m, HC + o_c) * s1 + tl.load(base + HC + o_c))
-    # comb logits [HC, HC], then row softmax, column normalisation, and ITERS - 1 (row, column) rounds
-    idx = 2 * HC + o_c[:, None] * HC + o_c[None, :]
-    logits = tl.sum(tl.where(o_m[None, None, :] == idx[:, :, None], mix[None, None, :], 0.0), axis=2) * s2
-    logits += tl.load(base + idx)
-    e = tl.exp(logits - tl.max(logits, axis=1)[:, None])
-    c = e / tl.sum(e, axis=1)[:, None] + hc_eps
-    c = c / (tl.sum(c, axis=0)[None, :] + hc_eps)
-    for _ in range(ITERS - 1):
-        c = c / (tl.sum(c, axis=1)[:, None] + hc_eps)
-        c = c / (tl.sum(c, axis=0)[None, :] + hc_eps)
+    b_pre = tl.sigmoid(_pick(mix, o_m, o_c) * tl.load(scale) + tl.load(base + o_c)) + hc_eps
+    b_post = 2.0 * tl.sigmoid(_pick(mix, o_m, HC + o_c) * tl.load(scale + 1) + tl.load(base + HC + o_c))
     # x = sum_j pre[j] H[j], then the gate's RMSNorm
     x = tl.zeros((D,), dtype=tl.float32)
     for j in tl.static_range(HC):
@@ -108,8 +117,26 @@ def gate_finish(
     b_w = tl.load(norm_w + o_d).to(tl.float32)
     tl.store(x_hat + r * D + o_d, to_bf16(x * rstd * b_w, INTERPRET))
     tl.store(post + r * HC + o_c, b_post)
-    tl.store(comb + r * (HC * HC) + idx - 2 * HC, c)
     return b_pre, rstd
+
+
+@triton.jit
+def gate_comb(mix, base, scale, comb, r, hc_eps, HC: tl.constexpr, ITERS: tl.constexpr):
+    """The gate's comb [HC, HC] of row r from its mix logits: row softmax, column normalisation, and ITERS - 1
+    (row, column) rounds (Sinkhorn). Its column sums cross warps: a barrier a round, several µs in all."""
+    o_m = tl.arange(0, 32)
+    o_c = tl.arange(0, HC)
+    idx = 2 * HC + o_c[:, None] * HC + o_c[None, :]
+    s2 = tl.load(scale + 2)
+    logits = tl.sum(tl.where(o_m[None, None, :] == idx[:, :, None], mix[None, None, :], 0.0), axis=2) * s2
+    logits += tl.load(base + idx)
+    e = tl.exp(logits - tl.max(logits, axis=1)[:, None])
+    c = e / tl.sum(e, axis=1)[:, None] + hc_eps
+    c = c / (tl.sum(c, axis=0)[None, :] + hc_eps)
+    for _ in range(ITERS - 1):
+        c = c / (tl.sum(c, axis=1)[:, None] + hc_eps)
+        c = c / (tl.sum(c, axis=0)[None, :] + hc_eps)
+    tl.store(comb + r * (HC * HC) + idx - 2 * HC, c)
 
 
 @triton.jit

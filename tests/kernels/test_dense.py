@@ -131,7 +131,7 @@ def test_every_split_task_waits_on_exactly_its_parts(tp, rows, knobs):
     waits are checked here, producer by producer. A KDA head's part 0 waits late on exactly the other parts of
     its head and row; a gate/up or in-projection tile's slice 0 late on exactly its other slices (and, folded,
     every gate of its side); the other parts and slices wait early on what they read, and late on nothing."""
-    from glm53ctl.kernels.dense.kernel import GATE_A, INPROJ, MIX_A, RED_A, Dims, build_table, kda_parts
+    from glm53ctl.kernels.dense.kernel import COMB_A, GATE_A, INPROJ, MIX_A, RED_A, Dims, build_table, kda_parts
     from glm53ctl.tuning.knobs import defaults
 
     k = {**defaults("dense"), **knobs}
@@ -154,8 +154,10 @@ def test_every_split_task_waits_on_exactly_its_parts(tp, rows, knobs):
             expect_early = (of_type(RED_A) if ttype == GU else set()) if fold else gates
             assert early == expect_early
             assert late == ((slices | (gates if fold else set())) if a1 == 0 else set())
-        elif ttype == GATE_A:
+        elif ttype in (GATE_A, COMB_A):
             assert early == {j for j in of_type(MIX_A) if t.tasks[j][2] == a0} and not late
+        elif ttype == RED_A:  # hc_post's comb: no other path leads from the Sinkhorn task to the reduce
+            assert {j for j in of_type(COMB_A) if t.tasks[j][1] == a1} <= early and not late
         else:
             assert not late
 
