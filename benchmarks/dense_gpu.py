@@ -298,7 +298,7 @@ def stage_breakdown(out_dir: Path, keys=((4, 1), (8, 1), (4, 8)), variants=({}, 
             sep(x.H, k.w[0], conv0, S0)
             row = {"tp": tp, "rows": rows, "knobs": v, "stages": {}}
             for s, la in zip(sep.STAGES, sep.stages, strict=True):
-                row["stages"][TYPE_NAMES[s]] = graph_time(
+                row["stages"][" + ".join(TYPE_NAMES[t] for t in s)] = graph_time(
                     lambda la=la: la(x.H, k.w[0], conv0, S0, check=False), inner=20, rounds=11
                 )[0]
             xh = sep.whole.out["attn.x_hat"]

@@ -1137,14 +1137,14 @@ def build_table(d: Dims, rows: int, knobs: dict, mode: str = "full") -> TaskTabl
     return t
 
 
-def stage_table(full: TaskTable, ttype: int) -> TaskTable:
-    """One stage of the layer as its own launch: the tasks of one type, waiting only on each other (a split
+def stage_table(full: TaskTable, ttypes: tuple[int, ...]) -> TaskTable:
+    """One stage of the layer as its own launch: the tasks of its types, waiting only on each other (a split
     KDA head's part 0 on its other parts); the launch before it has finished. `SeparateLaunches` runs the
     stages one after another: the baseline to beat."""
     t = TaskTable("dense", TYPE_NAMES)
     new = {}
     for i, task in enumerate(full.tasks):
-        if task[0] == ttype:
+        if task[0] in ttypes:
             new[i] = t.add(*task)
             for s in full.sites[full.first_site[i] : full.first_site[i + 1] if i + 1 < full.n_tasks else None]:
                 inside = [new[p] for p in s.producers if p in new]
@@ -1155,9 +1155,11 @@ def stage_table(full: TaskTable, ttype: int) -> TaskTable:
 
 
 class SeparateLaunches:
-    """The same task bodies as one launch per stage (12 launches, the same buffers and the same bits)."""
+    """The same task bodies as one launch per stage (10 launches, the same buffers and the same bits); a gate
+    and its comb, independent of each other, are one stage."""
 
-    STAGES = (MIX_A, GATE_A, COMB_A, INPROJ, KDA, OPROJ, RED_A, GATE_F, COMB_F, GU, DOWN, RED_F)
+    STAGES = ((MIX_A,), (GATE_A, COMB_A), (INPROJ,), (KDA,), (OPROJ,), (RED_A,), (GATE_F, COMB_F), (GU,), (DOWN,))
+    STAGES += ((RED_F,),)
 
     def __init__(self, spec, tp: int, rows: int, knobs: dict, device) -> None:
         self.whole = DenseLaunch(spec, tp, rows, knobs, device)
@@ -1234,7 +1236,7 @@ class DenseLaunch:
         device,
         rank: int = 0,
         mode: str = "full",
-        stage: int | None = None,
+        stage: tuple[int, ...] | None = None,
         share: DenseLaunch | None = None,
     ) -> None:
         from glm53ctl.kernels.runtime import Runtime

@@ -279,7 +279,7 @@ def test_separate_launches_give_the_same_bits(weights, oproj_first, kda_split):
     out = sep(x.H, k.w[0], *k.rank_state(x, 0))
     assert_same_bits({n: whole[n] for n in out}, out, "separate launches")
     assert len(sep.stages) == 10
-    kda = sep.stages[SeparateLaunches.STAGES.index(KDA)].runtime.table
+    kda = sep.stages[SeparateLaunches.STAGES.index((KDA,))].runtime.table
     late = [s for s in kda.sites if s.late]
     assert len(late) == (kda_split > 1) * kda.n_tasks // kda_split and len(kda.sites) == len(late)
 
