@@ -112,6 +112,14 @@ def gemv_kernel(
     tl.store(y + o_m[:, None] * N + o_n[None, :], acc, mask=(o_m[:, None] < R) & (o_n[None, :] < N))
 
 
+def folds(norm: str, rows: int, streams: int) -> bool:
+    """Whether knob `norm` folds the norm into the GEMV after it: "fold" always; "auto" while H's rows x streams
+    stream rows fit the 16-row `tl.dot` tile that rows alone need anyway (rows <= 4 at 4 streams): past it the
+    folded GEMV moves and multiplies twice the rows (dense on the H200 at rows 8: TP1 284.6 folded, 249.8 not;
+    at rows 1-4 folding was faster at every TP, docs/perf/2026-11-30-dense.md)."""
+    return norm == "fold" or (norm == "auto" and rows * streams <= 16)
+
+
 def fold_norm(norm_w, w):
     """A GEMV's weight rows times the RMSNorm weight before it, rounded to bf16 once (knob `norm` "fold": the
     GEMV then reads un-normalized rows and scales its sums by their 1/RMS)."""

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from glm53ctl.errors import UsageError
+from glm53ctl.kernels.gemv import folds
 from glm53ctl.kernels.harness import Inputs, RunKey, layer_for, row_contexts
 from glm53ctl.kernels.numerics import FP32
 from glm53ctl.kernels.state import KdaState
@@ -147,7 +148,7 @@ class DenseKind:
         self.tp, self.rows, self.knobs, self.device = tp, rows, knobs, torch.device(device)
         self.spec, self.weights = spec, weights
         self.layer = layer_for(spec, "dense", layer)
-        fold = knobs["norm"] == "fold"
+        fold = folds(knobs["norm"], rows, spec.mhc.streams)
         self.w = [prepare_weights(weights.layer(self.layer, r, tp), spec, tp, device, fold) for r in range(tp)]
         self.launch = DenseLaunch(spec, tp, rows, knobs, device)
         if tp > 1:

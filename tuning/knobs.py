@@ -178,13 +178,15 @@ KNOBS = {
         ),
         Knob(
             "norm",
-            ("task", "fold"),
+            ("task", "fold", "auto"),
             "fold",
             ("tail", "dense"),
             "numeric",
             "the GEMV after a norm (tail: lm_head; dense: the in-projection and gate/up) waits for the normalized "
             "rows (task), or streams H's stream rows against its weights with the norm weight folded in and waits "
-            "for the rows' scale (1/RMS; dense: and the gate's pre) only at its end (fold)",
+            "for the rows' scale (1/RMS; dense: and the gate's pre) only at its end (fold); auto: fold where the "
+            "stream rows fit a 16-row tile (rows <= 4), else task",
+            per_kind=(("dense", "auto"),),
         ),
         Knob("chunk", (256, 512, 1024), 1024, ("embed",), "schedule", "hidden-dim columns per embed task"),
     )

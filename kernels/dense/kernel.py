@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 
 from glm53ctl.kernels.ffn.kernel import swiglu_act
-from glm53ctl.kernels.gemv import fold_norm, gemv_tile, gemv_tile_pair, sum_streams
+from glm53ctl.kernels.gemv import fold_norm, folds, gemv_tile, gemv_tile_pair, sum_streams
 from glm53ctl.kernels.kda.kernel import SCRATCH, kda_head, kda_norm, kda_write_state
 from glm53ctl.kernels.mhc.kernel import gate_comb, gate_pre
 from glm53ctl.kernels.runtime.device import (
@@ -1075,7 +1075,7 @@ def build_table(d: Dims, rows: int, knobs: dict, mode: str = "full") -> TaskTabl
     # the Sinkhorn comb: for hc_post in the attention reduces (none in a peer's "attn" launch), not the GEMVs
     combs = [add(COMB_A, r, waits=mix[r]) for r in range(rows)] if mode != "attn" else []
     # a folded INPROJ streams H from the start and waits for its gates at its end
-    fold = knobs["norm"] == "fold"
+    fold = folds(knobs["norm"], rows, d.HC)
     inproj = []
     for n0 in range(0, d.NIN, d.BN):
         # K slices 1.. first (folded: nothing to wait for); slice 0 adds their sums (late) and stores the rows
@@ -1351,9 +1351,9 @@ class DenseLaunch:
             "THREADS": 32 * self.knobs["warps"],
             "OPROJ_FIRST": bool(self.knobs["oproj_first"]),
             "PREFETCH": self.knobs["prefetch"],
-            "FOLD": self.knobs["norm"] == "fold",
+            "FOLD": folds(self.knobs["norm"], self.rows, d.HC),
             # a folded GEMV's rows are H's R * HC stream rows, padded to a `tl.dot` tile
-            "M": 16 if self.knobs["norm"] != "fold" or self.rows * d.HC <= 16 else 32,
+            "M": 16 if not folds(self.knobs["norm"], self.rows, d.HC) or self.rows * d.HC <= 16 else 32,
             "TRACE": self.tracing,
             "NV": kda_parts(self.knobs["kda_split"], d.HL, self.rows, self.knobs["grid"]),
         }

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from glm53ctl.kernels.gemv import fold_norm, gemv_tile, sum_streams
+from glm53ctl.kernels.gemv import fold_norm, folds, gemv_tile, sum_streams
 from glm53ctl.kernels.runtime.device import (
     finish,
     launch_epoch,
@@ -245,7 +245,7 @@ class TailLaunch:
 
     def prepare_lm_head(self, norm_w: torch.Tensor, lm_w: torch.Tensor) -> torch.Tensor:
         """The lm_head shard as this launch reads it: folded with the norm weight under `norm` "fold"."""
-        return fold_norm(norm_w, lm_w) if self.knobs["norm"] == "fold" else lm_w
+        return fold_norm(norm_w, lm_w) if folds(self.knobs["norm"], self.rows, self.spec.mhc.streams) else lm_w
 
     @property
     def width(self) -> int:
@@ -283,7 +283,7 @@ class TailLaunch:
             "THREADS": 32 * self.knobs["warps"],
             "PREFETCH": self.knobs["prefetch"],
             "GATHER_COLS": GATHER_N,
-            "NORM_FOLD": self.knobs["norm"] == "fold",
+            "NORM_FOLD": folds(self.knobs["norm"], self.rows, self.spec.mhc.streams),
             # the folded GEMV's rows are H's R * HC stream rows, padded to a `tl.dot` tile
             "M": 16 if self.rows * self.spec.mhc.streams <= 16 else 32,
         }

@@ -132,11 +132,12 @@ def test_every_split_task_waits_on_exactly_its_parts(tp, rows, knobs):
     its head and row; a gate/up or in-projection tile's slice 0 late on exactly its other slices (and, folded,
     every gate of its side); the other parts and slices wait early on what they read, and late on nothing."""
     from glm53ctl.kernels.dense.kernel import COMB_A, GATE_A, INPROJ, MIX_A, RED_A, Dims, build_table, kda_parts
+    from glm53ctl.kernels.gemv import folds
     from glm53ctl.tuning.knobs import defaults
 
     k = {**defaults("dense"), **knobs}
     t = build_table(Dims(load_model("tiny"), tp, k), rows, k)
-    fold = k["norm"] == "fold"
+    fold = folds(k["norm"], rows, load_model("tiny").mhc.streams)
     of_type = lambda ttype: {i for i, task in enumerate(t.tasks) if task[0] == ttype}  # noqa: E731
     for i, (ttype, a0, a1, a2) in enumerate(t.tasks):
         sites = [s for s in t.sites if s.task == i]

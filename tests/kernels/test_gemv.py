@@ -30,3 +30,11 @@ def test_sum_streams_adds_the_streams_in_stream_order(M, BN):
     t = a.view(M // 4, 4, BN)
     assert torch.equal(y, ((t[:, 0] + t[:, 1]) + t[:, 2]) + t[:, 3])
     assert not torch.equal(y, ((t[:, 0] + t[:, 2]) + t[:, 1]) + t[:, 3])  # the order shows in the bits
+
+
+def test_norm_auto_folds_while_the_stream_rows_fit_one_tile():
+    """`norm` "auto": fold while rows x streams fit the 16-row tile rows alone need (rows <= 4 at 4 streams)."""
+    from glm53ctl.kernels.gemv import folds
+
+    assert [folds("auto", rows, 4) for rows in (1, 2, 4, 5, 8)] == [True, True, True, False, False]
+    assert folds("fold", 8, 4) and not folds("task", 1, 4)
