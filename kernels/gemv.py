@@ -121,7 +121,7 @@ def folds(norm: str, rows: int, streams: int) -> bool:
 
 
 def fold_norm(norm_w, w):
-    """A GEMV's weight rows times the RMSNorm weight before it, rounded to bf16 once (knob `norm` "fold": the
+    """A GEMV's weight rows times the RMSNorm weight before it, rounded to bf16 once (where `folds`: the
     GEMV then reads un-normalized rows and scales its sums by their 1/RMS)."""
     import torch
 

@@ -25,7 +25,8 @@ Tasks, in table order (a rank's shapes; every GEMV is `gemv_tile` over rows padd
 
 The in-projection rows are laid out per head (q_h | k_h | v_h) after the small f_a | g_a | b rows, so a
 KDA task waits only on the tiles of its own head. OWN_A / OWN_F replace RED_A / RED_F in a peer's partial
-launch (mode "attn" / "ffn"): they write this rank's partial (its K slices summed in order) for the others.
+launch (mode "attn" / "ffn"): they write this rank's partial (its K slices summed in order) for the others;
+with no hc_post after them, such a launch has no COMB_A ("attn") or COMB_F (both).
 
 Knob `oproj_first`: a KDA task publishes z and leaves its step (decay, k, delta: 3 vectors) in scratch; its
 program runs its next task (an o_proj tile, as the table orders them), then recomputes the new recurrent
@@ -301,9 +302,10 @@ def _task_inproj(
     low-rank f_a | g_a rows also in bf16 (lr). A slice but the first stores its sums in `ipp` [KS, 32, NIN] and
     is done; slice 0 waits (late) for them and adds them in slice order.
 
-    x: x̂ [R, D], or (FOLD: knob `norm` "fold") H's R * HC stream rows against w_in ⊙ norm_w, needing nothing
-    from the gate: slice 0 then also waits (late) for the gates and makes y[r] = 1/RMS[r] * sum_j pre[r, j] *
-    acc[r * HC + j] (x = sum_j pre_j H_j is linear in H). True unless a wait failed."""
+    x: x̂ [R, D], or (FOLD: knob `norm` "fold", or "auto" at rows <= 4; `gemv.folds`) H's R * HC stream rows
+    against w_in ⊙ norm_w, needing nothing from the gate: slice 0 then also waits (late) for the gates and makes
+    y[r] = 1/RMS[r] * sum_j pre[r, j] * acc[r * HC + j] (x = sum_j pre_j H_j is linear in H). True unless a
+    wait failed."""
     XR = R
     if FOLD:
         XR = R * HC
@@ -317,9 +319,9 @@ def _task_inproj(
     if ks != 0:
         tl.store(p_ipp + ks * (32 * NIN), acc, mask=m_ipp)
     else:
-        if TRACE:
-            stamp(trace, task, 4, INTERPRET)
         if (KS > 1) or FOLD:
+            if TRACE:
+                stamp(trace, task, 4, INTERPRET)
             ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, True)
         if ok:
             for q in tl.static_range(1, KS):
@@ -414,9 +416,9 @@ def _task_kda(
     ok = task >= 0
     if part == 0:
         og_h = gemv_tile(lr + RG, 2 * RG, w_gb, h * K, R, P, RG, RG, K, BK_R, INTERPRET)
-        if TRACE:
-            stamp(trace, task, 4, INTERPRET)
         if NV > 1:
+            if TRACE:
+                stamp(trace, task, 4, INTERPRET)
             ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, True)
         if ok:
             kda_norm(kscr, tl.sum(tl.where(sel, og_h, 0.0), axis=0), o_norm, z, r, h, eps, HL, K, INTERPRET)
@@ -520,7 +522,7 @@ def _task_gate_up(
     first stores its sums in `gup` [KS, 2, 32, I] and is done; slice 0 then waits (late) for them, adds them
     in slice order, and makes the clamped SwiGLU: act, bf16, for down_proj.
 
-    x: x̂ [R, D], or (FOLD: knob `norm` "fold") H1's R * HC stream rows against w_gate and w_up ⊙ norm_w:
+    x: x̂ [R, D], or (FOLD, as for the in-projection) H1's R * HC stream rows against w_gate and w_up ⊙ norm_w:
     slice 0 then also waits (late) for the FFN gates and applies their pre and 1/RMS, as the folded
     in-projection does. True unless a wait failed."""
     XR = R
@@ -537,9 +539,9 @@ def _task_gate_up(
         tl.store(p_gup + (ks * 2) * (32 * I), g_s, mask=m_gup)
         tl.store(p_gup + (ks * 2 + 1) * (32 * I), u_s, mask=m_gup)
     else:
-        if TRACE:
-            stamp(trace, task, 4, INTERPRET)
         if (KS > 1) or FOLD:
+            if TRACE:
+                stamp(trace, task, 4, INTERPRET)
             ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, True)
         if ok:
             for q in tl.static_range(1, KS):
@@ -1174,8 +1176,8 @@ class SeparateLaunches:
 def prepare_weights(w, spec, tp: int, device, fold: bool = False) -> dict[str, torch.Tensor]:
     """One rank's layer weights as the kernel reads them (done once per key, like a checkpoint's fused
     layout): the in-projection rows f_a | g_a | b | (q_h | k_h | v_h per head), the conv taps [3P, W] fp32.
-    fold (knob `norm` "fold"): the in-projection, gate and up times their gate's norm weight, rounded to bf16
-    once."""
+    fold (`gemv.folds` of knob `norm` and the rows): the in-projection, gate and up times their gate's norm
+    weight, rounded to bf16 once."""
     a_ = "self_attn."
     from glm53ctl.tuning.knobs import defaults
 

@@ -7,7 +7,7 @@ Knobs (defaults measured on the H200, docs/perf/2026-11-30-runtime-embed-tail.md
 - `norm` "fold": the final norm's weight is folded into lm_head once on the host (w' = w ⊙ norm_w), so a
   GEMV task streams H's stream rows against w' at once and waits for the NORM tasks' 1/RMS only at its end,
   to scale its sums: the hand-off leaves the critical path (different bits: a `numeric` knob). "task": a
-  GEMV task waits for ĥ before its weights stream.
+  GEMV task waits for ĥ before its weights stream. "auto" (dense's default, not tail's): fold at rows <= 4.
 - `split` "even": the lm_head rows dealt evenly, one task per program; "tiles": block_n rows a task.
 - `gathers` "last": GATHER tasks after the GEMV tasks, run beside the stream by the programs kept out of the
   deal; "first": before them.

@@ -7,6 +7,7 @@ import torch
 
 from glm53ctl.kernels.checks import BOUNDS, fault_key, reference_outputs
 from glm53ctl.kernels.dense.kernel import GATE_A, GATE_F, GU, INPROJ, KDA, OPROJ, SeparateLaunches, k_slices
+from glm53ctl.kernels.gemv import folds
 from glm53ctl.kernels.harness import RunKey, run_reference
 from glm53ctl.kernels.launches import DenseKind, run_triton
 from glm53ctl.kernels.numerics import rel_rms
@@ -131,8 +132,18 @@ def test_every_split_task_waits_on_exactly_its_parts(tp, rows, knobs):
     waits are checked here, producer by producer. A KDA head's part 0 waits late on exactly the other parts of
     its head and row; a gate/up or in-projection tile's slice 0 late on exactly its other slices (and, folded,
     every gate of its side); the other parts and slices wait early on what they read, and late on nothing."""
-    from glm53ctl.kernels.dense.kernel import COMB_A, GATE_A, INPROJ, MIX_A, RED_A, Dims, build_table, kda_parts
-    from glm53ctl.kernels.gemv import folds
+    from glm53ctl.kernels.dense.kernel import (
+        COMB_A,
+        COMB_F,
+        GATE_A,
+        INPROJ,
+        MIX_A,
+        RED_A,
+        RED_F,
+        Dims,
+        build_table,
+        kda_parts,
+    )
     from glm53ctl.tuning.knobs import defaults
 
     k = {**defaults("dense"), **knobs}
@@ -157,8 +168,9 @@ def test_every_split_task_waits_on_exactly_its_parts(tp, rows, knobs):
             assert late == ((slices | (gates if fold else set())) if a1 == 0 else set())
         elif ttype in (GATE_A, COMB_A):
             assert early == {j for j in of_type(MIX_A) if t.tasks[j][2] == a0} and not late
-        elif ttype == RED_A:  # hc_post's comb: no other path leads from the Sinkhorn task to the reduce
-            assert {j for j in of_type(COMB_A) if t.tasks[j][1] == a1} <= early and not late
+        elif ttype in (RED_A, RED_F):  # hc_post's comb: no other path leads from the Sinkhorn task to the reduce
+            comb = COMB_A if ttype == RED_A else COMB_F
+            assert {j for j in of_type(comb) if t.tasks[j][1] == a1} <= early and not late
         else:
             assert not late
 
@@ -240,24 +252,27 @@ def test_three_launches_in_a_row_without_host_reset(weights):
 
 
 def test_each_site_stuck_is_named_and_the_retry_is_clean(weights):
-    """Every site of TP8 rows 1 (42: early and late ones, the peers' site) stuck in turn."""
+    """Every site of TP8 rows 1 (44: early and late ones, the peers' site) stuck in turn."""
     res = fault_key(weights, "dense", 8, 1, "cpu", None, budget_ns=10**6, wall_s=60)
     assert res.sites > 40 and res.ok, res.problems
     assert res.named == res.retries_equal == res.sites
 
 
 @pytest.mark.parametrize(("tp", "rows"), [(1, 1), (2, 3), (4, 8)])
-def test_the_in_projection_waiting_for_the_gate(weights, tp, rows):
-    """`norm` is numeric: the default ("fold": INPROJ tasks stream H's R * HC stream rows against
-    w_in ⊙ norm_w from the start and wait for the gates' pre and 1/RMS at their end; stuck at the end in
-    test_each_site_stuck...) is checked above; here "task" (INPROJ waits for x̂): accurate, and its schedule
-    knobs and separate launches keep its bits."""
-    k = DenseKind(weights, tp, rows, {"grid": 3, "norm": "task"}, "cpu")
+def test_the_other_norm_value_is_accurate_and_keeps_its_bits(weights, tp, rows):
+    """`norm` is numeric; the default ("auto") is checked above: folded at rows <= 4 (INPROJ and gate/up tasks
+    stream H's R * HC stream rows against the weights ⊙ norm_w and wait for the gates' pre and 1/RMS at their
+    end), not past them. Here the other value at each key: "task" (INPROJ waits for x̂) at rows <= 4, "fold" at
+    rows 8 (32 stream rows, a 32-row tile): accurate, and its schedule knobs and separate launches keep its
+    bits."""
+    norm = "task" if folds("auto", rows, weights.spec.mhc.streams) else "fold"
+    k = DenseKind(weights, tp, rows, {"grid": 3, "norm": norm}, "cpu")
+    assert k.launch.constexprs()["M"] == (32 if norm == "fold" else 16)
     x = k.inputs(seed=500 + 10 * tp + rows)[0]
     peers = k.peer_partials(x)
     out = k(x, peers, poison=True)
     assert_accurate(weights, k, x, out)
-    other = DenseKind(weights, tp, rows, {"grid": 64, "norm": "task", "handoff": "flag", "block_n_in": 16}, "cpu")
+    other = DenseKind(weights, tp, rows, {"grid": 64, "norm": norm, "handoff": "flag", "block_n_in": 16}, "cpu")
     assert_same_bits(out, other(x, peers, poison=True), "grid 64, flags, block_n_in 16")
     if (tp, rows) == (2, 3):
         sep = SeparateLaunches(k.spec, tp, rows, k.knobs, "cpu")
@@ -318,6 +333,13 @@ def test_a_traced_launch_keeps_its_bits_and_records_every_task(weights):
     made_up = torch.arange(n)[:, None] * 10_000 + torch.tensor([0, 1000, 2000, 0])
     s = summarize(k.launch.table, made_up)
     assert sum(v["n"] for v in s["types"].values()) == n and s["end_us"] == 10 * (n - 1) + 2
+    assert not any("own" in v for v in s["types"].values())
+    # a fifth word, the start of a task's late waits (0: none), 0.5 µs after ready for the in-projection tiles
+    late = torch.tensor([task[0] == INPROJ for task in k.launch.table.tasks])
+    own = torch.where(late, made_up[:, 1] + 500, 0)
+    s5 = summarize(k.launch.table, torch.cat([made_up, own[:, None]], dim=1))
+    assert s5["types"]["in_proj"]["own"] == 0.5 and sum("own" in v for v in s5["types"].values()) == 1
+    assert "| 0.5 |" in format_summary(s5)
     path = [p["type"] for p in s["critical_path"]]
     assert path[0] == "attn mix" and path[-1] == "ffn reduce" and "kda head" in path and "gate_up" in path
     assert all(p["handoff"] > 0 for p in s["critical_path"][1:]) and "critical path" in format_summary(s)
