@@ -512,6 +512,103 @@ def trace_keys(out_dir: Path, keys=TRACE_KEYS, configs=({},), verbose=True) -> N
     (out_dir / "trace.json").write_text(json.dumps(res, indent=2))
 
 
+def _graph(fn, inner=20):
+    """A CUDA graph of `inner` calls of fn (captured on a side stream after one warm call), replayed once."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(inner):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    return g
+
+
+def ab_ratio(fa, fb, inner=20, rounds=25, seed=0) -> dict:
+    """DESIGN.md §8's A against B: rounds of A B B A graph replays; per round the ratio of B's mean to A's
+    (> 1: A is faster), its median, and a 95% bootstrap interval of the median (2000 resamples)."""
+    import random
+    import statistics
+
+    ga, gb = _graph(fa, inner), _graph(fb, inner)
+
+    def once(g):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        return a.elapsed_time(b) * 1000 / inner
+
+    ratios, ta, tb = [], [], []
+    for _ in range(rounds):
+        a1, b1, b2, a2 = once(ga), once(gb), once(gb), once(ga)
+        ta += [a1, a2]
+        tb += [b1, b2]
+        ratios.append((b1 + b2) / (a1 + a2))
+    rng = random.Random(seed)
+    boot = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(2000))
+    return {
+        "a_us": statistics.median(ta),
+        "b_us": statistics.median(tb),
+        "ratio": statistics.median(ratios),
+        "ci95": (boot[50], boot[1949]),
+        "rounds": rounds,
+    }
+
+
+def ab_keys(out_dir: Path, keys=((1, 8), (2, 8), (4, 8), (8, 8))) -> None:
+    """The persistent launch (A) against its separate launches (B) in alternating rounds, after a same-against-
+    same run of A (its interval sets δ = max(1%, 2 x its spread), DESIGN.md §8): the issue's "faster than the
+    separate launches" by the keep rule's measure, at the keys where the margin is thinnest."""
+    from glm53ctl.kernels.dense.kernel import SeparateLaunches
+    from glm53ctl.kernels.launches import DenseKind
+    from glm53ctl.kernels.spec import load_model
+    from glm53ctl.kernels.weights import Weights
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    precompile([(tp, rows, {}, True) for tp, rows in keys])
+    spec = load_model("glm53_flash")
+    w = Weights(spec, seed=0, device="cuda")
+    warm_clocks()
+    res = {"env": environment(), "keys": []}
+    for tp, rows in keys:
+        k = DenseKind(w, tp, rows, {}, DEV)
+        x = k.inputs(seed=100 * tp + rows)[0].to(DEV)
+        peers = k.peer_partials(x)
+        conv0, S0 = k.rank_state(x, 0)
+        la = k.launch
+        sep = SeparateLaunches(spec, tp, rows, k.knobs, DEV)
+        if peers is not None:
+            la.set_peers(peers.parts_a, peers.parts_f)
+            sep.whole.set_peers(peers.parts_a, peers.parts_f)
+        ws = [k.w[0]] + [{n: t.clone() for n, t in k.w[0].items()} for _ in range(COPIES - 1)]
+        it = iter(range(10**9))
+        persistent = lambda la=la, ws=ws: la(x.H, ws[next(it) % COPIES], conv0, S0, check=False)  # noqa: E731
+        separate = lambda sep=sep, ws=ws: sep(x.H, ws[next(it) % COPIES], conv0, S0, check=False)  # noqa: E731
+        same_ab = ab_ratio(persistent, persistent)
+        spread = max(abs(1 - same_ab["ci95"][0]), abs(same_ab["ci95"][1] - 1))
+        delta = max(0.01, 2 * spread)
+        ab = ab_ratio(persistent, separate)
+        faster = ab["ci95"][0] > 1 + delta
+        res["keys"].append(
+            {"tp": tp, "rows": rows, "same": same_ab, "delta": delta, "vs_separate": ab, "faster": faster}
+        )
+        print(
+            f"TP{tp} rows{rows}: persistent {ab['a_us']:.1f} us, separate {ab['b_us']:.1f} us, separate/persistent "
+            f"{ab['ratio']:.3f} [{ab['ci95'][0]:.3f}, {ab['ci95'][1]:.3f}], delta {delta:.3f} (same against same "
+            f"[{same_ab['ci95'][0]:.3f}, {same_ab['ci95'][1]:.3f}]): faster beyond delta {faster}",
+            flush=True,
+        )
+        del k, sep, ws
+    (out_dir / "ab.json").write_text(json.dumps(res, indent=2))
+
+
 def stream_probe(out_dir: Path) -> None:
     """How fast one program streams a GEMV tile's weights, as plain launches of the GEMV body over a gate-sized
     matrix [1536, 4096] bf16 (TP8's w_gate; 8 copies rotated past the L2), one tile per program: µs, total
@@ -596,6 +693,11 @@ def stream_probe(out_dir: Path) -> None:
 if __name__ == "__main__":
     if "--tail" in sys.argv:
         tail_timing(Path(sys.argv[1]))
+        sys.exit(0)
+    if "--ab" in sys.argv:  # [--keys 1x8,...]: the persistent launch against its separate launches, A B B A
+        j = sys.argv.index("--keys") + 1 if "--keys" in sys.argv else 0
+        keys = tuple(tuple(int(v) for v in k.split("x")) for k in sys.argv[j].split(",")) if j else None
+        ab_keys(Path(sys.argv[1]), keys or ((1, 8), (2, 8), (4, 8), (8, 8)))
         sys.exit(0)
     if "--stream" in sys.argv:
         stream_probe(Path(sys.argv[1]))
