@@ -20,7 +20,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
-from runtime_gpu import DEV, _copy_kernel, copy_bandwidth, environment, graph_time, warm_clocks
+from runtime_gpu import DEV, _copy_kernel, capture_graph, copy_bandwidth, environment, graph_time, warm_clocks
 
 TPS, ROWS = (1, 2, 4, 8), (1, 2, 4, 8)
 BITWISE_KEYS = ((4, 1), (8, 2))
@@ -512,30 +512,13 @@ def trace_keys(out_dir: Path, keys=TRACE_KEYS, configs=({},), verbose=True) -> N
     (out_dir / "trace.json").write_text(json.dumps(res, indent=2))
 
 
-def _graph(fn, inner=20):
-    """A CUDA graph of `inner` calls of fn (captured on a side stream after one warm call), replayed once."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(inner):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    return g
-
-
 def ab_ratio(fa, fb, inner=20, rounds=25, seed=0) -> dict:
     """DESIGN.md §8's A against B: rounds of A B B A graph replays; per round the ratio of B's mean to A's
     (> 1: A is faster), its median, and a 95% bootstrap interval of the median (2000 resamples)."""
     import random
     import statistics
 
-    ga, gb = _graph(fa, inner), _graph(fb, inner)
+    ga, gb = capture_graph(fa, inner), capture_graph(fb, inner)
 
     def once(g):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

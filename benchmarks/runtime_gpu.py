@@ -55,8 +55,8 @@ class DeviceWeights:
         return t if t.dim() == 1 else t.chunk(tp, dim=0)[rank].contiguous()
 
 
-def graph_time(fn, inner=20, rounds=21):
-    """µs per call: a CUDA graph of `inner` calls, replayed `rounds` times; median, and all rounds."""
+def capture_graph(fn, inner=20):
+    """A CUDA graph of `inner` calls of fn (captured on a side stream after one warm call), replayed once."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -69,6 +69,12 @@ def graph_time(fn, inner=20, rounds=21):
             fn()
     g.replay()
     torch.cuda.synchronize()
+    return g
+
+
+def graph_time(fn, inner=20, rounds=21):
+    """µs per call: a CUDA graph of `inner` calls, replayed `rounds` times; median, and all rounds."""
+    g = capture_graph(fn, inner)
     times = []
     for _ in range(rounds):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
