@@ -140,6 +140,15 @@ KNOBS = {
             "GEMV K tile: it sets the fp32 reduction order",
         ),
         Knob(
+            "maxnreg",
+            (0, 168, 128),
+            0,
+            ("dense",),
+            "schedule",
+            "registers a thread may hold (0: the compiler's choice, 246-254 for dense: 2 programs of 4 warps per SM; "
+            "168: 3, 128: 4), so that more of the grid's programs are resident at once",
+        ),
+        Knob(
             "stages",
             (1, 2, 3, 4, 6, 8),
             4,

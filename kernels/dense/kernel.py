@@ -1361,7 +1361,10 @@ class DenseLaunch:
         }
 
     def options(self) -> dict:
-        return {"num_warps": self.knobs["warps"], "num_stages": self.knobs["stages"]}
+        opts = {"num_warps": self.knobs["warps"], "num_stages": self.knobs["stages"]}
+        if self.knobs["maxnreg"]:  # a cap for ptxas: fewer registers, more programs resident per SM
+            opts["maxnreg"] = self.knobs["maxnreg"]
+        return opts
 
     def __call__(self, H, w, conv_in, S_in, stuck_site=-1, budget_ns=None, check=True) -> dict[str, torch.Tensor]:
         R, d = self.rows, self.d

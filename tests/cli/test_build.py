@@ -150,3 +150,22 @@ def test_compile_error_names_the_key_and_the_compiler_message(tmp_path):
     assert p.returncode == 1 and p.stdout == ""
     assert "Error: tiny/embed/tp1/r1 (launch): CompilationError" in p.stderr and "arange" in p.stderr
     assert "Traceback" not in p.stderr
+
+
+def test_build_takes_a_tuned_register_cap(capsys, tmp_path, monkeypatch):
+    """Knob `maxnreg` (here a tuned config's) reaches ptxas: glm53_flash's dense kernel takes 240-255 registers
+    by the compiler's choice, at most 168 under the cap."""
+    from glm53ctl.paths import config_root
+    from tests.configs.test_tuned import doc
+
+    conf = tmp_path / "conf"
+    shutil.copytree(config_root() / "models", conf / "models")
+    d = doc(model="glm53_flash", tp=8)
+    d["entries"] = {"dense": {"2": {"knobs": {"maxnreg": 168}}}}
+    (conf / "tuned" / "glm53_flash").mkdir(parents=True)
+    (conf / "tuned" / "glm53_flash" / "tp8.json").write_text(json.dumps(d))
+    monkeypatch.setenv("GLM53CTL_CONFIG_DIR", str(conf))
+    args = ("build", "--model", "glm53_flash", "--kind", "dense", "--tp", "8", "--rows", "1,2", "-j", "2")
+    built = invoke_json(capsys, *args, "--out", tmp_path / "out")
+    regs = {e["key"]: e["kernels"][0]["registers"] for e in built["keys"]}
+    assert regs["glm53_flash/dense/tp8/r2"] <= 168 < regs["glm53_flash/dense/tp8/r1"]

@@ -50,9 +50,9 @@ def test_against_the_reference(weights, tp, rows):
     assert_accurate(weights, k, x, k(x, poison=True))
 
 
-# schedule knobs the interpreter cannot tell apart: a compile option (stages) and what only the GPU's inline
-# asm does (poll: the kind of load; prefetch). Their bits are checked on the GPU (benchmarks/dense_gpu.py).
-GPU_ONLY = ("stages", "poll", "prefetch")
+# schedule knobs the interpreter cannot tell apart: compile options (stages, maxnreg) and what only the GPU's
+# inline asm does (poll: the kind of load; prefetch). Their bits are checked on the GPU (benchmarks/dense_gpu.py).
+GPU_ONLY = ("stages", "maxnreg", "poll", "prefetch")
 
 
 def _variants():

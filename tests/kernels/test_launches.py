@@ -84,7 +84,8 @@ def test_bitwise_across_grids_and_every_schedule_knob(weights, kind):
     base = base_k(x, peers)
     # stages (a compile option), poll and prefetch (inline asm) change nothing the interpreter runs: the GPU
     # checks them (benchmarks/runtime_gpu.py)
-    for knob in (k for k in KNOBS.values() if kind in k.kinds and k.name not in ("stages", "poll", "prefetch")):
+    gpu_only = ("stages", "maxnreg", "poll", "prefetch")
+    for knob in (k for k in KNOBS.values() if kind in k.kinds and k.name not in gpu_only):
         values = (3, 64) if knob.name == "grid" else knob.values
         for value in values:
             k, _, _ = _launch(weights, kind, 2, 3, **{knob.name: value})
