@@ -294,7 +294,9 @@ def test_separate_launches_give_the_same_bits(weights, oproj_first, kda_split):
     sep.whole.poison()
     out = sep(x.H, k.w[0], *k.rank_state(x, 0))
     assert_same_bits({n: whole[n] for n in out}, out, "separate launches")
-    assert len(sep.stages) == 10
+    # 10 launches that run every task of the whole launch exactly once
+    assert len(sep.stages) == 10 and sum(st.table.n_tasks for st in sep.stages) == sep.whole.table.n_tasks
+    assert sorted(t for st in sep.stages for t in st.table.tasks) == sorted(sep.whole.table.tasks)
     kda = sep.stages[SeparateLaunches.STAGES.index((KDA,))].runtime.table
     late = [s for s in kda.sites if s.late]
     assert len(late) == (kda_split > 1) * kda.n_tasks // kda_split and len(kda.sites) == len(late)
