@@ -8,6 +8,17 @@ from glm53ctl.kernels.tlx import interpreting
 
 
 @triton.jit
+def mma(acc, b_x, b_w, INTERPRET: tl.constexpr):
+    """acc + b_x @ b_w^T: b_x [M, BK] and b_w [BN, BK] bf16, acc [M, BN] fp32."""
+    if INTERPRET:
+        # the interpreter's bf16 tl.dot returns garbage (DESIGN.md §4), and its fp32 one sums in an order that
+        # depends on the tile's shape; in fp64 the bf16 products sum exactly
+        return acc + tl.dot(b_x.to(tl.float64), tl.trans(b_w.to(tl.float64))).to(tl.float32)
+    else:
+        return tl.dot(b_x, tl.trans(b_w), acc)
+
+
+@triton.jit
 def gemv_tile(
     x,
     stride_x,
@@ -37,12 +48,7 @@ def gemv_tile(
         o_k = k0 + tl.arange(0, BLOCK_K)
         b_x = tl.load(x + o_m[:, None].to(tl.int64) * stride_x + o_k[None, :], mask=m_m[:, None], other=0.0)
         b_w = tl.load(w + o_n[:, None].to(tl.int64) * STRIDE_W + o_k[None, :], mask=m_n[:, None], other=0.0)
-        if INTERPRET:
-            # the interpreter's bf16 tl.dot returns garbage (DESIGN.md §4), and its fp32 one sums in an
-            # order that depends on the tile's shape; in fp64 the bf16 products sum exactly
-            acc += tl.dot(b_x.to(tl.float64), tl.trans(b_w.to(tl.float64))).to(tl.float32)
-        else:
-            acc = tl.dot(b_x, tl.trans(b_w), acc)
+        acc = mma(acc, b_x, b_w, INTERPRET)
     return acc
 
 
@@ -77,12 +83,8 @@ def gemv_tile_pair(
         p_w = o_n[:, None].to(tl.int64) * STRIDE_W + o_k[None, :]
         b_w1 = tl.load(w1 + p_w, mask=m_n[:, None], other=0.0)
         b_w2 = tl.load(w2 + p_w, mask=m_n[:, None], other=0.0)
-        if INTERPRET:  # as gemv_tile
-            acc1 += tl.dot(b_x.to(tl.float64), tl.trans(b_w1.to(tl.float64))).to(tl.float32)
-            acc2 += tl.dot(b_x.to(tl.float64), tl.trans(b_w2.to(tl.float64))).to(tl.float32)
-        else:
-            acc1 = tl.dot(b_x, tl.trans(b_w1), acc1)
-            acc2 = tl.dot(b_x, tl.trans(b_w2), acc2)
+        acc1 = mma(acc1, b_x, b_w1, INTERPRET)
+        acc2 = mma(acc2, b_x, b_w2, INTERPRET)
     return acc1, acc2
 
 

@@ -52,7 +52,7 @@ KNOBS = {
             ("embed", "tail", "dense"),
             "schedule",
             "0: every thread polls with ld.acquire.gpu; 1: relaxed polls (+64 ns sleep), then one acquire; "
-            "2: as 1 with 512 ns sleeps and the abort word read every 8th poll (less traffic from many waiters)",
+            "2: as 1 with 512 ns sleeps (less traffic from many waiters); the clock and abort word every 8th poll",
         ),
         Knob("block_n", (16, 32, 64, 128), 64, ("tail",), "schedule", "GEMV output rows per task"),
         # dense: a tile per stage, so each stage has enough tasks (defaults: the best of the H200 sweep in

@@ -8,10 +8,11 @@ Tasks, in table order (a rank's shapes; every GEMV is `gemv_tile` over rows padd
   INPROJ  (tile, K slice) of the fused in-projection f_a | g_a | b | (q_h | k_h | v_h per head) (knob
           ksplit_in); slice 0 adds the slices' sums (late)                    waits on GATE_A
           (`norm fold`: streams H's stream rows and waits late on GATE_A)
-  KDA     (head h, row r, part p): f_b for the head, conv with its state, safe gate, the delta rule on the
-          part's value columns (knob kda_split, `kda_parts`: 1, 2 or 4 parts); part 0 then g_b, the norm:
-          publishes z                      waits on the INPROJ tiles it reads; part 0 late on the other parts
-  OPROJ   a tile of o_proj over a K slice (ks): this rank's partial        waits on the slice's heads
+  KDA     (head h, row r, part p): f_b and g_b for the head, conv with its state, safe gate, the delta rule
+          on the part's value columns (knob kda_split, `kda_parts`: 1, 2 or 4 parts): their o and og
+                                                                       waits on the INPROJ tiles it reads
+  OPROJ   a tile of o_proj over a K slice (ks), z made from o and og as it reads them (the gated RMSNorm):
+          this rank's partial                                   waits on every part of the slice's heads
   RED_A   a column chunk of one row: the partials summed in rank order (attn), hc_post (H1), and the FFN
           gate's mix logits over the chunk          waits on its row's COMB_A, its OPROJ tiles and the peers
   GATE_F  row r: the FFN gate on H1 (x̂, post)                         waits on its row's RED_A
@@ -28,7 +29,7 @@ KDA task waits only on the tiles of its own head. OWN_A / OWN_F replace RED_A / 
 launch (mode "attn" / "ffn"): they write this rank's partial (its K slices summed in order) for the others;
 with no hc_post after them, such a launch has no COMB_A ("attn") or COMB_F (both).
 
-Knob `oproj_first`: a KDA task publishes z and leaves its step (decay, k, delta: 3 vectors) in scratch; its
+Knob `oproj_first`: a KDA task publishes its o and og and leaves its step (decay, k, delta: 3 vectors) in scratch; its
 program runs its next task (an o_proj tile, as the table orders them), then recomputes the new recurrent
 state from S_in with the same operations (the same bits) and writes both states back.
 """
@@ -40,8 +41,8 @@ import triton
 import triton.language as tl
 
 from glm53ctl.kernels.ffn.kernel import swiglu_act
-from glm53ctl.kernels.gemv import fold_norm, folds, gemv_tile, gemv_tile_pair, sum_streams
-from glm53ctl.kernels.kda.kernel import SCRATCH, kda_head, kda_norm, kda_write_state
+from glm53ctl.kernels.gemv import fold_norm, folds, gemv_tile, gemv_tile_pair, mma, sum_streams
+from glm53ctl.kernels.kda.kernel import SCRATCH, kda_head, kda_write_state
 from glm53ctl.kernels.mhc.kernel import gate_comb, gate_pre
 from glm53ctl.kernels.runtime.device import (
     finish,
@@ -182,8 +183,7 @@ def _prefetch(
     if WHICH == 3:
         if ttype == 3:
             _prefetch_rows(w_fb, a0 * K, RG, 0, P, K, RG)
-            if a2 == 0:
-                _prefetch_rows(w_gb, a0 * K, RG, 0, P, K, RG)
+            _prefetch_rows(w_gb, a0 * K, RG, 0, P, K, RG)
             o_k = tl.arange(0, K)
             o_l = a2 * (K // NV) + tl.arange(0, max(K // NV // 32, 1)) * 32
             prefetch_l2(S_in + (a1 * HL + a0) * (K * K) + o_k[:, None] * K + o_l[None, :])
@@ -341,13 +341,6 @@ def _task_inproj(
 
 @triton.jit(noinline=True)
 def _task_kda(
-    rt,
-    row,
-    task,
-    epoch,
-    stuck_site,
-    budget_ns,
-    trace,
     y_in,
     lr,
     w_fb,
@@ -357,36 +350,31 @@ def _task_kda(
     conv_w,
     A_log,
     dt_bias,
-    o_norm,
     S_in,
     S_out,
-    z,
     kscr,
     h,
     r,
     part,
     R,
     lower_bound,
-    eps,
     HL: tl.constexpr,
     K: tl.constexpr,
     W: tl.constexpr,
     RG: tl.constexpr,
     BK_R: tl.constexpr,
     NV: tl.constexpr,
-    TRACE: tl.constexpr,
     INTERPRET: tl.constexpr,
     WRITE_STATE: tl.constexpr,
-    POLL: tl.constexpr,
-    THREADS: tl.constexpr,
 ):
-    """KDA: part `part` (of NV, knob kda_split) of head h of row r: f_b for the head (a [16, K] GEMV over the
-    low-rank rows), the delta rule on the part's value columns; part 0 then waits (late) for the other parts'
-    o and makes the head's z (g_b, the gated RMSNorm). True unless that wait failed."""
+    """KDA: part `part` (of NV, knob kda_split) of head h of row r: f_b and g_b for the head (each a [16, K]
+    GEMV over the low-rank rows), the delta rule on the part's value columns: their o and og in `kscr` (the
+    o_proj tiles make z, the gated RMSNorm, as they read it: no part waits for another)."""
     P: tl.constexpr = HL * K
     NIN: tl.constexpr = 2 * RG + HL + 3 * P
     sel = tl.arange(0, 16)[:, None] == r
     f_h = gemv_tile(lr, 2 * RG, w_fb, h * K, R, P, RG, RG, K, BK_R, INTERPRET)
+    og_h = gemv_tile(lr + RG, 2 * RG, w_gb, h * K, R, P, RG, RG, K, BK_R, INTERPRET)
     kda_head(
         y_in + 2 * RG + HL,
         NIN,
@@ -413,16 +401,47 @@ def _task_kda(
         INTERPRET,
         WRITE_STATE,
     )
-    ok = task >= 0
-    if part == 0:
-        og_h = gemv_tile(lr + RG, 2 * RG, w_gb, h * K, R, P, RG, RG, K, BK_R, INTERPRET)
-        if NV > 1:
-            if TRACE:
-                stamp(trace, task, 4, INTERPRET)
-            ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, True)
-        if ok:
-            kda_norm(kscr, tl.sum(tl.where(sel, og_h, 0.0), axis=0), o_norm, z, r, h, eps, HL, K, INTERPRET)
-    return ok
+    # the part's columns of og (every part computes the whole head's: one GEMV shape, so one set of bits)
+    o_k = tl.arange(0, K)
+    m_p = (o_k >= part * (K // NV)) & (o_k < (part + 1) * (K // NV))
+    tl.store(kscr + (r * SCRATCH + 4) * P + h * K + o_k, tl.sum(tl.where(sel, og_h, 0.0), axis=0), mask=m_p)
+
+
+@triton.jit(noinline=True)
+def _task_oproj(
+    kscr,
+    o_norm,
+    w_o,
+    out,
+    n0,
+    ks,
+    R,
+    eps,
+    D: tl.constexpr,
+    P: tl.constexpr,
+    PK: tl.constexpr,
+    K: tl.constexpr,
+    BN: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    """OPROJ: output rows n0.. over K slice ks (PK columns, whole heads): this rank's partial out [R, D]. Its
+    input, head by head: z, the gated RMSNorm of the KDA parts' o with their og (kscr), made here, where it is
+    read, so a head's parts hand off straight to o_proj (the norm's sum over a [16, K] tile: one order)."""
+    o_m = tl.arange(0, 16)
+    o_k = tl.arange(0, K)
+    o_n = n0 + tl.arange(0, BN)
+    m_m = o_m[:, None] < R
+    b_nw = tl.load(o_norm + o_k).to(tl.float32)  # one norm weight [K] for every head
+    acc = tl.zeros((16, BN), dtype=tl.float32)
+    for c in range(0, PK, K):  # one head a step
+        p_o = kscr + (o_m[:, None] * SCRATCH) * P + ks * PK + c + o_k[None, :]
+        o = tl.load(p_o, mask=m_m, other=0.0)
+        og = tl.load(p_o + 4 * P, mask=m_m, other=0.0)
+        zz = o / tl.sqrt(tl.sum(o * o, axis=1) / K + eps)[:, None] * b_nw[None, :] * tl.sigmoid(og)
+        p_w = w_o + o_n[:, None].to(tl.int64) * P + ks * PK + c + o_k[None, :]
+        b_w = tl.load(p_w, mask=o_n[:, None] < D, other=0.0)
+        acc = mma(acc, to_bf16(zz, INTERPRET), b_w, INTERPRET)
+    tl.store(out + o_m[:, None] * D + o_n[None, :], acc, mask=m_m & (o_n[None, :] < D))
 
 
 @triton.jit(noinline=True)
@@ -613,7 +632,6 @@ def dense_kernel(
     ssp,
     y_in,
     lr,
-    z,
     kscr,
     kpart_a,
     parts_a,
@@ -794,14 +812,7 @@ def dense_kernel(
                     THREADS,
                 )
             elif ttype == 3:
-                ok = _task_kda(
-                    rt,
-                    row,
-                    task,
-                    epoch,
-                    stuck_site,
-                    budget_ns,
-                    trace,
+                _task_kda(
                     y_in,
                     lr,
                     w_fb,
@@ -811,31 +822,25 @@ def dense_kernel(
                     conv_w,
                     A_log,
                     dt_bias,
-                    o_norm,
                     S_in,
                     S_out,
-                    z,
                     kscr,
                     a0,
                     a1,
                     row[3],
                     R,
                     lower_bound,
-                    norm_eps,
                     HL,
                     K,
                     W,
                     RG,
                     BK_R,
                     NV,
-                    TRACE,
                     INTERPRET,
                     not OPROJ_FIRST,
-                    POLL,
-                    THREADS,
                 )
             elif ttype == 4:
-                _task_partial(z + a1 * PK, w_o + a1 * PK, kpart_a + a1 * R * D, a0, R, D, PK, P, BN_O, BK_O, INTERPRET)
+                _task_oproj(kscr, o_norm, w_o, kpart_a + a1 * R * D, a0, a1, R, norm_eps, D, P, PK, K, BN_O, INTERPRET)
             elif ttype == 8:
                 _task_partial(
                     act + a1 * IK, w_down + a1 * IK, kpart_f + a1 * R * D, a0, R, D, IK, I, BN_O, BK_I, INTERPRET
@@ -951,7 +956,7 @@ def dense_kernel(
                 if TRACE:
                     stamp(trace, task, 2, INTERPRET)
         if OPROJ_FIRST:
-            # a KDA head of an earlier task: its states now, after the task that followed it (z is out, that
+            # a KDA head of an earlier task: its states now, after the task that followed it (o is out, that
             # task's loads issued); then this task's head, if it is one, waits for the next task
             if pend != 0:
                 kda_write_state(
@@ -1013,9 +1018,9 @@ def _covering(tiles: list[tuple[int, int, int]], lo: int, hi: int) -> list[int]:
 def kda_parts(knob: int, heads: int, rows: int, grid: int) -> int:
     """A KDA head's parts: the knob's value, or (0) the most of 4, 2, 1 whose parts, heads x rows x parts, the
     grid's programs cover. Parts pay off only while programs would otherwise sit idle: each re-reads its head's
-    f_b and conv rows, and part 0 waits for the others (H200: 285 µs at TP1 rows 8 with 1 part, 325 with 4; 75
-    at TP8 rows 1 with 4, 81 with 1; the rule picked the fastest of 1, 2, 4 at all 10 keys measured,
-    docs/perf/2026-11-30-dense.md)."""
+    f_b, g_b and conv rows (H200, when part 0 still waited for the others and made z: 285 µs at TP1 rows 8
+    with 1 part, 325 with 4; 75 at TP8 rows 1 with 4, 81 with 1; the rule picked the fastest of 1, 2, 4 at all
+    10 keys measured, docs/perf/2026-11-30-dense.md)."""
     if knob:
         return knob
     return next((n for n in (4, 2) if heads * rows * n <= grid), 1)
@@ -1093,14 +1098,7 @@ def build_table(d: Dims, rows: int, knobs: dict, mode: str = "full") -> TaskTabl
     for h in range(d.HL):
         own = small + _covering(inproj, 2 * d.RG + h, 2 * d.RG + h + 1)
         own += _covering(inproj, d.HDR + 3 * d.K * h, d.HDR + 3 * d.K * (h + 1))
-        head = []
-        for r in range(rows):
-            # parts 1.. of a split head first; part 0 makes z once they have published their o (late)
-            others = [add(KDA, h, r, p, waits=own) for p in range(nv - 1, 0, -1)]
-            head.append(add(KDA, h, r, 0, waits=own))
-            if others:
-                t.wait(head[-1], others, how, words, late=True)
-        heads.append(head)
+        heads.append([add(KDA, h, r, p, waits=own) for r in range(rows) for p in range(nv)])
     oproj = []
     for ks in range(d.KS_O):
         lo, hi = ks * d.PK, (ks + 1) * d.PK
@@ -1140,8 +1138,8 @@ def build_table(d: Dims, rows: int, knobs: dict, mode: str = "full") -> TaskTabl
 
 
 def stage_table(full: TaskTable, ttypes: tuple[int, ...]) -> TaskTable:
-    """One stage of the layer as its own launch: the tasks of its types, waiting only on each other (a split
-    KDA head's part 0 on its other parts); the launch before it has finished. `SeparateLaunches` runs the
+    """One stage of the layer as its own launch: the tasks of its types, waiting only on each other (a gate/up
+    tile's slice 0 on its other slices); the launch before it has finished. `SeparateLaunches` runs the
     stages one after another: the baseline to beat."""
     t = TaskTable("dense", TYPE_NAMES)
     new = {}
@@ -1265,7 +1263,6 @@ class DenseLaunch:
             "ssp": e(2, d.NCH, 16),
             "y_in": e(R, d.NIN),
             "lr": e(R, 2 * d.RG, dtype=bf16),
-            "z": e(R, d.P, dtype=bf16),
             "kscr": e(R, SCRATCH, d.P),
             "kpart_a": e(d.KS_O, R, D),
             "parts_a": e(tp, R, D),

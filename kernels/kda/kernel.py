@@ -46,7 +46,9 @@ def kda_conv_shift(
 # sum's order across columns, but a tile's shape may set the order of the sums over keys). VB = min(BV, K / 4):
 # a head's columns are at least 4 blocks, so a head splits into 1, 2 or 4 parts of whole blocks (knob kda_split)
 BV = tl.constexpr(32)
-SCRATCH = tl.constexpr(4)  # fp32 vectors per (row, head) in `scr`: o, and for a deferred write-back delta, decay, k
+# fp32 vectors per (row, head) in `scr`: o; for a deferred write-back delta, decay, k; og, where the norm is made
+# by the task after the head (the `dense` launch's o_proj tiles)
+SCRATCH = tl.constexpr(5)
 
 
 @triton.jit(noinline=True)

@@ -192,23 +192,26 @@ def wait_site(
     live = site != stuck_site  # fault injection: a stuck site never sees its epoch
     v = _poll(p, INTERPRET, POLL)
     ok = (tl.min((v == epoch).to(tl.int32), axis=0) != 0) & live
-    aborted = tl.max(_poll(ctl + 3 + o_t * 0, INTERPRET, 1), axis=0)
     if not INTERPRET:
-        start = tl.max(_globaltimer(o_t), axis=0)
-        now = start
-        rounds = 0
-        while (ok == 0) & (now - start < budget_ns) & (aborted == 0):
-            if POLL == 1:
-                _nanosleep(o_t, 64)
-            elif POLL == 2:
-                # a long wait among hundreds of waiting programs: poll 8x less often, the abort word 64x
-                _nanosleep(o_t, 512)
-            v = _poll(p, INTERPRET, POLL)
-            ok = (tl.min((v == epoch).to(tl.int32), axis=0) != 0) & live
-            now = tl.max(_globaltimer(o_t), axis=0)
-            rounds += 1
-            if (POLL != 2) | (rounds % 8 == 0):
-                aborted = tl.max(_ld_relaxed(ctl + 3 + o_t * 0), axis=0)
+        if ok == 0:
+            # a round is one poll and one CTA-wide verdict; the clock and the abort word (each a CTA-wide
+            # value, one of them a load's round trip) every 8th round only, and not at all when the words
+            # are there at the first poll: the common hand-off pays no more than it must
+            start = tl.max(_globaltimer(o_t), axis=0)
+            now = start
+            aborted = 0
+            rounds = 0
+            while (ok == 0) & (now - start < budget_ns) & (aborted == 0):
+                if POLL == 1:
+                    _nanosleep(o_t, 64)
+                elif POLL == 2:  # a long wait among hundreds of waiting programs: poll 8x less often
+                    _nanosleep(o_t, 512)
+                v = _poll(p, INTERPRET, POLL)
+                ok = (tl.min((v == epoch).to(tl.int32), axis=0) != 0) & live
+                rounds += 1
+                if rounds % 8 == 0:
+                    now = tl.max(_globaltimer(o_t), axis=0)
+                    aborted = tl.max(_ld_relaxed(ctl + 3 + o_t * 0), axis=0)
     if ok == 0:
         # a time-out, or a stop on another program's abort while this wait was still unsatisfied: either
         # way this task was blocked; the host names the lowest blocked task as the root

@@ -129,15 +129,17 @@ def test_k_slices_are_accurate_and_keep_their_bits(weights, ksplit_gu, ksplit_in
 @pytest.mark.parametrize(("tp", "rows"), [(1, 2), (4, 3)])
 def test_every_split_task_waits_on_exactly_its_parts(tp, rows, knobs):
     """The interpreter runs tasks in table order, so a wait left out could not fail a launch test: the table's
-    waits are checked here, producer by producer. A KDA head's part 0 waits late on exactly the other parts of
-    its head and row; a gate/up or in-projection tile's slice 0 late on exactly its other slices (and, folded,
-    every gate of its side); the other parts and slices wait early on what they read, and late on nothing."""
+    waits are checked here, producer by producer. A KDA part waits early on its head's in-projection tiles; an
+    o_proj tile on every part of every head (all rows) of its K slice, the parts making no z; a gate/up or
+    in-projection tile's slice 0 late on exactly its other slices (and, folded, every gate of its side); the
+    other slices wait early on what they read, and late on nothing."""
     from glm53ctl.kernels.dense.kernel import (
         COMB_A,
         COMB_F,
         GATE_A,
         INPROJ,
         MIX_A,
+        OPROJ,
         RED_A,
         RED_F,
         Dims,
@@ -147,19 +149,21 @@ def test_every_split_task_waits_on_exactly_its_parts(tp, rows, knobs):
     from glm53ctl.tuning.knobs import defaults
 
     k = {**defaults("dense"), **knobs}
-    t = build_table(Dims(load_model("tiny"), tp, k), rows, k)
+    d = Dims(load_model("tiny"), tp, k)
+    t = build_table(d, rows, k)
     fold = folds(k["norm"], rows, load_model("tiny").mhc.streams)
     of_type = lambda ttype: {i for i, task in enumerate(t.tasks) if task[0] == ttype}  # noqa: E731
-    for i, (ttype, a0, a1, a2) in enumerate(t.tasks):
+    for i, (ttype, a0, a1, _) in enumerate(t.tasks):
         sites = [s for s in t.sites if s.task == i]
         early = {p for s in sites if not s.late for p in s.producers}
         late = {p for s in sites if s.late for p in s.producers}
         assert all(p < i for p in early | late)
         if ttype == KDA:
-            parts = {j for j, task in enumerate(t.tasks) if task[:3] == (KDA, a0, a1)} - {i}
-            nv = kda_parts(k["kda_split"], Dims(load_model("tiny"), tp, k).HL, rows, k["grid"])
-            assert late == (parts if a2 == 0 else set()) and len(parts) == nv - 1
-            assert early and all(t.tasks[p][0] == INPROJ and t.tasks[p][2] == 0 for p in early)
+            assert early and all(t.tasks[p][0] == INPROJ and t.tasks[p][2] == 0 for p in early) and not late
+        elif ttype == OPROJ:
+            heads = range(a1 * d.PK // d.K, (a1 + 1) * d.PK // d.K)
+            assert early == {j for j in of_type(KDA) if t.tasks[j][1] in heads} and not late
+            assert len(early) == len(heads) * rows * kda_parts(k["kda_split"], d.HL, rows, k["grid"])
         elif ttype in (GU, INPROJ):
             slices = {j for j, task in enumerate(t.tasks) if task[:2] == (ttype, a0)} - {i}
             gates = of_type(GATE_F if ttype == GU else GATE_A)
@@ -205,8 +209,8 @@ def _poison_handoffs(launch) -> None:
 def test_any_claim_order_the_waits_allow_gives_the_same_bits(weights, tp, rows, knobs):
     """The interpreter claims in table order, where a wait left out of the table is harmless. Claimed in random
     topological orders of the waits (Runtime.shuffle), with the hand-off buffers NaN-poisoned first, the launch
-    gives the table order's bits; and a table without its late waits (a split head's part 0 on its parts, a
-    slice 0 on its slices, a folded GEMV on its gates) does not: the check can fail."""
+    gives the table order's bits; and a table without its late waits (a slice 0 on its slices, a folded GEMV on
+    its gates) does not: the check can fail."""
     from unittest import mock
 
     from glm53ctl.kernels.runtime.table import TaskTable
@@ -284,7 +288,7 @@ def test_the_other_norm_value_is_accurate_and_keeps_its_bits(weights, tp, rows):
 @pytest.mark.parametrize(("oproj_first", "kda_split"), [(0, 1), (1, 4)])
 def test_separate_launches_give_the_same_bits(weights, oproj_first, kda_split):
     """The baseline a persistent launch must beat: one launch per stage, the same bodies and bits. A split KDA
-    head's part 0 still waits for its other parts in the KDA stage's launch."""
+    head's parts wait for nothing in the KDA stage's launch (the o_proj tiles make z)."""
     k = DenseKind(weights, 2, 2, {"oproj_first": oproj_first, "kda_split": kda_split}, "cpu")
     x = k.inputs(seed=6)[0]
     peers = k.peer_partials(x)
@@ -298,8 +302,7 @@ def test_separate_launches_give_the_same_bits(weights, oproj_first, kda_split):
     assert len(sep.stages) == 10 and sum(st.table.n_tasks for st in sep.stages) == sep.whole.table.n_tasks
     assert sorted(t for st in sep.stages for t in st.table.tasks) == sorted(sep.whole.table.tasks)
     kda = sep.stages[SeparateLaunches.STAGES.index((KDA,))].runtime.table
-    late = [s for s in kda.sites if s.late]
-    assert len(late) == (kda_split > 1) * kda.n_tasks // kda_split and len(kda.sites) == len(late)
+    assert kda.n_tasks and not kda.sites
 
 
 def test_run_backend_triton_matches_the_reference_over_steps(weights):
