@@ -9,10 +9,10 @@ Tasks, in table order (a rank's shapes; every GEMV is `gemv_tile` over rows padd
           ksplit_in); slice 0 adds the slices' sums (late)                    waits on GATE_A
           (`norm fold`: streams H's stream rows and waits late on GATE_A)
   KDA     (head h, row r, part p): f_b and g_b for the head, conv with its state, safe gate, the delta rule
-          on the part's value columns (knob kda_split, `kda_parts`: 1, 2 or 4 parts): their o and og
-                                                                       waits on the INPROJ tiles it reads
-  OPROJ   a tile of o_proj over a K slice (ks), z made from o and og as it reads them (the gated RMSNorm):
-          this rank's partial                                   waits on every part of the slice's heads
+          on the part's value columns (knob kda_split, `kda_parts`: 1, 2 or 4 parts); the head's last part
+          to arrive makes z, the gated RMSNorm                 waits on the INPROJ tiles it reads
+  OPROJ   a tile of o_proj over a K slice (ks): this rank's partial
+                                                                waits on every part of the slice's heads
   RED_A   a column chunk of one row: the partials summed in rank order (attn), hc_post (H1), and the FFN
           gate's mix logits over the chunk          waits on its row's COMB_A, its OPROJ tiles and the peers
   GATE_F  row r: the FFN gate on H1 (x̂, post)                         waits on its row's RED_A
@@ -29,9 +29,9 @@ KDA task waits only on the tiles of its own head. OWN_A / OWN_F replace RED_A / 
 launch (mode "attn" / "ffn"): they write this rank's partial (its K slices summed in order) for the others;
 with no hc_post after them, such a launch has no COMB_A ("attn") or COMB_F (both).
 
-Knob `oproj_first`: a KDA task publishes its o and og and leaves its step (decay, k, delta: 3 vectors) in scratch; its
-program runs its next task (an o_proj tile, as the table orders them), then recomputes the new recurrent
-state from S_in with the same operations (the same bits) and writes both states back.
+Knob `oproj_first`: a KDA task publishes (its head's z, if it arrived last) and leaves its step (decay, k,
+delta: 3 vectors) in scratch; its program runs its next task (an o_proj tile, as the table orders them), then
+recomputes the new recurrent state from S_in with the same operations (the same bits) and writes both states back.
 """
 
 from __future__ import annotations
@@ -41,10 +41,11 @@ import triton
 import triton.language as tl
 
 from glm53ctl.kernels.ffn.kernel import swiglu_act
-from glm53ctl.kernels.gemv import fold_norm, folds, gemv_tile, gemv_tile_pair, mma, sum_streams
-from glm53ctl.kernels.kda.kernel import SCRATCH, kda_head, kda_write_state
+from glm53ctl.kernels.gemv import fold_norm, folds, gemv_tile, gemv_tile_pair, sum_streams
+from glm53ctl.kernels.kda.kernel import SCRATCH, kda_head, kda_norm, kda_write_state
 from glm53ctl.kernels.mhc.kernel import gate_comb, gate_pre
 from glm53ctl.kernels.runtime.device import (
+    arrive_last,
     finish,
     launch_epoch,
     next_task,
@@ -341,6 +342,7 @@ def _task_inproj(
 
 @triton.jit(noinline=True)
 def _task_kda(
+    epoch,
     y_in,
     lr,
     w_fb,
@@ -350,14 +352,18 @@ def _task_kda(
     conv_w,
     A_log,
     dt_bias,
+    o_norm,
     S_in,
     S_out,
+    z,
     kscr,
+    arrive,
     h,
     r,
     part,
     R,
     lower_bound,
+    eps,
     HL: tl.constexpr,
     K: tl.constexpr,
     W: tl.constexpr,
@@ -368,8 +374,9 @@ def _task_kda(
     WRITE_STATE: tl.constexpr,
 ):
     """KDA: part `part` (of NV, knob kda_split) of head h of row r: f_b and g_b for the head (each a [16, K]
-    GEMV over the low-rank rows), the delta rule on the part's value columns: their o and og in `kscr` (the
-    o_proj tiles make z, the gated RMSNorm, as they read it: no part waits for another)."""
+    GEMV over the low-rank rows), the delta rule on the part's value columns (their o to `kscr`). The head's
+    last part to arrive (`arrive_last`) makes its z from every part's o: the gated RMSNorm. No part waits for
+    another: the last one finds the others' o already there."""
     P: tl.constexpr = HL * K
     NIN: tl.constexpr = 2 * RG + HL + 3 * P
     sel = tl.arange(0, 16)[:, None] == r
@@ -401,47 +408,13 @@ def _task_kda(
         INTERPRET,
         WRITE_STATE,
     )
-    # the part's columns of og (every part computes the whole head's: one GEMV shape, so one set of bits)
-    o_k = tl.arange(0, K)
-    m_p = (o_k >= part * (K // NV)) & (o_k < (part + 1) * (K // NV))
-    tl.store(kscr + (r * SCRATCH + 4) * P + h * K + o_k, tl.sum(tl.where(sel, og_h, 0.0), axis=0), mask=m_p)
-
-
-@triton.jit(noinline=True)
-def _task_oproj(
-    kscr,
-    o_norm,
-    w_o,
-    out,
-    n0,
-    ks,
-    R,
-    eps,
-    D: tl.constexpr,
-    P: tl.constexpr,
-    PK: tl.constexpr,
-    K: tl.constexpr,
-    BN: tl.constexpr,
-    INTERPRET: tl.constexpr,
-):
-    """OPROJ: output rows n0.. over K slice ks (PK columns, whole heads): this rank's partial out [R, D]. Its
-    input, head by head: z, the gated RMSNorm of the KDA parts' o with their og (kscr), made here, where it is
-    read, so a head's parts hand off straight to o_proj (the norm's sum over a [16, K] tile: one order)."""
-    o_m = tl.arange(0, 16)
-    o_k = tl.arange(0, K)
-    o_n = n0 + tl.arange(0, BN)
-    m_m = o_m[:, None] < R
-    b_nw = tl.load(o_norm + o_k).to(tl.float32)  # one norm weight [K] for every head
-    acc = tl.zeros((16, BN), dtype=tl.float32)
-    for c in range(0, PK, K):  # one head a step
-        p_o = kscr + (o_m[:, None] * SCRATCH) * P + ks * PK + c + o_k[None, :]
-        o = tl.load(p_o, mask=m_m, other=0.0)
-        og = tl.load(p_o + 4 * P, mask=m_m, other=0.0)
-        zz = o / tl.sqrt(tl.sum(o * o, axis=1) / K + eps)[:, None] * b_nw[None, :] * tl.sigmoid(og)
-        p_w = w_o + o_n[:, None].to(tl.int64) * P + ks * PK + c + o_k[None, :]
-        b_w = tl.load(p_w, mask=o_n[:, None] < D, other=0.0)
-        acc = mma(acc, to_bf16(zz, INTERPRET), b_w, INTERPRET)
-    tl.store(out + o_m[:, None] * D + o_n[None, :], acc, mask=m_m & (o_n[None, :] < D))
+    if NV > 1:
+        tl.debug_barrier()  # every thread's o stored before the release
+        last = arrive_last(arrive + r * HL + h, epoch, NV)
+    else:
+        last = True
+    if last:
+        kda_norm(kscr, tl.sum(tl.where(sel, og_h, 0.0), axis=0), o_norm, z, r, h, eps, HL, K, INTERPRET)
 
 
 @triton.jit(noinline=True)
@@ -632,7 +605,9 @@ def dense_kernel(
     ssp,
     y_in,
     lr,
+    z,
     kscr,
+    arrive,
     kpart_a,
     parts_a,
     act,
@@ -813,6 +788,7 @@ def dense_kernel(
                 )
             elif ttype == 3:
                 _task_kda(
+                    epoch,
                     y_in,
                     lr,
                     w_fb,
@@ -822,14 +798,18 @@ def dense_kernel(
                     conv_w,
                     A_log,
                     dt_bias,
+                    o_norm,
                     S_in,
                     S_out,
+                    z,
                     kscr,
+                    arrive,
                     a0,
                     a1,
                     row[3],
                     R,
                     lower_bound,
+                    norm_eps,
                     HL,
                     K,
                     W,
@@ -840,7 +820,7 @@ def dense_kernel(
                     not OPROJ_FIRST,
                 )
             elif ttype == 4:
-                _task_oproj(kscr, o_norm, w_o, kpart_a + a1 * R * D, a0, a1, R, norm_eps, D, P, PK, K, BN_O, INTERPRET)
+                _task_partial(z + a1 * PK, w_o + a1 * PK, kpart_a + a1 * R * D, a0, R, D, PK, P, BN_O, BK_O, INTERPRET)
             elif ttype == 8:
                 _task_partial(
                     act + a1 * IK, w_down + a1 * IK, kpart_f + a1 * R * D, a0, R, D, IK, I, BN_O, BK_I, INTERPRET
@@ -1250,6 +1230,9 @@ class DenseLaunch:
             self.table = stage_table(self.table, stage)
             self.grid = min(self.grid, self.table.n_tasks)
         self.tracing = False  # a diagnostic build: each task's claim, ready and publish times (runtime/trace.py)
+        # the KDA heads' arrival words (`arrive_last`): tagged with the epoch of the launch's own runtime, so
+        # never shared with another launch (a stage of separate launches has its own)
+        self.arrive = torch.zeros(rows * d.HL, dtype=torch.int32, device=self.device)
         if share is not None:  # a stage of separate launches works in the buffers of the whole launch
             self.runtime = Runtime(self.table, self.device, max_programs=self.grid)
             self.buf, self.out, self.conv_out, self.S_out = share.buf, share.out, share.conv_out, share.S_out
@@ -1263,6 +1246,7 @@ class DenseLaunch:
             "ssp": e(2, d.NCH, 16),
             "y_in": e(R, d.NIN),
             "lr": e(R, 2 * d.RG, dtype=bf16),
+            "z": e(R, d.P, dtype=bf16),
             "kscr": e(R, SCRATCH, d.P),
             "kpart_a": e(d.KS_O, R, D),
             "parts_a": e(tp, R, D),
@@ -1309,6 +1293,7 @@ class DenseLaunch:
             | {"H": H, **w, "conv_in": conv_in, "S_in": S_in, "conv_out": self.conv_out, "S_out": self.S_out}
             | self.buf
             | {
+                "arrive": self.arrive,
                 "x_hat_a": o["attn.x_hat"],
                 "post_a": o["attn.post"],
                 "comb_a": o["attn.comb"],

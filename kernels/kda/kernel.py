@@ -46,9 +46,7 @@ def kda_conv_shift(
 # sum's order across columns, but a tile's shape may set the order of the sums over keys). VB = min(BV, K / 4):
 # a head's columns are at least 4 blocks, so a head splits into 1, 2 or 4 parts of whole blocks (knob kda_split)
 BV = tl.constexpr(32)
-# fp32 vectors per (row, head) in `scr`: o; for a deferred write-back delta, decay, k; og, where the norm is made
-# by the task after the head (the `dense` launch's o_proj tiles)
-SCRATCH = tl.constexpr(5)
+SCRATCH = tl.constexpr(4)  # fp32 vectors per (row, head) in `scr`: o, and for a deferred write-back delta, decay, k
 
 
 @triton.jit(noinline=True)
@@ -180,11 +178,11 @@ def kda_head(
 @triton.jit
 def kda_norm(scr, b_og, o_norm_w, z, r, h, eps, H: tl.constexpr, K: tl.constexpr, INTERPRET: tl.constexpr):
     """Head h's z (row r): the gated RMSNorm (sigmoid gate b_og [K]) of o, which kda_head's parts left in
-    `scr` (this program's threads or, split, other programs published it)."""
+    `scr` (this program's threads or, split, other programs: the caller acquired their stores)."""
     P: tl.constexpr = H * K
     o_k = tl.arange(0, K)
     tl.debug_barrier()  # o's blocks were stored by other threads
-    o = tl.load(scr + (r * SCRATCH) * P + h * K + o_k)
+    o = tl.load(scr + (r * SCRATCH) * P + h * K + o_k, cache_modifier=".cg")  # or programs: from L2, not L1
     zz = o / tl.sqrt(tl.sum(o * o, axis=0) / K + eps) * tl.load(o_norm_w + o_k).to(tl.float32) * tl.sigmoid(b_og)
     tl.store(z + r * P + h * K + o_k, to_bf16(zz, INTERPRET))
 

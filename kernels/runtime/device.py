@@ -102,6 +102,25 @@ def prefetch_l2(p):
 
 
 @triton.jit
+def arrive_last(word, epoch, n):
+    """One of n arrivals at `word` in this launch: True for the last to arrive. Release and acquire at gpu
+    scope: what every arrival stored before it (after a CTA barrier) is visible to the last one after it.
+
+    The word holds (epoch mod 2^27) << 4 | arrivals, so a word an earlier launch left (an aborted launch's
+    partial count included) counts as no arrivals: no host reset, as for the flags."""
+    tag = (epoch & 0x7FFFFFF) << 4
+    cur = tl.atomic_add(word, 0, sem="relaxed", scope="gpu")
+    new = cur
+    done = 0
+    while done == 0:  # a compare-and-swap loop among the n arrivals: lock-free, no wait
+        new = tl.where((cur & -16) == tag, cur, tag) + 1
+        seen = tl.atomic_cas(word, cur, new, sem="acq_rel", scope="gpu")
+        done = (seen == cur).to(tl.int32)
+        cur = seen
+    return (new & 15) == n
+
+
+@triton.jit
 def claim(ctl, n_tasks):
     """The next task in topological order, or -1 when none is left. An abort pushes the counter past
     every task (see wait_site), so this one atomic also stops the programs of an aborted launch."""
