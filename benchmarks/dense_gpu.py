@@ -28,7 +28,7 @@ VARIANTS = (
     {"grid": 132},
     {"grid": 264},
     {"handoff": "flag"},
-    {"poll": 0},
+    {"poll": 1},
     {"poll": 2},
     {"block_n_in": 16},
     {"block_n_in": 64},
@@ -47,11 +47,9 @@ VARIANTS = (
     {"maxnreg": 168},
     {"maxnreg": 128},
 )
-# the defaults, the GEMV tiling of gate/up before ksplit_gu (better at TP8 rows 8), oproj_first, every KDA head
-# in 4 parts (the default before kda_split 0), the norm both ways (norm auto folds at rows <= 4), and 3 programs
-# per SM (maxnreg 168: no spills by ptxas, not timed yet)
-TIMED = ({}, {"ksplit_gu": 1, "block_n_gu": 16}, {"oproj_first": 1}, {"kda_split": 4}, {"norm": "task"})
-TIMED += ({"norm": "fold"}, {"maxnreg": 168})
+# the defaults; poll 1 (the default before dense's poll 0); oproj_first; the norm both ways (norm auto folds at
+# rows <= 4); and 3 programs per SM (maxnreg 168: slower at rows 1, faster at rows 8 in the traces)
+TIMED = ({}, {"poll": 1}, {"oproj_first": 1}, {"norm": "task"}, {"norm": "fold"}, {"maxnreg": 168})
 COPIES = 3
 
 

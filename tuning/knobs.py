@@ -53,6 +53,9 @@ KNOBS = {
             "schedule",
             "0: every thread polls with ld.acquire.gpu; 1: relaxed polls (+64 ns sleep), then one acquire; "
             "2: as 1 with 512 ns sleeps (less traffic from many waiters); the clock and abort word every 8th poll",
+            # dense on the H200, once a wait read its clock and abort word every 8th round only: 0 faster at all 5
+            # keys traced, 1-3% (docs/perf/2026-11-30-dense.md)
+            per_kind=(("dense", 0),),
         ),
         Knob("block_n", (16, 32, 64, 128), 64, ("tail",), "schedule", "GEMV output rows per task"),
         # dense: a tile per stage, so each stage has enough tasks (defaults: the best of the H200 sweep in
