@@ -3,6 +3,7 @@
 import pytest
 import torch
 import triton
+import triton.language as tl
 
 from glm53ctl.kernels.harness import RunKey, run_reference
 from glm53ctl.kernels.launches import KindLaunch, run_triton
@@ -192,6 +193,26 @@ def test_every_peer_in_one_site():
     assert [(s.kind, s.count, s.producers) for s in t.sites] == [(FLAG, 1, [a]), (FLAG, 3, [-1, -2, -3])]
     assert t.build("cpu")["wait_index"].tolist() == [a, t.n_tasks]
     assert [t.describe_task(p) for p in t.sites[1].producers] == ["peer rank 1", "peer rank 2", "peer rank 3"]
+
+
+@triton.jit
+def _arrive_kernel(word, out, epoch, n):
+    from glm53ctl.kernels.runtime.device import arrive_last
+
+    tl.store(out + tl.program_id(0), arrive_last(word, epoch, n).to(tl.int32))
+
+
+def test_arrive_last_tells_the_last_of_n_per_launch():
+    """`arrive_last`: of n arrivals in one launch (epoch) only the last is told it is last; a count an earlier
+    launch left (an aborted one's partial count, 2 of 3 here) counts as none in the next epoch: no reset."""
+    word = torch.zeros(1, dtype=torch.int32)
+    seen = []
+    for epoch, arrivals, n in ((1, 3, 3), (2, 2, 3), (3, 3, 3), (4, 1, 1)):
+        out = torch.full((arrivals,), -1, dtype=torch.int32)
+        _arrive_kernel[(arrivals,)](word, out, epoch, n)  # the interpreter runs the programs one by one
+        seen.append(out.tolist())
+    assert seen == [[0, 0, 1], [0, 0], [0, 0, 1], [1]]
+    assert word.item() == (4 << 4) | 1
 
 
 def test_an_unchecked_fault_does_not_leak_into_the_next_launch(weights):
