@@ -99,7 +99,7 @@ KNOBS = {
             0,
             ("dense",),
             "schedule",
-            "programs per KDA head, each on its share of the state's value columns (part 0 then norms the head); "
+            "programs per KDA head, each on its share of the state's value columns (the last to arrive makes z); "
             "0: the most of 4, 2, 1 whose parts the grid's programs cover",
         ),
         Knob(
