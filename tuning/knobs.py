@@ -162,14 +162,13 @@ KNOBS = {
         ),
         Knob(
             "prefetch",
-            (0, 1, 2, 3, 4),
+            (0, 1, 2, 3),
             0,
             ("tail", "dense"),
             "schedule",
             "before its wait, a task asks L2 for what no producer writes (GEMV weights; dense: the KDA state); "
             "dense 2: only o_proj, gate/up and down; dense 3: only the KDA heads' and attention reduces' own "
-            "operands; dense 4: after its waits, a KDA head, mix or reduce asks L1 for all it reads at once; "
-            "tail: any value but 0 prefetches its GEMV tiles",
+            "operands; tail: any value but 0 prefetches its GEMV tiles",
         ),
         Knob(
             "gathers",

@@ -49,7 +49,6 @@ from glm53ctl.kernels.runtime.device import (
     finish,
     launch_epoch,
     next_task,
-    prefetch_l1,
     prefetch_l2,
     publish,
     runtime_buffers,
@@ -208,90 +207,6 @@ def _prefetch(
         _prefetch_rows(w_up, a0, D, a1 * (D // KS_GU), I, BN_GU, D // KS_GU)
     elif ttype == 8:
         _prefetch_rows(w_down, a0, I, a1 * IK, D, BN_O, IK)
-
-
-@triton.jit
-def _l1_rows(p, o_r, stride, c0, W: tl.constexpr):
-    """L1 prefetch of the rows at offsets o_r (x stride) of 4-byte elements, W bytes each from element c0: one
-    address a 128-byte line."""
-    o_l = c0 + tl.arange(0, max(W // 128, 1)) * 32
-    prefetch_l1(p + o_r[:, None].to(tl.int64) * stride + o_l[None, :])
-
-
-@triton.jit(noinline=True)
-def _prefetch_chain(
-    ttype,
-    a0,
-    a1,
-    a2,
-    H,
-    fn_a,
-    fn_f,
-    w_fb,
-    w_gb,
-    conv_in,
-    conv_w,
-    S_in,
-    y_in,
-    kpart_a,
-    parts_a,
-    kpart_f,
-    parts_f,
-    H1,
-    R,
-    D: tl.constexpr,
-    HC: tl.constexpr,
-    HL: tl.constexpr,
-    K: tl.constexpr,
-    W: tl.constexpr,
-    RG: tl.constexpr,
-    CH: tl.constexpr,
-    NV: tl.constexpr,
-    KS_O: tl.constexpr,
-    KS_F: tl.constexpr,
-    T: tl.constexpr,
-):
-    """Knob `prefetch 4`: as a latency-bound task starts (its waits done), everything it reads to L1 at once,
-    so the chain of loads in its body (a KDA head's: low-rank rows and f_b / g_b, conv, the state; a mix's or
-    reduce's: fn stream by stream) finds each in L1 instead of waiting a round trip for each in turn.
-    Addresses in 4-byte elements (a bf16 row: half as many)."""
-    P: tl.constexpr = HL * K
-    NIN: tl.constexpr = 2 * RG + HL + 3 * P
-    NMIX: tl.constexpr = (2 + HC) * HC
-    i32: tl.constexpr = tl.pointer_type(tl.int32)
-    o_j = tl.arange(0, HC)
-    o_1 = tl.arange(0, 1)
-    if ttype == 3:  # KDA head a0, row a1, part a2
-        o_k = tl.arange(0, K)
-        o_q = tl.minimum(tl.arange(0, 4), 2)  # q | k | v
-        _l1_rows(w_fb.to(i32, bitcast=True), a0 * K + o_k, RG // 2, 0, RG * 2)  # f_b, g_b rows: bf16 [K, RG]
-        _l1_rows(w_gb.to(i32, bitcast=True), a0 * K + o_k, RG // 2, 0, RG * 2)
-        _l1_rows(S_in + (a1 * HL + a0) * (K * K), o_k, K, a2 * (K // NV), K // NV * 4)  # the part's columns
-        _l1_rows(y_in + a1 * NIN + 2 * RG + HL + a0 * 3 * K, o_q, K, 0, K * 4)  # raw q | k | v (fp32)
-        o_t = tl.minimum(tl.arange(0, 16), 3 * (W - 1) - 1)  # conv taps (tap, q|k|v), bf16 [R, W - 1, 3P]
-        o_c = (a1 * (W - 1) + o_t // 3) * (3 * P // 2) + (o_t % 3) * (P // 2) + a0 * (K // 2)
-        _l1_rows(conv_in.to(i32, bitcast=True), o_c, 1, 0, K * 2)
-        _l1_rows(conv_w + a0 * K * W, o_q, P * W, 0, K * W * 4)  # conv weights, fp32 [3P, W]
-    elif (ttype == 0) | (ttype == 5) | (ttype == 9):  # a mix or reduce: chunk a0 of row a1
-        if ttype == 5:
-            for ks in tl.static_range(KS_O):
-                _l1_rows(kpart_a + (ks * R + a1) * D, o_1, 0, a0 * CH, CH * 4)
-            _l1_rows(parts_a + a1 * D, tl.arange(0, T), R * D, a0 * CH, CH * 4)
-        if ttype == 9:
-            for ks in tl.static_range(KS_F):
-                _l1_rows(kpart_f + (ks * R + a1) * D, o_1, 0, a0 * CH, CH * 4)
-            _l1_rows(parts_f + a1 * D, tl.arange(0, T), R * D, a0 * CH, CH * 4)
-        if ttype != 9:  # the gate's fn rows by stream: fp32 [NMIX, HC * D]
-            fn = fn_a
-            if ttype == 5:
-                fn = fn_f
-            o_m = tl.minimum(tl.arange(0, 32), NMIX - 1)
-            for j in tl.static_range(HC):
-                _l1_rows(fn + j * D, o_m, HC * D, a0 * CH, CH * 4)
-        h_in = H
-        if ttype == 9:
-            h_in = H1
-        _l1_rows(h_in.to(i32, bitcast=True) + a1 * (HC * D // 2), o_j, D // 2, a0 * CH // 2, CH * 2)  # its H rows
 
 
 @triton.jit
@@ -777,7 +692,7 @@ def dense_kernel(
         ttype, a0, a1 = row[0], row[1], row[2]
         if TRACE:
             stamp(trace, task, 0, INTERPRET)
-        if (PREFETCH != 0) and (PREFETCH != 4) and not INTERPRET:  # no inline asm there; no bits change
+        if PREFETCH and not INTERPRET:  # the interpreter has no inline asm; a prefetch changes no bits
             _prefetch(
                 ttype,
                 a0,
@@ -814,40 +729,6 @@ def dense_kernel(
         ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, False)
         if TRACE:
             stamp(trace, task, 1, INTERPRET)
-        if (PREFETCH == 4) and not INTERPRET:
-            if ok:
-                _prefetch_chain(
-                    ttype,
-                    a0,
-                    a1,
-                    row[3],
-                    H,
-                    fn_a,
-                    fn_f,
-                    w_fb,
-                    w_gb,
-                    conv_in,
-                    conv_w,
-                    S_in,
-                    y_in,
-                    kpart_a,
-                    parts_a,
-                    kpart_f,
-                    parts_f,
-                    H1,
-                    R,
-                    D,
-                    HC,
-                    HL,
-                    K,
-                    W,
-                    RG,
-                    CH,
-                    NV,
-                    KS_O,
-                    KS_F,
-                    T,
-                )
         if ok:
             if ttype == 0:
                 _task_mix(H, fn_a, mixp, ssp, a0, a1, D, HC, CH)

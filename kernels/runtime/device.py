@@ -102,14 +102,6 @@ def prefetch_l2(p):
 
 
 @triton.jit
-def prefetch_l1(p):
-    """Ask L1 (and L2) for the 128-byte lines at p: a chain of dependent loads then finds them there."""
-    tl.inline_asm_elementwise(
-        "prefetch.global.L1 [$1]; mov.u32 $0, 0;", "=r,l", [p], dtype=tl.int32, is_pure=False, pack=1
-    )
-
-
-@triton.jit
 def arrive_last(word, epoch, n):
     """One of n arrivals at `word` in this launch: True for the last to arrive. Release and acquire at gpu
     scope: what every arrival stored before it (after a CTA barrier) is visible to the last one after it.
