@@ -39,17 +39,18 @@ VARIANTS = (
     {"box_words": 8},
     {"oproj_first": 1},
     {"stages": 2},
+    {"prefetch": 0},
     {"prefetch": 1},
-    {"prefetch": 3},
+    {"prefetch": 2},
     {"kda_split": 1},
     {"kda_split": 2},
     {"kda_split": 4},
     {"maxnreg": 168},
     {"maxnreg": 128},
 )
-# the defaults; poll 1 (the default before dense's poll 0); oproj_first; the norm both ways (norm auto folds at
-# rows <= 4); and 3 programs per SM (maxnreg 168: slower at rows 1, faster at rows 8 in the traces)
-TIMED = ({}, {"poll": 1}, {"oproj_first": 1}, {"norm": "task"}, {"norm": "fold"}, {"maxnreg": 168})
+# the defaults; prefetch 0 (the default before dense's prefetch 3); oproj_first; the norm both ways (norm auto
+# folds at rows <= 4); and 3 programs per SM (maxnreg 168: slower at rows 1, faster at rows 8 in the traces)
+TIMED = ({}, {"prefetch": 0}, {"oproj_first": 1}, {"norm": "task"}, {"norm": "fold"}, {"maxnreg": 168})
 COPIES = 3
 
 

@@ -169,6 +169,9 @@ KNOBS = {
             "before its wait, a task asks L2 for what no producer writes (GEMV weights; dense: the KDA state); "
             "dense 2: only o_proj, gate/up and down; dense 3: only the KDA heads' and attention reduces' own "
             "operands; tail: any value but 0 prefetches its GEMV tiles",
+            # dense on the H200 once no KDA part waits for another: 3 faster at 5 of 6 keys traced (TP8 rows 8 by
+            # 11%), within 0.3% at the sixth (docs/perf/2026-11-30-dense.md)
+            per_kind=(("dense", 3),),
         ),
         Knob(
             "gathers",
