@@ -89,22 +89,6 @@ def gemv_tile_pair(
 
 
 @triton.jit
-def gemv_row(x, w, n0, N: tl.constexpr, K: tl.constexpr):
-    """y[n] = sum_k x[k] * w[n0 + n, k] for n < N: fp32 [N] from one bf16 row x [K] and N bf16 weight rows (K
-    contiguous), with no `tl.dot`: the products summed 32 columns at a time inside a warp, column blocks in
-    order. For one row, a 16-row dot tile moves the weights through shared memory for nothing."""
-    CK: tl.constexpr = min(32, K)
-    o_n = n0 + tl.arange(0, N)
-    acc = tl.zeros((N,), dtype=tl.float32)
-    for c in tl.static_range(0, K, CK):
-        o_c = c + tl.arange(0, CK)
-        b_x = tl.load(x + o_c).to(tl.float32)
-        b_w = tl.load(w + o_n[:, None].to(tl.int64) * K + o_c[None, :]).to(tl.float32)
-        acc += tl.sum(b_w * b_x[None, :], axis=1)
-    return acc
-
-
-@triton.jit
 def sum_streams(acc, M: tl.constexpr, HC: tl.constexpr, BLOCK_N: tl.constexpr):
     """A folded GEMV's sums over stream rows [M, BLOCK_N] (row r * HC + j: row r's stream j) to its rows' sums
     [M / HC, BLOCK_N], the streams added in stream order: ((s0 + s1) + s2) + s3. A tl.sum over them adds them

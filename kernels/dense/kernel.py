@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from glm53ctl.kernels.ffn.kernel import swiglu_act
-from glm53ctl.kernels.gemv import fold_norm, folds, gemv_row, gemv_tile, gemv_tile_pair, sum_streams
+from glm53ctl.kernels.gemv import fold_norm, folds, gemv_tile, gemv_tile_pair, sum_streams
 from glm53ctl.kernels.kda.kernel import SCRATCH, kda_head, kda_norm, kda_write_state
 from glm53ctl.kernels.mhc.kernel import gate_comb, gate_pre
 from glm53ctl.kernels.runtime.device import (
@@ -368,25 +368,27 @@ def _task_kda(
     K: tl.constexpr,
     W: tl.constexpr,
     RG: tl.constexpr,
+    BK_R: tl.constexpr,
     NV: tl.constexpr,
     INTERPRET: tl.constexpr,
     WRITE_STATE: tl.constexpr,
 ):
-    """KDA: part `part` (of NV, knob kda_split) of head h of row r: f_b and g_b for the head (each the row's
-    low-rank values against the head's K weight rows), the delta rule on the part's value columns (their o to
-    `kscr`). The head's last part to arrive (`arrive_last`) makes its z from every part's o: the gated
-    RMSNorm. No part waits for another: the last one finds the others' o already there."""
+    """KDA: part `part` (of NV, knob kda_split) of head h of row r: f_b and g_b for the head (each a [16, K]
+    GEMV over the low-rank rows), the delta rule on the part's value columns (their o to `kscr`). The head's
+    last part to arrive (`arrive_last`) makes its z from every part's o: the gated RMSNorm. No part waits for
+    another: the last one finds the others' o already there."""
     P: tl.constexpr = HL * K
     NIN: tl.constexpr = 2 * RG + HL + 3 * P
-    b_f = gemv_row(lr + r * (2 * RG), w_fb, h * K, K, RG)
-    b_og = gemv_row(lr + r * (2 * RG) + RG, w_gb, h * K, K, RG)
+    sel = tl.arange(0, 16)[:, None] == r
+    f_h = gemv_tile(lr, 2 * RG, w_fb, h * K, R, P, RG, RG, K, BK_R, INTERPRET)
+    og_h = gemv_tile(lr + RG, 2 * RG, w_gb, h * K, R, P, RG, RG, K, BK_R, INTERPRET)
     kda_head(
         y_in + 2 * RG + HL,
         NIN,
         K,
         3 * K,
         tl.load(y_in + r * NIN + 2 * RG + h),
-        b_f,
+        tl.sum(tl.where(sel, f_h, 0.0), axis=0),
         conv_in,
         conv_out,
         conv_w,
@@ -412,7 +414,7 @@ def _task_kda(
     else:
         last = True
     if last:
-        kda_norm(kscr, b_og, o_norm, z, r, h, eps, HL, K, INTERPRET)
+        kda_norm(kscr, tl.sum(tl.where(sel, og_h, 0.0), axis=0), o_norm, z, r, h, eps, HL, K, INTERPRET)
 
 
 @triton.jit(noinline=True)
@@ -655,6 +657,7 @@ def dense_kernel(
     BN_GU: tl.constexpr,
     BN_O: tl.constexpr,
     BK_D: tl.constexpr,
+    BK_R: tl.constexpr,
     BK_O: tl.constexpr,
     BK_I: tl.constexpr,
     BK_GU: tl.constexpr,
@@ -811,6 +814,7 @@ def dense_kernel(
                     K,
                     W,
                     RG,
+                    BK_R,
                     NV,
                     INTERPRET,
                     not OPROJ_FIRST,
@@ -1029,13 +1033,13 @@ class Dims:
         self.PK, self.IK = self.P // self.KS_O, self.I // self.KS_F
         self.BN, self.BN_GU, self.BN_O = knobs["block_n_in"], knobs["block_n_gu"], knobs["block_n_out"]
         bk = knobs["block_k"]
-        self.BK_D, self.BK_O, self.BK_I = (min(bk, n) for n in (self.D, self.PK, self.IK))
+        self.BK_D, self.BK_R, self.BK_O, self.BK_I = (min(bk, n) for n in (self.D, self.RG, self.PK, self.IK))
         self.BK_GU = min(bk, self.D // self.KS_GU)
         self.BK_IN = min(bk, self.D // self.KS_IN)
         # the GEMV body has no K mask: a K slice must be whole K tiles
         for k, tile in ((self.D // self.KS_GU, self.BK_GU), (self.D // self.KS_IN, self.BK_IN), (self.PK, self.BK_O)):
             assert k % tile == 0, f"a K slice of {k} columns is not whole K tiles of {tile}"
-        assert self.IK % self.BK_I == 0 and self.D % self.BK_D == 0
+        assert self.IK % self.BK_I == 0 and self.D % self.BK_D == 0 and self.RG % self.BK_R == 0
 
 
 def build_table(d: Dims, rows: int, knobs: dict, mode: str = "full") -> TaskTable:
@@ -1320,6 +1324,7 @@ class DenseLaunch:
         return {n: getattr(d, n) for n in names} | {
             "ITERS": d.iters,
             "BK_D": d.BK_D,
+            "BK_R": d.BK_R,
             "BK_O": d.BK_O,
             "BK_I": d.BK_I,
             "BK_GU": d.BK_GU,

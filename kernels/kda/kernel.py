@@ -103,16 +103,6 @@ def _conv_silu(
 
 
 @triton.jit
-def _add2(a0, a1, b0, b1):
-    return a0 + b0, a1 + b1
-
-
-@triton.jit
-def _add3(a0, a1, a2, b0, b1, b2):
-    return a0 + b0, a1 + b1, a2 + b2
-
-
-@triton.jit
 def kda_head(
     u,
     u_row,
@@ -160,28 +150,22 @@ def kda_head(
     g = lower_bound * tl.sigmoid(a * (b_f + tl.load(dt_bias + h * K + o_k)))
     decay = tl.exp(g)
     beta = tl.sigmoid(beta_logit)
-    # |y_q|², |y_k|² and y_q·y_k in one sum (a sum over a [K] vector crosses the program's warps: one crossing
-    # for the three)
-    ssq, ssk, sqk = tl.reduce((y_q * y_q, y_k * y_k, y_q * y_k), 0, _add3)
-    rq = 1.0 / tl.sqrt(K * 1.0)
-    q = y_q / tl.sqrt(ssq + 1e-6) * rq
-    k = y_k / tl.sqrt(ssk + 1e-6)
-    kq = sqk / tl.sqrt(ssq + 1e-6) * rq / tl.sqrt(ssk + 1e-6)
-    # gated delta rule per value block: decay along the key dim, read S^T k, update, output from the updated
-    # state: S'^T q = S^T q + delta (k·q), so S^T k and S^T q are one sum over the key dim (one crossing)
+    q = y_q / tl.sqrt(tl.sum(y_q * y_q, axis=0) + 1e-6) * (1.0 / tl.sqrt(K * 1.0))
+    k = y_k / tl.sqrt(tl.sum(y_k * y_k, axis=0) + 1e-6)
+    # gated delta rule per value block: decay along the key dim, read S^T k, update, output from the
+    # UPDATED state
     for j0 in tl.static_range(0, K // NV, VB):
         o_j = part * (K // NV) + j0 + tl.arange(0, VB)
         y_v = _conv_silu(u, u_row, u_part, u_head, conv_in, conv_w, r, h, 2, o_j, H, K, W)
         p_s = (r * H + h) * (K * K) + o_k[:, None] * K + o_j[None, :]
         s = tl.load(S_in + p_s) * decay[:, None]
-        sk, sq = tl.reduce((s * k[:, None], s * q[:, None]), 0, _add2)
-        delta = beta * (y_v - sk)
+        delta = beta * (y_v - tl.sum(s * k[:, None], axis=0))
         s = tl.fma(k[:, None], delta[None, :], s)  # an explicit fma: the write-back repeats these bits
         if WRITE_STATE:
             tl.store(S_out + p_s, s)
         else:
             tl.store(p_scr + P + o_j, delta)
-        tl.store(p_scr + o_j, sq + delta * kq)
+        tl.store(p_scr + o_j, tl.sum(s * q[:, None], axis=0))
     if not WRITE_STATE:
         # every part stores the same decay and k (the same bits): each part's write-back reads its own
         tl.store(p_scr + 2 * P + o_k, decay)
