@@ -45,12 +45,11 @@ def main(out: Path, tp: int, rows: int) -> None:
         text=True,
     ).stdout
     (out / f"dense-tp{tp}-r{rows}-sass.csv").write_text(page)
-    rows_ = list(csv.DictReader(line for line in page.splitlines() if line.startswith('"')))
-    key = next((c for c in (rows_[0] if rows_ else {}) if "Sampling (All" in c), None)
-    if key:
-        top = sorted(rows_, key=lambda r: -float(r[key] or 0))[:60]
-        for r in top:
-            print(r[key], r.get("Address", ""), r.get("Source", "")[:110])
+    # the page: a "Kernel Name" line, then a CSV of one row per SASS instruction
+    rows_ = list(csv.DictReader(line for line in page.splitlines()[1:] if line.startswith('"')))
+    key = "Warp Stall Sampling (All Samples)"
+    for r in sorted(rows_, key=lambda r: -float(r.get(key) or 0))[:60]:
+        print(r.get(key), r.get("Address", ""), r.get("Source", "").strip()[:110])
     details = subprocess.run(["ncu", "--import", f"{rep}.ncu-rep", "--page", "details"], capture_output=True, text=True)
     (out / f"dense-tp{tp}-r{rows}-details.txt").write_text(details.stdout)
     print(details.stdout[-3000:])
