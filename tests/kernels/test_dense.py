@@ -256,8 +256,9 @@ def test_three_launches_in_a_row_without_host_reset(weights):
 
 
 def test_each_site_stuck_is_named_and_the_retry_is_clean(weights):
-    """Every site of TP8 rows 1 (43: early and late ones, the peers' site) stuck in turn. A stuck KDA part
-    leaves its head's arrival count partial: the retry, a launch later, must not count it."""
+    """Every site of TP8 rows 1 (43: early and late ones, the peers' site) stuck in turn. (A retry here has
+    the same inputs, so a stale z would pass: a head's arrivals across launches are proven by the claim-order
+    test, whose launches start from poisoned hand-off buffers, and by test_launches' arrive_last test.)"""
     res = fault_key(weights, "dense", 8, 1, "cpu", None, budget_ns=10**6, wall_s=60)
     assert res.sites > 40 and res.ok, res.problems
     assert res.named == res.retries_equal == res.sites
