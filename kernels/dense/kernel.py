@@ -1282,9 +1282,15 @@ class DenseLaunch:
             self.buf["parts_f"].copy_(parts_f)
 
     def poison(self) -> None:
-        """NaN in every output and write, so an element the launch leaves alone fails every check."""
+        """NaN in every output and write, so an element the launch leaves alone fails every check; and in every
+        hand-off buffer a task fills for another (not the peers' partials, set before), so a task that reads
+        one before its producer wrote it, or a launch that leaves one as an earlier launch wrote it (a fault's
+        retry with the same inputs, say), reads NaN instead of values that happen to be right."""
         for t in [*self.out.values(), self.conv_out, self.S_out]:
             t.fill_(float("nan"))
+        for name, t in self.buf.items():
+            if t.is_floating_point() and name not in ("parts_a", "parts_f"):
+                t.fill_(float("nan"))
 
     def kernel_args(self, H, w, conv_in, S_in, stuck_site=-1, budget_ns=DEFAULT_BUDGET_NS) -> dict:
         o = self.out

@@ -193,14 +193,6 @@ def test_kda_split_0_splits_heads_as_far_as_the_grid_covers_their_parts():
     assert kda_parts(2, heads[1], 8, 396) == 2 and kda_parts(0, heads[8], 1, 4) == 1
 
 
-def _poison_handoffs(launch) -> None:
-    """NaN in every hand-off buffer a task reads from another (not the peers' partials, set before a launch):
-    a task that runs before its producer then reads NaN, not the last launch's values."""
-    for name, buf in launch.buf.items():
-        if buf.is_floating_point() and name not in ("parts_a", "parts_f"):
-            buf.fill_(float("nan"))
-
-
 @pytest.mark.filterwarnings("ignore:All-NaN slice")  # the table without its late waits reads poisoned buffers
 @pytest.mark.parametrize(
     ("tp", "rows", "knobs"),
@@ -222,7 +214,6 @@ def test_any_claim_order_the_waits_allow_gives_the_same_bits(weights, tp, rows, 
     n = k.launch.table.n_tasks
     for seed in (1, 2):
         assert k.launch.runtime.shuffle(seed) != list(range(n))
-        _poison_handoffs(k.launch)
         assert_same_bits(ref, k(x, peers, poison=True), f"claim order {seed}")
 
     wait = TaskTable.wait
@@ -238,7 +229,6 @@ def test_any_claim_order_the_waits_allow_gives_the_same_bits(weights, tp, rows, 
     differs = 0
     for seed in range(3):
         bad.launch.runtime.shuffle(seed)
-        _poison_handoffs(bad.launch)
         out = bad(x, peers, poison=True)
         differs += any(not torch.equal(_bits(ref[n]), _bits(out[n])) for n in ref)
     assert differs > 0
@@ -256,9 +246,9 @@ def test_three_launches_in_a_row_without_host_reset(weights):
 
 
 def test_each_site_stuck_is_named_and_the_retry_is_clean(weights):
-    """Every site of TP8 rows 1 (43: early and late ones, the peers' site) stuck in turn. (A retry here has
-    the same inputs, so a stale z would pass: a head's arrivals across launches are proven by the claim-order
-    test, whose launches start from poisoned hand-off buffers, and by test_launches' arrive_last test.)"""
+    """Every site of TP8 rows 1 (43: early and late ones, the peers' site) stuck in turn. The retry starts
+    from poisoned hand-off buffers (`DenseLaunch.poison`): a stuck KDA part leaves its head's arrival count
+    partial, and a retry that counted it would make no z and fail here."""
     res = fault_key(weights, "dense", 8, 1, "cpu", None, budget_ns=10**6, wall_s=60)
     assert res.sites > 40 and res.ok, res.problems
     assert res.named == res.retries_equal == res.sites
