@@ -148,7 +148,7 @@ KNOBS = {
             0,
             ("dense",),
             "schedule",
-            "registers a thread may hold (0: the compiler's choice, 246-254 for dense: 2 programs of 4 warps per SM; "
+            "registers a thread may hold (0: the compiler's choice, 240-255 for dense: 2 programs of 4 warps per SM; "
             "168: 3, 128: 4), so that more of the grid's programs are resident at once",
         ),
         Knob(

@@ -199,9 +199,9 @@ def wait_site(
     """Wait until the site's producers published `epoch`; True, or False after a time-out was recorded
     (or another program aborted the launch).
 
-    Every thread polls the site's word(s) (a [THREADS] vector, one element per thread) and the verdict,
-    the timer and the abort word are reduced over the CTA each round, so every warp takes the same
-    branch. In the interpreter, which runs programs one after another, a wait not satisfied at once
+    Every thread polls the site's word(s) (a [THREADS] vector, one element per thread); the verdict is
+    reduced over the CTA each round, the timer and the abort word every 8th round, so every warp takes the
+    same branch. In the interpreter, which runs programs one after another, a wait not satisfied at once
     never is: it is judged on one poll."""
     index = index.to(tl.int64)
     o_t = tl.arange(0, THREADS)

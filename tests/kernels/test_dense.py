@@ -280,7 +280,7 @@ def test_the_other_norm_value_is_accurate_and_keeps_its_bits(weights, tp, rows):
 @pytest.mark.parametrize(("oproj_first", "kda_split"), [(0, 1), (1, 4)])
 def test_separate_launches_give_the_same_bits(weights, oproj_first, kda_split):
     """The baseline a persistent launch must beat: one launch per stage, the same bodies and bits. A split KDA
-    head's parts wait for nothing in the KDA stage's launch (the o_proj tiles make z)."""
+    head's parts wait for nothing in the KDA stage's launch (the last part of a head to arrive makes z)."""
     k = DenseKind(weights, 2, 2, {"oproj_first": oproj_first, "kda_split": kda_split}, "cpu")
     x = k.inputs(seed=6)[0]
     peers = k.peer_partials(x)
