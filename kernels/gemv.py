@@ -39,71 +39,16 @@ def gemv_tile(
     x: [R, K] bf16 rows with stride stride_x; w: bf16 rows n0.. up to N (exclusive) STRIDE_W apart (K
     contiguous; a split-K slice of a wider matrix has STRIDE_W > K). Both strides constexpr: loads keep their
     16-byte width."""
-    acc = tl.zeros((M, BLOCK_N), dtype=tl.float32)
-    return gemv_tile_acc(acc, x, stride_x, w, n0, R, N, K, STRIDE_W, BLOCK_N, BLOCK_K, INTERPRET, M)
-
-
-@triton.jit
-def gemv_tile_acc(
-    acc,
-    x,
-    stride_x,
-    w,
-    n0,
-    R,
-    N,
-    K: tl.constexpr,
-    STRIDE_W: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    INTERPRET: tl.constexpr,
-    M: tl.constexpr = 16,
-):
-    """gemv_tile's K loop continued from acc (the sums of the K tiles before x and w)."""
     o_m = tl.arange(0, M)
     o_n = n0 + tl.arange(0, BLOCK_N)
     m_m = o_m < R
     m_n = o_n < N
+    acc = tl.zeros((M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         o_k = k0 + tl.arange(0, BLOCK_K)
         b_x = tl.load(x + o_m[:, None].to(tl.int64) * stride_x + o_k[None, :], mask=m_m[:, None], other=0.0)
         b_w = tl.load(w + o_n[:, None].to(tl.int64) * STRIDE_W + o_k[None, :], mask=m_n[:, None], other=0.0)
         acc = mma(acc, b_x, b_w, INTERPRET)
-    return acc
-
-
-@triton.jit
-def load_w_tiles(w, n0, N, STRIDE_W: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NT: tl.constexpr):
-    """The first NT K tiles [BLOCK_N, BLOCK_K] of gemv_tile's weight rows n0.., as a tuple of register tiles."""
-    o_n = n0 + tl.arange(0, BLOCK_N)
-    o_k = tl.arange(0, BLOCK_K)
-    p_w = w + o_n[:, None].to(tl.int64) * STRIDE_W + o_k[None, :]
-    tiles = ()
-    for i in tl.static_range(NT):
-        tiles = tiles + (tl.load(p_w + i * BLOCK_K, mask=(o_n < N)[:, None], other=0.0),)
-    return tiles
-
-
-@triton.jit
-def mma_w_tiles(
-    tiles,
-    x,
-    stride_x,
-    R,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    NT: tl.constexpr,
-    INTERPRET: tl.constexpr,
-    M: tl.constexpr = 16,
-):
-    """gemv_tile's sums over the K tiles `load_w_tiles` gave, in gemv_tile's order: [M, BLOCK_N] fp32."""
-    o_m = tl.arange(0, M)
-    o_k = tl.arange(0, BLOCK_K)
-    acc = tl.zeros((M, BLOCK_N), dtype=tl.float32)
-    for i in tl.static_range(NT):
-        p_x = x + o_m[:, None].to(tl.int64) * stride_x + i * BLOCK_K + o_k[None, :]
-        b_x = tl.load(p_x, mask=(o_m < R)[:, None], other=0.0)
-        acc = mma(acc, b_x, tiles[i], INTERPRET)
     return acc
 
 

@@ -174,15 +174,6 @@ KNOBS = {
             per_kind=(("dense", 3),),
         ),
         Knob(
-            "preload",
-            (0, 16, 32, 48, 64),
-            0,
-            ("dense",),
-            "schedule",
-            "KiB of an o_proj / down task's weight tile (whole K tiles) loaded into registers before its wait, so "
-            "they are on chip when its input is published; the rest streams after it",
-        ),
-        Knob(
             "gathers",
             ("first", "last"),
             "last",

@@ -41,16 +41,7 @@ import triton
 import triton.language as tl
 
 from glm53ctl.kernels.ffn.kernel import swiglu_act
-from glm53ctl.kernels.gemv import (
-    fold_norm,
-    folds,
-    gemv_tile,
-    gemv_tile_acc,
-    gemv_tile_pair,
-    load_w_tiles,
-    mma_w_tiles,
-    sum_streams,
-)
+from glm53ctl.kernels.gemv import fold_norm, folds, gemv_tile, gemv_tile_pair, sum_streams
 from glm53ctl.kernels.kda.kernel import SCRATCH, kda_head, kda_norm, kda_write_state
 from glm53ctl.kernels.mhc.kernel import gate_comb, gate_pre
 from glm53ctl.kernels.runtime.device import (
@@ -428,13 +419,6 @@ def _task_kda(
 
 @triton.jit(noinline=True)
 def _task_partial(
-    rt,
-    row,
-    task,
-    epoch,
-    stuck_site,
-    budget_ns,
-    trace,
     x,
     w,
     out,
@@ -445,34 +429,13 @@ def _task_partial(
     STRIDE: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
-    PRE: tl.constexpr,
-    TRACE: tl.constexpr,
     INTERPRET: tl.constexpr,
-    POLL: tl.constexpr,
-    THREADS: tl.constexpr,
 ):
-    """OPROJ / DOWN: output rows n0.. over one K slice (x, w already offset to it): out [R, N]. PRE > 0 (knob
-    `preload`): the tile's first PRE K tiles are loaded into registers before the task's (late) wait, so
-    its weights are on chip when x is published; the sums are gemv_tile's, in its order. True unless a wait
-    failed."""
-    ok = task >= 0
-    if PRE > 0:
-        tiles = load_w_tiles(w, n0, N, STRIDE, BN, BK, PRE)
-        if TRACE:
-            stamp(trace, task, 4, INTERPRET)
-        ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, True)
-    if ok:
-        if PRE > 0:
-            acc = mma_w_tiles(tiles, x, STRIDE, R, BN, BK, PRE, INTERPRET)
-            acc = gemv_tile_acc(
-                acc, x + PRE * BK, STRIDE, w + PRE * BK, n0, R, N, K - PRE * BK, STRIDE, BN, BK, INTERPRET
-            )
-        else:
-            acc = gemv_tile(x, STRIDE, w, n0, R, N, K, STRIDE, BN, BK, INTERPRET)
-        o_m = tl.arange(0, 16)
-        o_n = n0 + tl.arange(0, BN)
-        tl.store(out + o_m[:, None] * N + o_n[None, :], acc, mask=(o_m[:, None] < R) & (o_n[None, :] < N))
-    return ok
+    """OPROJ / DOWN: output rows n0.. over one K slice (x, w already offset to it): out [R, N]."""
+    acc = gemv_tile(x, STRIDE, w, n0, R, N, K, STRIDE, BN, BK, INTERPRET)
+    o_m = tl.arange(0, 16)
+    o_n = n0 + tl.arange(0, BN)
+    tl.store(out + o_m[:, None] * N + o_n[None, :], acc, mask=(o_m[:, None] < R) & (o_n[None, :] < N))
 
 
 @triton.jit(noinline=True)
@@ -709,8 +672,6 @@ def dense_kernel(
     M: tl.constexpr,
     TRACE: tl.constexpr,
     NV: tl.constexpr,
-    PRE_O: tl.constexpr,
-    PRE_I: tl.constexpr,
 ):
     P: tl.constexpr = HL * K
     NIN: tl.constexpr = 2 * RG + HL + 3 * P
@@ -859,54 +820,10 @@ def dense_kernel(
                     not OPROJ_FIRST,
                 )
             elif ttype == 4:
-                ok = _task_partial(
-                    rt,
-                    row,
-                    task,
-                    epoch,
-                    stuck_site,
-                    budget_ns,
-                    trace,
-                    z + a1 * PK,
-                    w_o + a1 * PK,
-                    kpart_a + a1 * R * D,
-                    a0,
-                    R,
-                    D,
-                    PK,
-                    P,
-                    BN_O,
-                    BK_O,
-                    PRE_O,
-                    TRACE,
-                    INTERPRET,
-                    POLL,
-                    THREADS,
-                )
+                _task_partial(z + a1 * PK, w_o + a1 * PK, kpart_a + a1 * R * D, a0, R, D, PK, P, BN_O, BK_O, INTERPRET)
             elif ttype == 8:
-                ok = _task_partial(
-                    rt,
-                    row,
-                    task,
-                    epoch,
-                    stuck_site,
-                    budget_ns,
-                    trace,
-                    act + a1 * IK,
-                    w_down + a1 * IK,
-                    kpart_f + a1 * R * D,
-                    a0,
-                    R,
-                    D,
-                    IK,
-                    I,
-                    BN_O,
-                    BK_I,
-                    PRE_I,
-                    TRACE,
-                    INTERPRET,
-                    POLL,
-                    THREADS,
+                _task_partial(
+                    act + a1 * IK, w_down + a1 * IK, kpart_f + a1 * R * D, a0, R, D, IK, I, BN_O, BK_I, INTERPRET
                 )
             elif ttype == 5:
                 _task_reduce(
@@ -1097,11 +1014,6 @@ def k_slices(knob: int, k: int) -> int:
     return n
 
 
-def preloaded_tiles(kib: int, block_n: int, block_k: int, k: int) -> int:
-    """Knob `preload` (KiB of a GEMV task's weights loaded before its wait) as whole K tiles of its slice."""
-    return min(kib * 1024 // (block_n * block_k * 2), k // block_k)
-
-
 class Dims:
     """One rank's shapes of a dense layer, and the tile and slice sizes a key's knobs give them."""
 
@@ -1128,9 +1040,6 @@ class Dims:
         for k, tile in ((self.D // self.KS_GU, self.BK_GU), (self.D // self.KS_IN, self.BK_IN), (self.PK, self.BK_O)):
             assert k % tile == 0, f"a K slice of {k} columns is not whole K tiles of {tile}"
         assert self.IK % self.BK_I == 0 and self.D % self.BK_D == 0 and self.RG % self.BK_R == 0
-        # knob preload: the K tiles of an o_proj / down task's weights held in registers through its wait
-        self.PRE_O = preloaded_tiles(knobs["preload"], self.BN_O, self.BK_O, self.PK)
-        self.PRE_I = preloaded_tiles(knobs["preload"], self.BN_O, self.BK_I, self.IK)
 
 
 def build_table(d: Dims, rows: int, knobs: dict, mode: str = "full") -> TaskTable:
@@ -1174,7 +1083,7 @@ def build_table(d: Dims, rows: int, knobs: dict, mode: str = "full") -> TaskTabl
     for ks in range(d.KS_O):
         lo, hi = ks * d.PK, (ks + 1) * d.PK
         need = [task for h in range(d.HL) if h * d.K < hi and lo < (h + 1) * d.K for task in heads[h]]
-        oproj += [(n0, n0 + d.BN_O, add(OPROJ, n0, ks, waits=need, late=d.PRE_O > 0)) for n0 in range(0, d.D, d.BN_O)]
+        oproj += [(n0, n0 + d.BN_O, add(OPROJ, n0, ks, waits=need)) for n0 in range(0, d.D, d.BN_O)]
     chunks = [(c, r) for r in range(rows) for c in range(d.NCH)]  # row by row: row 0's gate goes first
     if mode == "attn":
         for c, r in chunks:
@@ -1199,7 +1108,7 @@ def build_table(d: Dims, rows: int, knobs: dict, mode: str = "full") -> TaskTabl
     down = []
     for ks in range(d.KS_F):
         need = _covering(gu, ks * d.IK, (ks + 1) * d.IK)
-        down += [(n0, n0 + d.BN_O, add(DOWN, n0, ks, waits=need, late=d.PRE_I > 0)) for n0 in range(0, d.D, d.BN_O)]
+        down += [(n0, n0 + d.BN_O, add(DOWN, n0, ks, waits=need)) for n0 in range(0, d.D, d.BN_O)]
     for c, r in chunks:
         if mode == "ffn":
             add(OWN_F, c, r, waits=_covering(down, c * d.CH, (c + 1) * d.CH))
@@ -1437,8 +1346,6 @@ class DenseLaunch:
             "M": 16 if not folds(self.knobs["norm"], self.rows, d.HC) or self.rows * d.HC <= 16 else 32,
             "TRACE": self.tracing,
             "NV": kda_parts(self.knobs["kda_split"], d.HL, self.rows, self.knobs["grid"]),
-            "PRE_O": d.PRE_O,
-            "PRE_I": d.PRE_I,
         }
 
     def options(self) -> dict:

@@ -1,14 +1,11 @@
-"""The GEMV helpers under TRITON_INTERPRET=1: the folded GEMV's stream sum adds the streams in stream order; K
-tiles preloaded before a wait sum to gemv_tile's bits."""
+"""The GEMV helpers under TRITON_INTERPRET=1: the folded GEMV's stream sum adds the streams in stream order."""
 
 import pytest
 import torch
 import triton
 import triton.language as tl
 
-from glm53ctl.kernels.dense.kernel import preloaded_tiles
-from glm53ctl.kernels.gemv import gemv_tile, gemv_tile_acc, load_w_tiles, mma_w_tiles, sum_streams
-from glm53ctl.kernels.tlx import interpreting
+from glm53ctl.kernels.gemv import sum_streams
 
 pytestmark = pytest.mark.interpreter
 
@@ -41,36 +38,3 @@ def test_norm_auto_folds_while_the_stream_rows_fit_one_tile():
 
     assert [folds("auto", rows, 4) for rows in (1, 2, 4, 5, 8)] == [True, True, True, False, False]
     assert folds("fold", 8, 4) and not folds("task", 1, 4)
-
-
-@triton.jit
-def _preloaded_kernel(
-    x, w, y, R, N, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PRE: tl.constexpr, INTERPRET: tl.constexpr
-):
-    n0 = tl.program_id(0) * BN
-    if PRE == 0:
-        acc = gemv_tile(x, K, w, n0, R, N, K, K, BN, BK, INTERPRET)
-    else:  # as dense's o_proj / down tasks with knob preload: PRE tiles first, then the rest of the K loop
-        tiles = load_w_tiles(w, n0, N, K, BN, BK, PRE)
-        acc = mma_w_tiles(tiles, x, K, R, BN, BK, PRE, INTERPRET)
-        acc = gemv_tile_acc(acc, x + PRE * BK, K, w + PRE * BK, n0, R, N, K - PRE * BK, K, BN, BK, INTERPRET)
-    o_m = tl.arange(0, 16)
-    o_n = n0 + tl.arange(0, BN)
-    tl.store(y + o_m[:, None] * N + o_n[None, :], acc, mask=(o_m[:, None] < R) & (o_n[None, :] < N))
-
-
-@pytest.mark.parametrize("pre", [1, 3, 6])
-def test_preloaded_k_tiles_keep_gemv_tiles_bits(pre):
-    """Knob `preload`'s GEMV: some or all K tiles loaded as register tiles, then the rest of the K loop, gives
-    gemv_tile's bits (a ragged last output tile too); the knob's KiB become whole K tiles of the slice."""
-    R, N, K, BN, BK = 3, 40, 192, 16, 32
-    g = torch.Generator().manual_seed(pre)
-    x = torch.randn(R, K, generator=g).to(torch.bfloat16)
-    w = (torch.randn(N, K, generator=g) * torch.logspace(-3, 3, K)).to(torch.bfloat16)
-    ys = []
-    for p in (0, pre):
-        ys.append(torch.full((R, N), float("nan")))
-        _preloaded_kernel[(triton.cdiv(N, BN),)](x, w, ys[-1], R, N, K, BN, BK, p, interpreting())
-    assert torch.equal(ys[0], ys[1])
-    assert torch.allclose(ys[1], x.float() @ w.float().T, rtol=1e-5, atol=1e-3)
-    assert [preloaded_tiles(kib, 32, 128, 768) for kib in (0, 16, 32, 48, 64)] == [0, 2, 4, 6, 6]
