@@ -174,6 +174,15 @@ KNOBS = {
             per_kind=(("dense", 3),),
         ),
         Knob(
+            "ffn_mix",
+            ("reduce", "task"),
+            "reduce",
+            ("dense",),
+            "schedule",
+            "the FFN gate's mix logits of a column chunk: made by the attention reduce of the chunk, or by a task of "
+            "their own after it (gate/up, waiting only for the reduces' H1, then starts sooner)",
+        ),
+        Knob(
             "gathers",
             ("first", "last"),
             "last",

@@ -15,7 +15,9 @@ Tasks, in table order (a rank's shapes; every GEMV is `gemv_tile` over rows padd
                                                                 waits on every part of the slice's heads
   RED_A   a column chunk of one row: the partials summed in rank order (attn), hc_post (H1), and the FFN
           gate's mix logits over the chunk          waits on its row's COMB_A, its OPROJ tiles and the peers
-  GATE_F  row r: the FFN gate on H1 (x̂, post)                         waits on its row's RED_A
+  MIX_F   (knob `ffn_mix` "task") the FFN gate's mix logits over a chunk, as its own task: RED_A then
+          leaves them out, so gate/up's stream starts sooner                  waits on its chunk's RED_A
+  GATE_F  row r: the FFN gate on H1 (x̂, post)                waits on its row's RED_A (or MIX_F)
   COMB_F  row r: its comb                                                the same
   GU      (tile, K slice) of gate and up (knob ksplit_gu); slice 0 adds the slices' sums (late) and makes
           the clamped SwiGLU: act                                             waits on every GATE_F
@@ -60,7 +62,7 @@ from glm53ctl.kernels.runtime.launch import DEFAULT_BUDGET_NS
 from glm53ctl.kernels.runtime.table import FLAG, TaskTable
 from glm53ctl.kernels.tlx import interpreting, to_bf16
 
-MIX_A, GATE_A, INPROJ, KDA, OPROJ, RED_A, GATE_F, GU, DOWN, RED_F, OWN_A, OWN_F, COMB_A, COMB_F = range(14)
+MIX_A, GATE_A, INPROJ, KDA, OPROJ, RED_A, GATE_F, GU, DOWN, RED_F, OWN_A, OWN_F, COMB_A, COMB_F, MIX_F = range(15)
 TYPE_NAMES = {
     MIX_A: "attn mix",
     GATE_A: "attn gate",
@@ -76,6 +78,7 @@ TYPE_NAMES = {
     OWN_F: "ffn partial",
     COMB_A: "attn comb",
     COMB_F: "ffn comb",
+    MIX_F: "ffn mix",
 }
 MODES = ("full", "attn", "ffn")
 PR = tl.constexpr(8)  # floats per row of the gates' pre [HC] and 1/RMS (buffer "pr")
@@ -174,12 +177,14 @@ def _prefetch(
     KS_IN: tl.constexpr,
     KS_GU: tl.constexpr,
     WHICH: tl.constexpr,
+    MIXT: tl.constexpr,
 ):
     """Before a task waits, start what it reads that no producer writes: a GEMV task's weight tile, a KDA
     task's recurrent state. Launch-wide, the small latency-bound steps (gates, KDA, reduces) then overlap
     the next stage's weight streaming. WHICH 1: every such task; 2: o_proj, gate/up and down only (what
     fits the L2 while the in-projection streams); 3: only the KDA heads' weights and state and the attention
-    reduces' FFN mix rows (their latency-bound steps wait long; the GEMV stages stream their own)."""
+    reduces' FFN mix rows, or the FFN mix tasks' with MIXT (their latency-bound steps wait long; the GEMV
+    stages stream their own)."""
     NIN: tl.constexpr = 2 * RG + HL + 3 * P
     if WHICH == 3:
         if ttype == 3:
@@ -188,7 +193,7 @@ def _prefetch(
             o_k = tl.arange(0, K)
             o_l = a2 * (K // NV) + tl.arange(0, max(K // NV // 32, 1)) * 32
             prefetch_l2(S_in + (a1 * HL + a0) * (K * K) + o_k[:, None] * K + o_l[None, :])
-        elif ttype == 5:
+        elif (ttype == 14) | ((ttype == 5) & (MIXT == 0)):
             NMIX: tl.constexpr = (2 + HC) * HC
             o_m = tl.minimum(tl.arange(0, 32), NMIX - 1)
             o_l = tl.arange(0, HC * CH // 32)  # 32 fp32 a line: stream j's columns of chunk a0
@@ -672,6 +677,7 @@ def dense_kernel(
     M: tl.constexpr,
     TRACE: tl.constexpr,
     NV: tl.constexpr,
+    MIX_TASK: tl.constexpr,
 ):
     P: tl.constexpr = HL * K
     NIN: tl.constexpr = 2 * RG + HL + 3 * P
@@ -724,6 +730,7 @@ def dense_kernel(
                 KS_IN,
                 KS_GU,
                 PREFETCH,
+                MIX_TASK,
             )
         # a task's early sites; its late ones (a folded INPROJ's gates, a KDA head's other parts) in its body
         ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, False)
@@ -846,9 +853,11 @@ def dense_kernel(
                     CH,
                     KS_O,
                     T,
-                    True,
+                    not MIX_TASK,
                     INTERPRET,
                 )
+            elif ttype == 14:
+                _task_mix(H1, fn_f, mixp + NCH * 16 * 32, ssp + NCH * 16, a0, a1, D, HC, CH)
             elif (ttype == 6) | (ttype == 13):
                 _gate(
                     mixp + NCH * 16 * 32,
@@ -1092,8 +1101,11 @@ def build_table(d: Dims, rows: int, knobs: dict, mode: str = "full") -> TaskTabl
     reds = [
         add(RED_A, c, r, waits=[combs[r], *_covering(oproj, c * d.CH, (c + 1) * d.CH)], peers=True) for c, r in chunks
     ]
-    gates_f = [add(GATE_F, r, waits=reds[r * d.NCH : (r + 1) * d.NCH]) for r in range(rows)]
-    combs_f = [add(COMB_F, r, waits=reds[r * d.NCH : (r + 1) * d.NCH]) for r in range(rows)] if mode == "full" else []
+    mixes = reds  # the tasks that make the FFN gate's mix logits
+    if knobs["ffn_mix"] == "task":
+        mixes = [add(MIX_F, c, r, waits=[red]) for (c, r), red in zip(chunks, reds, strict=True)]
+    gates_f = [add(GATE_F, r, waits=mixes[r * d.NCH : (r + 1) * d.NCH]) for r in range(rows)]
+    combs_f = [add(COMB_F, r, waits=mixes[r * d.NCH : (r + 1) * d.NCH]) for r in range(rows)] if mode == "full" else []
     # folded, gate/up streams H1 (written by the reduces) and waits for the FFN gates at its end
     gu = []
     for n0 in range(0, d.I, d.BN_GU):
@@ -1136,10 +1148,11 @@ def stage_table(full: TaskTable, ttypes: tuple[int, ...]) -> TaskTable:
 
 class SeparateLaunches:
     """The same task bodies as one launch per stage (10 launches, the same buffers and the same bits); a gate
-    and its comb, independent of each other, are one stage."""
+    and its comb, independent of each other, are one stage, and so are the attention reduces and the FFN mix
+    tasks after them (knob `ffn_mix` "task": the baseline keeps its launches)."""
 
-    STAGES = ((MIX_A,), (GATE_A, COMB_A), (INPROJ,), (KDA,), (OPROJ,), (RED_A,), (GATE_F, COMB_F), (GU,), (DOWN,))
-    STAGES += ((RED_F,),)
+    STAGES = ((MIX_A,), (GATE_A, COMB_A), (INPROJ,), (KDA,), (OPROJ,), (RED_A, MIX_F), (GATE_F, COMB_F), (GU,))
+    STAGES += ((DOWN,), (RED_F,))
 
     def __init__(self, spec, tp: int, rows: int, knobs: dict, device) -> None:
         self.whole = DenseLaunch(spec, tp, rows, knobs, device)
@@ -1346,6 +1359,7 @@ class DenseLaunch:
             "M": 16 if not folds(self.knobs["norm"], self.rows, d.HC) or self.rows * d.HC <= 16 else 32,
             "TRACE": self.tracing,
             "NV": kda_parts(self.knobs["kda_split"], d.HL, self.rows, self.knobs["grid"]),
+            "MIX_TASK": self.knobs["ffn_mix"] == "task",
         }
 
     def options(self) -> dict:

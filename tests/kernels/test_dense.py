@@ -124,7 +124,8 @@ def test_k_slices_are_accurate_and_keep_their_bits(weights, ksplit_gu, ksplit_in
 
 
 @pytest.mark.parametrize(
-    "knobs", [{}, {"norm": "task", "ksplit_in": 2, "kda_split": 2}, {"ksplit_gu": 4, "kda_split": 4}]
+    "knobs",
+    [{}, {"norm": "task", "ksplit_in": 2, "kda_split": 2}, {"ksplit_gu": 4, "kda_split": 4, "ffn_mix": "task"}],
 )
 @pytest.mark.parametrize(("tp", "rows"), [(1, 2), (4, 3)])
 def test_every_split_task_waits_on_exactly_its_parts(tp, rows, knobs):
@@ -132,13 +133,16 @@ def test_every_split_task_waits_on_exactly_its_parts(tp, rows, knobs):
     waits are checked here, producer by producer. A KDA part waits early on its head's in-projection tiles; an
     o_proj tile on every part of every head (all rows) of its K slice, the parts making no z; a gate/up or
     in-projection tile's slice 0 late on exactly its other slices (and, folded, every gate of its side); the
-    other slices wait early on what they read, and late on nothing."""
+    other slices wait early on what they read, and late on nothing. The FFN gate and comb wait on their row's
+    mix logits: the attention reduces, or (ffn_mix task) the mix tasks, each on its chunk's reduce alone."""
     from glm53ctl.kernels.dense.kernel import (
         COMB_A,
         COMB_F,
         GATE_A,
+        GATE_F,
         INPROJ,
         MIX_A,
+        MIX_F,
         OPROJ,
         RED_A,
         RED_F,
@@ -172,6 +176,11 @@ def test_every_split_task_waits_on_exactly_its_parts(tp, rows, knobs):
             assert late == ((slices | (gates if fold else set())) if a1 == 0 else set())
         elif ttype in (GATE_A, COMB_A):
             assert early == {j for j in of_type(MIX_A) if t.tasks[j][2] == a0} and not late
+        elif ttype in (GATE_F, COMB_F):
+            mixer = MIX_F if k["ffn_mix"] == "task" else RED_A
+            assert early == {j for j in of_type(mixer) if t.tasks[j][2] == a0} and not late
+        elif ttype == MIX_F:
+            assert [t.tasks[p][:3] for p in early] == [(RED_A, a0, a1)] and not late
         elif ttype in (RED_A, RED_F):  # hc_post's comb: no other path leads from the Sinkhorn task to the reduce
             comb = COMB_A if ttype == RED_A else COMB_F
             assert {j for j in of_type(comb) if t.tasks[j][1] == a1} <= early and not late
