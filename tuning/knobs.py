@@ -175,12 +175,13 @@ KNOBS = {
         ),
         Knob(
             "ffn_mix",
-            ("reduce", "task"),
-            "reduce",
+            ("reduce", "task", "auto"),
+            "auto",
             ("dense",),
             "schedule",
             "the FFN gate's mix logits of a column chunk: made by the attention reduce of the chunk, or by a task of "
-            "their own after it (gate/up, waiting only for the reduces' H1, then starts sooner)",
+            "their own after it (a folded gate/up waits only for the reduces' H1, so starts sooner); auto: task "
+            "where gate/up folds the norm (knob norm)",
         ),
         Knob(
             "gathers",

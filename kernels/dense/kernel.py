@@ -15,7 +15,7 @@ Tasks, in table order (a rank's shapes; every GEMV is `gemv_tile` over rows padd
                                                                 waits on every part of the slice's heads
   RED_A   a column chunk of one row: the partials summed in rank order (attn), hc_post (H1), and the FFN
           gate's mix logits over the chunk          waits on its row's COMB_A, its OPROJ tiles and the peers
-  MIX_F   (knob `ffn_mix` "task") the FFN gate's mix logits over a chunk, as its own task: RED_A then
+  MIX_F   (knob `ffn_mix`, `mix_tasks`) the FFN gate's mix logits over a chunk, as its own task: RED_A then
           leaves them out, so gate/up's stream starts sooner                  waits on its chunk's RED_A
   GATE_F  row r: the FFN gate on H1 (x̂, post)                waits on its row's RED_A (or MIX_F)
   COMB_F  row r: its comb                                                the same
@@ -1051,6 +1051,15 @@ class Dims:
         assert self.IK % self.BK_I == 0 and self.D % self.BK_D == 0 and self.RG % self.BK_R == 0
 
 
+def mix_tasks(knobs: dict, rows: int, streams: int) -> bool:
+    """Knob `ffn_mix`: whether the FFN gate's mix logits are tasks of their own. "auto": where gate/up folds
+    the norm, so waits for the reduces' H1 alone and starts sooner; unfolded it waits for the FFN gates, which
+    would then wait one hand-off more (H200, docs/perf/2026-11-30-dense.md: TP8 rows 1 65.0 -> 62.3 µs,
+    rows 8 83.7 -> 85.2)."""
+    mode = knobs["ffn_mix"]
+    return mode == "task" or (mode == "auto" and folds(knobs["norm"], rows, streams))
+
+
 def build_table(d: Dims, rows: int, knobs: dict, mode: str = "full") -> TaskTable:
     """The tasks of one rank's launch in topological order. mode "attn": up to this rank's attention partial;
     "ffn": up to its FFN partial (given every rank's attention partial); "full": the whole layer."""
@@ -1102,7 +1111,7 @@ def build_table(d: Dims, rows: int, knobs: dict, mode: str = "full") -> TaskTabl
         add(RED_A, c, r, waits=[combs[r], *_covering(oproj, c * d.CH, (c + 1) * d.CH)], peers=True) for c, r in chunks
     ]
     mixes = reds  # the tasks that make the FFN gate's mix logits
-    if knobs["ffn_mix"] == "task":
+    if mix_tasks(knobs, rows, d.HC):
         mixes = [add(MIX_F, c, r, waits=[red]) for (c, r), red in zip(chunks, reds, strict=True)]
     gates_f = [add(GATE_F, r, waits=mixes[r * d.NCH : (r + 1) * d.NCH]) for r in range(rows)]
     combs_f = [add(COMB_F, r, waits=mixes[r * d.NCH : (r + 1) * d.NCH]) for r in range(rows)] if mode == "full" else []
@@ -1359,7 +1368,7 @@ class DenseLaunch:
             "M": 16 if not folds(self.knobs["norm"], self.rows, d.HC) or self.rows * d.HC <= 16 else 32,
             "TRACE": self.tracing,
             "NV": kda_parts(self.knobs["kda_split"], d.HL, self.rows, self.knobs["grid"]),
-            "MIX_TASK": self.knobs["ffn_mix"] == "task",
+            "MIX_TASK": mix_tasks(self.knobs, self.rows, d.HC),
         }
 
     def options(self) -> dict:

@@ -134,7 +134,7 @@ def test_every_split_task_waits_on_exactly_its_parts(tp, rows, knobs):
     o_proj tile on every part of every head (all rows) of its K slice, the parts making no z; a gate/up or
     in-projection tile's slice 0 late on exactly its other slices (and, folded, every gate of its side); the
     other slices wait early on what they read, and late on nothing. The FFN gate and comb wait on their row's
-    mix logits: the attention reduces, or (ffn_mix task) the mix tasks, each on its chunk's reduce alone."""
+    mix logits: the attention reduces, or (`mix_tasks`) the mix tasks, each on its chunk's reduce alone."""
     from glm53ctl.kernels.dense.kernel import (
         COMB_A,
         COMB_F,
@@ -149,6 +149,7 @@ def test_every_split_task_waits_on_exactly_its_parts(tp, rows, knobs):
         Dims,
         build_table,
         kda_parts,
+        mix_tasks,
     )
     from glm53ctl.tuning.knobs import defaults
 
@@ -177,7 +178,7 @@ def test_every_split_task_waits_on_exactly_its_parts(tp, rows, knobs):
         elif ttype in (GATE_A, COMB_A):
             assert early == {j for j in of_type(MIX_A) if t.tasks[j][2] == a0} and not late
         elif ttype in (GATE_F, COMB_F):
-            mixer = MIX_F if k["ffn_mix"] == "task" else RED_A
+            mixer = MIX_F if mix_tasks(k, rows, load_model("tiny").mhc.streams) else RED_A
             assert early == {j for j in of_type(mixer) if t.tasks[j][2] == a0} and not late
         elif ttype == MIX_F:
             assert [t.tasks[p][:3] for p in early] == [(RED_A, a0, a1)] and not late
@@ -186,6 +187,19 @@ def test_every_split_task_waits_on_exactly_its_parts(tp, rows, knobs):
             assert {j for j in of_type(comb) if t.tasks[j][1] == a1} <= early and not late
         else:
             assert not late
+
+
+def test_ffn_mix_auto_makes_mix_tasks_where_gate_up_folds():
+    """ffn_mix "auto": mix tasks exactly where gate/up folds the norm (waiting for H1 alone, it starts sooner);
+    unfolded, gate/up waits for the FFN gates and a mix task would add a hand-off before them."""
+    from glm53ctl.kernels.dense.kernel import mix_tasks
+
+    auto = [mix_tasks({"ffn_mix": "auto", "norm": "auto"}, rows, 4) for rows in (1, 2, 4, 5, 8)]
+    assert auto == [True, True, True, False, False]
+    assert not mix_tasks({"ffn_mix": "auto", "norm": "task"}, 1, 4)
+    assert mix_tasks({"ffn_mix": "task", "norm": "task"}, 8, 4) and not mix_tasks(
+        {"ffn_mix": "reduce", "norm": "fold"}, 1, 4
+    )
 
 
 def test_kda_split_0_splits_heads_as_far_as_the_grid_covers_their_parts():
