@@ -24,33 +24,26 @@ from runtime_gpu import DEV, _copy_kernel, capture_graph, copy_bandwidth, enviro
 
 TPS, ROWS = (1, 2, 4, 8), (1, 2, 4, 8)
 BITWISE_KEYS = ((4, 1), (8, 2))
-VARIANTS = (
-    {"grid": 132},
-    {"grid": 264},
-    {"handoff": "flag"},
-    {"poll": 1},
-    {"poll": 2},
-    {"block_n_in": 16},
-    {"block_n_in": 64},
-    {"block_n_gu": 16},
-    {"block_n_gu": 64},
-    {"block_n_out": 16},
-    {"block_n_out": 64},
-    {"box_words": 8},
-    {"oproj_first": 1},
-    {"stages": 2},
-    {"prefetch": 0},
-    {"prefetch": 1},
-    {"prefetch": 2},
-    {"kda_split": 1},
-    {"kda_split": 2},
-    {"kda_split": 4},
-    {"maxnreg": 168},
-    {"maxnreg": 128},
-)
+
+
+def schedule_variants() -> tuple[dict, ...]:
+    """Every value but dense's default of every schedule knob in the registry; grid only 132 and 264 (0 is 396
+    on an H200) and stages only 2 (a compile option, as the other values)."""
+    from glm53ctl.tuning.knobs import KNOBS
+
+    out = [{"grid": 132}, {"grid": 264}, {"stages": 2}]
+    for k in KNOBS.values():
+        if "dense" in k.kinds and k.cls == "schedule" and k.name not in ("grid", "stages"):
+            out += [{k.name: v} for v in k.values if v != k.default_for("dense")]
+    return tuple(out)
+
+
+VARIANTS = schedule_variants()
 # the defaults; prefetch 0 (the default before dense's prefetch 3); oproj_first; the norm both ways (norm auto
-# folds at rows <= 4); and 3 programs per SM (maxnreg 168: slower at rows 1, faster at rows 8 in the traces)
+# folds at rows <= 4); 3 programs per SM (maxnreg 168: slower at rows 1, faster at rows 8 in the traces); the
+# FFN mix made by the attention reduces (ffn_mix auto makes tasks of it at rows <= 4)
 TIMED = ({}, {"prefetch": 0}, {"oproj_first": 1}, {"norm": "task"}, {"norm": "fold"}, {"maxnreg": 168})
+TIMED += ({"ffn_mix": "reduce"},)
 COPIES = 3
 
 
