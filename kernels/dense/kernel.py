@@ -13,8 +13,8 @@ Tasks, in table order (a rank's shapes; every GEMV is `gemv_tile` over rows padd
           to arrive makes z, the gated RMSNorm                 waits on the INPROJ tiles it reads
   OPROJ   a tile of o_proj over a K slice (ks): this rank's partial
                                                                 waits on every part of the slice's heads
-  RED_A   a column chunk of one row: the partials summed in rank order (attn), hc_post (H1), and the FFN
-          gate's mix logits over the chunk          waits on its row's COMB_A, its OPROJ tiles and the peers
+  RED_A   a column chunk of one row: the partials summed in rank order (attn), hc_post (H1), and (no MIX_F)
+          the FFN gate's mix logits over the chunk  waits on its row's COMB_A, its OPROJ tiles and the peers
   MIX_F   (knob `ffn_mix`, `mix_tasks`) the FFN gate's mix logits over a chunk, as its own task: RED_A then
           leaves them out, so gate/up's stream starts sooner                  waits on its chunk's RED_A
   GATE_F  row r: the FFN gate on H1 (x̂, post)                waits on its row's RED_A (or MIX_F)
@@ -250,7 +250,7 @@ def _hc_post_chunk(a, H, post, comb, H_out, r, o_c, D: tl.constexpr, HC: tl.cons
 
 @triton.jit(noinline=True)
 def _task_mix(H, fn, mixp, ssp, c, r, D: tl.constexpr, HC: tl.constexpr, CH: tl.constexpr):
-    """MIX_A: chunk c of row r's attention-gate mix logits and sum of squares."""
+    """MIX_A (and MIX_F on H1): chunk c of row r's gate mix logits and sum of squares."""
     o_c = c * CH + tl.arange(0, CH)
     mix = tl.zeros((32,), dtype=tl.float32)
     ss = 0.0
@@ -467,8 +467,8 @@ def _task_reduce(
     MIX: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
-    """RED_A / RED_F: chunk c of row r: the all-reduce (out), hc_post (H_out); RED_A (MIX) also the FFN gate's
-    mix logits over the chunk, from the stored (bf16) H_out values the gate reads."""
+    """RED_A / RED_F: chunk c of row r: the all-reduce (out), hc_post (H_out); RED_A with MIX (no MIX_F tasks)
+    also the FFN gate's mix logits over the chunk, from the stored (bf16) H_out values, as MIX_F makes them."""
     o_c = c * CH + tl.arange(0, CH)
     a = _reduced(kpart, parts, r, o_c, R, RANK, D, KS, T)
     tl.store(out + r * D + o_c, a)
