@@ -85,12 +85,24 @@ PR = tl.constexpr(8)  # floats per row of the gates' pre [HC] and 1/RMS (buffer 
 
 
 @triton.jit
-def _mix_chunk(mix, ss, fn, b_h, j, o_k, D: tl.constexpr, HC: tl.constexpr):
-    """Add stream j's columns o_k (values b_h, fp32) to a row's mix logits [32] and sum of squares."""
+def _mix_row(H, fn, r, o_c, D: tl.constexpr, HC: tl.constexpr):
+    """Row r's gate mix logits [32] and sum of squares over columns o_c: stream by stream in order, the sums
+    of fn[:, j, o_c] * H[r, j, o_c]. Every stream's loads go out before the first sum, whose cross-warp step
+    is a barrier that later loads would wait behind: one round trip to L2, not HC."""
     NMIX: tl.constexpr = (2 + HC) * HC
     o_m = tl.arange(0, 32)
-    b_fn = tl.load(fn + o_m[:, None] * (HC * D) + j * D + o_k[None, :], mask=o_m[:, None] < NMIX, other=0.0)
-    return mix + tl.sum(b_fn * b_h[None, :], axis=1), ss + tl.sum(b_h * b_h, axis=0)
+    b_hs = ()
+    b_fns = ()
+    for j in tl.static_range(HC):
+        b_hs = b_hs + (tl.load(H + (r * HC + j) * D + o_c).to(tl.float32),)
+        p_fn = fn + o_m[:, None] * (HC * D) + j * D + o_c[None, :]
+        b_fns = b_fns + (tl.load(p_fn, mask=o_m[:, None] < NMIX, other=0.0),)
+    mix = tl.zeros((32,), dtype=tl.float32)
+    ss = 0.0
+    for j in tl.static_range(HC):
+        mix = mix + tl.sum(b_fns[j] * b_hs[j][None, :], axis=1)
+        ss = ss + tl.sum(b_hs[j] * b_hs[j], axis=0)
+    return mix, ss
 
 
 @triton.jit(noinline=True)
@@ -252,11 +264,7 @@ def _hc_post_chunk(a, H, post, comb, H_out, r, o_c, D: tl.constexpr, HC: tl.cons
 def _task_mix(H, fn, mixp, ssp, c, r, D: tl.constexpr, HC: tl.constexpr, CH: tl.constexpr):
     """MIX_A (and MIX_F on H1): chunk c of row r's gate mix logits and sum of squares."""
     o_c = c * CH + tl.arange(0, CH)
-    mix = tl.zeros((32,), dtype=tl.float32)
-    ss = 0.0
-    for j in tl.static_range(HC):
-        b_h = tl.load(H + (r * HC + j) * D + o_c).to(tl.float32)
-        mix, ss = _mix_chunk(mix, ss, fn, b_h, j, o_c, D, HC)
+    mix, ss = _mix_row(H, fn, r, o_c, D, HC)
     tl.store(mixp + (c * 16 + r) * 32 + tl.arange(0, 32), mix)
     tl.store(ssp + c * 16 + r, ss)
 
@@ -474,11 +482,7 @@ def _task_reduce(
     tl.store(out + r * D + o_c, a)
     _hc_post_chunk(a, H, post, comb, H_out, r, o_c, D, HC, INTERPRET)
     if MIX:
-        mix = tl.zeros((32,), dtype=tl.float32)
-        ss = 0.0
-        for j in tl.static_range(HC):
-            b_h = tl.load(H_out + (r * HC + j) * D + o_c).to(tl.float32)
-            mix, ss = _mix_chunk(mix, ss, fn, b_h, j, o_c, D, HC)
+        mix, ss = _mix_row(H_out, fn, r, o_c, D, HC)
         tl.store(mixp + (c * 16 + r) * 32 + tl.arange(0, 32), mix)
         tl.store(ssp + c * 16 + r, ss)
 
