@@ -75,6 +75,14 @@ def main(out_dir: Path) -> None:
             copies = max(2, -(-3 * l2 // nbytes))  # at least 3 L2s of weights in rotation
             ws = [torch.randn(N, K, device=DEV).to(torch.bfloat16) for _ in range(copies)]
             x = torch.randn(1, K, device=DEV).to(torch.bfloat16)
+
+            def measure(launch, block_n, k_slices, programs):
+                """Times one launch cold and warm; a row of the results (block_n 0: the read kernel)."""
+                cold, warm = timed(launch, copies), timed(launch, 1)
+                row = dict(tp=tp, stage=name, N=N, K=K, mb=nbytes / 1e6, block_n=block_n, k_slices=k_slices)
+                rows.append(row | dict(programs=programs, cold_us=cold, warm_us=warm))
+                print(json.dumps(rows[-1]))
+
             for bn, ks in TILES:
                 y = torch.empty(ks, 16, N, device=DEV)
                 grid = (triton.cdiv(N, bn), ks)
@@ -82,43 +90,13 @@ def main(out_dir: Path) -> None:
                 def run(i, bn=bn, ks=ks, y=y, grid=grid):
                     _sliced_gemv[grid](x, ws[i], y, 1, N, K, ks, bn, 128, num_warps=4, num_stages=4)
 
-                cold, warm = timed(run, copies), timed(run, 1)
-                rows.append(
-                    dict(
-                        tp=tp,
-                        stage=name,
-                        N=N,
-                        K=K,
-                        mb=nbytes / 1e6,
-                        block_n=bn,
-                        k_slices=ks,
-                        programs=grid[0] * ks,
-                        cold_us=cold,
-                        warm_us=warm,
-                    )
-                )
-                print(json.dumps(rows[-1]))
+                measure(run, bn, ks, grid[0] * ks)
             out = torch.empty(triton.cdiv(N * K, 8192), device=DEV)
 
             def read(i):
                 _read_kernel[(triton.cdiv(N * K, 8192),)](ws[i], out, N * K, 8192)
 
-            cold, warm = timed(read, copies), timed(read, 1)
-            rows.append(
-                dict(
-                    tp=tp,
-                    stage=name,
-                    N=N,
-                    K=K,
-                    mb=nbytes / 1e6,
-                    block_n=0,
-                    k_slices=0,
-                    programs=out.numel(),
-                    cold_us=cold,
-                    warm_us=warm,
-                )
-            )
-            print(json.dumps(rows[-1]))
+            measure(read, 0, 0, out.numel())
     res = {"env": environment() | {"l2_bytes": l2}, "rows": rows}
     (out_dir / "results.json").write_text(json.dumps(res, indent=1))
     print(f"\nL2 {l2 / 2**20:.0f} MiB")
