@@ -189,13 +189,13 @@ def _prefetch(
     KS_IN: tl.constexpr,
     KS_GU: tl.constexpr,
     WHICH: tl.constexpr,
-    MIXT: tl.constexpr,
+    MIX_TASK: tl.constexpr,
 ):
     """Before a task waits, start what it reads that no producer writes: a GEMV task's weight tile, a KDA
     task's recurrent state. Launch-wide, the small latency-bound steps (gates, KDA, reduces) then overlap
     the next stage's weight streaming. WHICH 1: every such task; 2: o_proj, gate/up and down only (what
     fits the L2 while the in-projection streams); 3: only the KDA heads' weights and state and the attention
-    reduces' FFN mix rows, or the FFN mix tasks' with MIXT (their latency-bound steps wait long; the GEMV
+    reduces' FFN mix rows, or the FFN mix tasks' with MIX_TASK (their latency-bound steps wait long; the GEMV
     stages stream their own)."""
     NIN: tl.constexpr = 2 * RG + HL + 3 * P
     if WHICH == 3:
@@ -205,7 +205,7 @@ def _prefetch(
             o_k = tl.arange(0, K)
             o_l = a2 * (K // NV) + tl.arange(0, max(K // NV // 32, 1)) * 32
             prefetch_l2(S_in + (a1 * HL + a0) * (K * K) + o_k[:, None] * K + o_l[None, :])
-        elif (ttype == 14) | ((ttype == 5) & (MIXT == 0)):
+        elif (ttype == 14) | ((ttype == 5) & (not MIX_TASK)):
             NMIX: tl.constexpr = (2 + HC) * HC
             o_m = tl.minimum(tl.arange(0, 32), NMIX - 1)
             o_l = tl.arange(0, HC * CH // 32)  # 32 fp32 a line: stream j's columns of chunk a0
@@ -1162,7 +1162,7 @@ def stage_table(full: TaskTable, ttypes: tuple[int, ...]) -> TaskTable:
 class SeparateLaunches:
     """The same task bodies as one launch per stage (10 launches, the same buffers and the same bits); a gate
     and its comb, independent of each other, are one stage, and so are the attention reduces and the FFN mix
-    tasks after them (knob `ffn_mix` "task": the baseline keeps its launches)."""
+    tasks after them (where `mix_tasks`: the baseline keeps its 10 launches)."""
 
     STAGES = ((MIX_A,), (GATE_A, COMB_A), (INPROJ,), (KDA,), (OPROJ,), (RED_A, MIX_F), (GATE_F, COMB_F), (GU,))
     STAGES += ((DOWN,), (RED_F,))
