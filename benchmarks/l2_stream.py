@@ -18,9 +18,11 @@ from pathlib import Path
 import torch
 import triton
 import triton.language as tl
-from runtime_gpu import DEV, environment, graph_time, warm_clocks
 
-from glm53ctl.kernels.gemv import gemv_tile
+from glm53ctl.kernels.ops.gemv.kernel import gemv_tile
+from glm53ctl.tuning.measure import environment, graph_time, warm_clocks
+
+DEV = "cuda"
 
 
 @triton.jit
@@ -97,7 +99,7 @@ def main(out_dir: Path) -> None:
                 _read_kernel[(triton.cdiv(N * K, 8192),)](ws[i], out, N * K, 8192)
 
             measure(read, 0, 0, out.numel())
-    res = {"env": environment() | {"l2_bytes": l2}, "rows": rows}
+    res = {"env": environment(" ".join(["python3", *sys.argv])) | {"l2_bytes": l2}, "rows": rows}
     (out_dir / "results.json").write_text(json.dumps(res, indent=1))
     print(f"\nL2 {l2 / 2**20:.0f} MiB")
     print(

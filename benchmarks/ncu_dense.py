@@ -18,7 +18,7 @@ def launches(tp: int, rows: int, n: int = 4) -> None:
     """n launches of dense at glm53_flash per-rank sizes (the profiled process)."""
     import torch
 
-    from glm53ctl.kernels.launches import DenseKind
+    from glm53ctl.kernels.kinds.dense.harness import DenseKind
     from glm53ctl.kernels.spec import load_model
     from glm53ctl.kernels.weights import Weights
 

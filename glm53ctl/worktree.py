@@ -88,7 +88,11 @@ def resolve(ref: str, root: Path) -> str:
 
 
 def checkout(ref: str, cache: Path) -> tuple[Path, str]:
-    """The ref's tree in cache/worktrees/<sha> (made once, reused) and its commit sha."""
+    """The ref's tree in cache/worktrees/<sha> (made once, reused) and its commit sha. A folder holding a
+    glm53ctl tree (a worktree copied to a machine with no git history, say) is taken as it is."""
+    tree = Path(ref)
+    if (tree / "glm53ctl" / "__init__.py").is_file() and (tree / "kernels").is_dir():
+        return tree.resolve(), f"tree {tree.name}"
     root = repo_root()
     sha = resolve(ref, root)
     path = cache / "worktrees" / sha[:12]

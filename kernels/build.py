@@ -20,8 +20,6 @@ from pathlib import Path
 
 from glm53ctl.errors import Glm53Error, UsageError
 
-BUILD_KINDS = ("embed", "dense", "tail")  # the kinds that have kernels
-
 
 class BuildError(Glm53Error):
     """A kernel did not compile: names the key and carries the compiler's message."""
@@ -78,26 +76,13 @@ def find_ptxas() -> Path:
 
 
 def launches(key: BuildKey, knobs: dict) -> list[tuple[str, object]]:
-    """The launch objects of one key (laid out on the CPU; nothing runs)."""
+    """The launch objects of one key (laid out on the CPU; nothing runs): the kind harness's."""
+    from glm53ctl.kernels.kinds import get_kind
     from glm53ctl.kernels.spec import load_model
 
     spec = load_model(key.model)
     spec.check_tp(key.tp)
-    if key.kind == "dense":
-        from glm53ctl.kernels.dense.kernel import DenseLaunch
-
-        # a peer's partial launches differ from rank 0's in the task table and runtime arguments only
-        return [("launch", DenseLaunch(spec, key.tp, key.rows, knobs, "cpu"))]
-    if key.kind == "embed":
-        from glm53ctl.kernels.embed.kernel import EmbedLaunch as Launch
-    elif key.kind == "tail":
-        from glm53ctl.kernels.tail.kernel import TailLaunch as Launch
-    else:
-        raise UsageError(f"kind {key.kind!r} has no kernels yet", hint=f"kinds with kernels: {', '.join(BUILD_KINDS)}")
-    out = [("launch", Launch(spec, key.tp, key.rows, knobs, "cpu"))]
-    if key.tp > 1:
-        out.append(("peer", Launch(spec, key.tp, key.rows, knobs, "cpu", partial_only=True)))
-    return out
+    return get_kind(key.kind).load_harness().build_launches(spec, key.tp, key.rows, knobs)
 
 
 def knobs_in_force(key: BuildKey) -> dict:
@@ -116,11 +101,7 @@ def _source(launch):
     from triton.backends.compiler import BaseBackend
     from triton.compiler import ASTSource
 
-    from glm53ctl.kernels.dense.kernel import dense_kernel
-    from glm53ctl.kernels.embed.kernel import embed_kernel
-    from glm53ctl.kernels.tail.kernel import tail_kernel
-
-    fn = {"EmbedLaunch": embed_kernel, "TailLaunch": tail_kernel, "DenseLaunch": dense_kernel}[type(launch).__name__]
+    fn = launch.kernel
     args, consts = launch.placeholder_args(), launch.constexprs()
     signature, constants, attrs = {}, dict(consts), {}
     for i, p in enumerate(fn.params):
@@ -156,7 +137,11 @@ def _ptxas_report(ptxas: Path, ptx: str) -> dict:
     )
     if p.returncode:
         raise BuildError(f"ptxas failed: {p.stderr.strip()}")
-    text = p.stderr
+    return parse_ptxas(p.stderr)
+
+
+def parse_ptxas(text: str) -> dict:
+    """Registers, stack and spills from `ptxas -v`'s report of one kernel (0 where a figure is absent)."""
     num = lambda pat: int(m.group(1)) if (m := re.search(pat, text)) else 0
     return {
         "registers": num(r"Used (\d+) registers"),

@@ -18,34 +18,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from glm53ctl.kernels.launches import make_launch
+from glm53ctl.kernels.kinds import get_kind
 from glm53ctl.kernels.numerics import rel_rms
-from glm53ctl.kernels.reference import Reference
 from glm53ctl.kernels.runtime import LaunchFault
 from glm53ctl.kernels.weights import Weights
 
-# relative RMS bounds per output: a bf16 store is about 2^-9 relative, a GEMV over bf16 inputs with fp32
-# accumulation a few of those; embed is a gather and a sum with one non-zero rank: exact.
-# dense: the attention gate reads the inputs and is fp32 math (1e-5); everything after the in-projection
-# carries its bf16 GEMVs' rounding (measured 1e-3 to 5e-3 on tiny; bounds with margin)
-BOUNDS = {
-    "embed": {"H": 0.0},
-    "tail": {"h_hat": 1e-2, "logits": 1e-2},
-    "dense": {
-        "attn.x_hat": 1e-2,
-        "attn.post": 1e-5,
-        "attn.comb": 1e-5,
-        "attn.out": 2e-2,
-        "attn.H": 1e-2,
-        "ffn.x_hat": 1e-2,
-        "ffn.post": 5e-3,
-        "ffn.comb": 5e-3,
-        "ffn.out": 2e-2,
-        "H": 1e-2,
-        "kda.conv": 1e-2,
-        "kda.recurrent": 1e-2,
-    },
-}
 GRIDS = (1, 3, 64)
 REPEATS = 3
 
@@ -78,46 +55,28 @@ def _same(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
 
 
+def make_launch(weights: Weights, kind: str, tp: int, rows: int, knobs: dict | None, device):
+    """The launch harness of one key (the kind registry's)."""
+    return get_kind(kind).load_harness()(weights, tp, rows, knobs, device)
+
+
 def launch_outputs(weights: Weights, kind: str, tp: int, rows: int, seed: int, device) -> dict[str, torch.Tensor]:
-    """The kernel's outputs for a key's seeded inputs (what `check --against` compares bit for bit)."""
+    """The kernel's outputs and writes for a key's seeded inputs (what `check --against` compares bit for bit)."""
     k = make_launch(weights, kind, tp, rows, {}, device)
     x = k.inputs(key_seed(seed, key_name(weights.spec.name, kind, tp, rows)))[0]
-    return {n: t.cpu() for n, t in k(x, poison=True).items()} | writes(k)
-
-
-def writes(k) -> dict[str, torch.Tensor]:
-    """What a launch writes besides its outputs: its hand-off buffers (embed's fp32 partial; dense returns
-    its state writes with the outputs)."""
-    return {"partial": k.launch.partial.cpu().clone()} if k.kind == "embed" else {}
-
-
-def reference_outputs(weights: Weights, k, x) -> dict[str, torch.Tensor]:
-    """The reference's outputs (and writes) for a launch's inputs, at the launch's TP width."""
-    ref = Reference(weights, k.tp)
-    if k.kind == "embed":
-        return ref.embed(x)
-    if k.kind == "tail":
-        return ref.tail(x.float())
-    from glm53ctl.kernels.reference import DecodeState
-    from glm53ctl.kernels.state import KdaState
-
-    i = k.layer
-    state = DecodeState(
-        torch.zeros(k.rows, dtype=torch.long), 1, {i: KdaState(x.state.conv.float(), x.state.recurrent)}
-    )
-    out, new = ref.layer(i, x.H.float(), state)
-    return out | {"kda.conv": new.kda[i].conv, "kda.recurrent": new.kda[i].recurrent}
+    return {n: t.cpu() for n, t in k(x, poison=True).items()} | k.writes()
 
 
 def check_key(weights: Weights, kind: str, tp: int, rows: int, seed: int, device) -> tuple[CheckResult, dict]:
     spec = weights.spec
-    res = CheckResult(key_name(spec.name, kind, tp, rows), bounds=BOUNDS[kind])
+    bounds = dict(get_kind(kind).bounds)
+    res = CheckResult(key_name(spec.name, kind, tp, rows), bounds=bounds)
     k = make_launch(weights, kind, tp, rows, {}, device)
     x = k.inputs(key_seed(seed, res.key))[0].to(k.device)
     peers = k.peer_partials(x)
     out = k(x, peers, poison=True)
-    ref = reference_outputs(weights, k, x)
-    for name, bound in BOUNDS[kind].items():
+    ref = k.reference(x)
+    for name, bound in bounds.items():
         res.errors[name] = err = rel_rms(ref[name], out[name])
         if not err <= bound:
             res.problems.append(f"{name}: relative RMS error {err:.3g} over its bound {bound:g}")
@@ -205,4 +164,4 @@ def _hang(key: str, site: int, wall_s: float) -> None:
     os._exit(1)
 
 
-__all__ = ["BOUNDS", "CheckResult", "FaultResult", "check_key", "fault_key", "launch_outputs"]
+__all__ = ["CheckResult", "FaultResult", "check_key", "fault_key", "launch_outputs", "make_launch"]

@@ -1,8 +1,10 @@
-"""Seeded inputs and the run of one launch kind: everything `glm53ctl run` saves and `check` compares.
+"""Seeded inputs, the reference run of each kind, and the interface of a kind's launch harness: everything
+`glm53ctl run` saves and `check` compares.
 
 Inputs are fresh per seed: token ids, the 4-stream H a layer reads, and each row's history up to its
 context length (rows sit at different positions in one step). A layer kind brings its own layer's
 state to the context by a prefill over random normalized rows; `model` prefills the whole model.
+Which function runs which kind is the kind registry's (kernels/kinds/__init__.py).
 """
 
 from __future__ import annotations
@@ -12,12 +14,11 @@ from dataclasses import dataclass
 import torch
 
 from glm53ctl.errors import UsageError
-from glm53ctl.kernels.dsa.naive import dsa_attention_prefill
-from glm53ctl.kernels.kda.naive import kda_attention_prefill
+from glm53ctl.kernels.kinds import KINDS, LAYER_KINDS, get_kind
 from glm53ctl.kernels.numerics import Numerics
+from glm53ctl.kernels.ops.dsa.naive import dsa_attention_prefill
+from glm53ctl.kernels.ops.kda.naive import kda_attention_prefill
 from glm53ctl.kernels.reference import (
-    KINDS,
-    LAYER_KINDS,
     DecodeState,
     Reference,
     empty_state,
@@ -122,52 +123,72 @@ def model_state(ref: Reference, contexts: list[int], inputs: Inputs, max_context
     return merge_rows(states)
 
 
-def run_reference(ref: Reference, key: RunKey) -> Tensors:
-    """Run `key.steps` steps of one kind; return inputs.*, outputs.* of the last step and writes.*."""
-    if key.kind not in KINDS:
-        raise UsageError(f"unknown kind {key.kind!r}", hint=f"one of {', '.join(KINDS)}")
+def check_run_key(key: RunKey) -> None:
+    """Refuse a run key no kind can run, before any work."""
+    kind = get_kind(key.kind)
     if key.rows not in range(1, 9):
         raise UsageError(f"rows {key.rows} is out of range 1..8")
     if key.steps < 1:
         raise UsageError(f"--steps {key.steps}: expected at least 1")
     if key.context < 0:
         raise UsageError(f"--context {key.context}: expected 0 or more")
-    if key.layer is not None and key.kind not in LAYER_KINDS:
+    if key.layer is not None and kind.layer is None:
         raise UsageError(f"--layer applies to the layer kinds ({', '.join(LAYER_KINDS)}), not to {key.kind}")
     if key.tokens is not None:
-        if key.kind not in ("embed", "model"):
-            raise UsageError(f"--tokens applies to embed and model, not to {key.kind}")
+        if not kind.takes_tokens:
+            readers = " and ".join(n for n, k in KINDS.items() if k.takes_tokens)
+            raise UsageError(f"--tokens applies to {readers}, not to {key.kind}")
         if len(key.tokens) != key.rows:
             raise UsageError(f"--tokens has {len(key.tokens)} ids for {key.rows} rows")
-    spec, num = ref.spec, ref.num
-    inputs = Inputs(spec, key.seed, num)
-    contexts = row_contexts(key.context, key.rows, spec.indexer.kpool)
-    max_context = room(spec, max(contexts) + key.steps)
-    saved: Tensors = {"inputs.contexts": torch.tensor(contexts)}
-    if key.kind == "embed":
-        for step in range(key.steps):
-            tokens = inputs.tokens(key.rows, key.tokens if step == key.steps - 1 else None)
-            out = ref.embed(tokens)
-        return saved | {"inputs.tokens": tokens} | _prefixed("outputs.", out)
-    if key.kind == "tail":
-        for _ in range(key.steps):
-            H = inputs.H(key.rows)
-            out = ref.tail(H)
-        return saved | {"inputs.H": H} | _prefixed("outputs.", out)
-    if key.kind == "model":
-        state = model_state(ref, contexts, inputs, max_context)
-        for step in range(key.steps):
-            tokens = inputs.tokens(key.rows, key.tokens if step == key.steps - 1 else None)
-            before = state
-            out, state = ref.step(tokens, state)
-        return (
-            saved
-            | {"inputs.tokens": tokens, "inputs.pos": before.pos}
-            | _prefixed("inputs.state.", before.tensors())
-            | _prefixed("outputs.", out)
-            | _prefixed("writes.", state.tensors())
-        )
-    i = layer_for(spec, key.kind, key.layer)
+
+
+def run_reference(ref: Reference, key: RunKey) -> Tensors:
+    """Run `key.steps` steps of one kind; return inputs.*, outputs.* of the last step and writes.*."""
+    check_run_key(key)
+    return get_kind(key.kind).run_reference(ref, key)
+
+
+def _start(ref: Reference, key: RunKey) -> tuple[Inputs, list[int], int, Tensors]:
+    inputs = Inputs(ref.spec, key.seed, ref.num)
+    contexts = row_contexts(key.context, key.rows, ref.spec.indexer.kpool)
+    return inputs, contexts, room(ref.spec, max(contexts) + key.steps), {"inputs.contexts": torch.tensor(contexts)}
+
+
+def run_embed(ref: Reference, key: RunKey) -> Tensors:
+    inputs, _, _, saved = _start(ref, key)
+    for step in range(key.steps):
+        tokens = inputs.tokens(key.rows, key.tokens if step == key.steps - 1 else None)
+        out = ref.embed(tokens)
+    return saved | {"inputs.tokens": tokens} | _prefixed("outputs.", out)
+
+
+def run_tail(ref: Reference, key: RunKey) -> Tensors:
+    inputs, _, _, saved = _start(ref, key)
+    for _ in range(key.steps):
+        H = inputs.H(key.rows)
+        out = ref.tail(H)
+    return saved | {"inputs.H": H} | _prefixed("outputs.", out)
+
+
+def run_model(ref: Reference, key: RunKey) -> Tensors:
+    inputs, contexts, max_context, saved = _start(ref, key)
+    state = model_state(ref, contexts, inputs, max_context)
+    for step in range(key.steps):
+        tokens = inputs.tokens(key.rows, key.tokens if step == key.steps - 1 else None)
+        before = state
+        out, state = ref.step(tokens, state)
+    return (
+        saved
+        | {"inputs.tokens": tokens, "inputs.pos": before.pos}
+        | _prefixed("inputs.state.", before.tensors())
+        | _prefixed("outputs.", out)
+        | _prefixed("writes.", state.tensors())
+    )
+
+
+def run_layer(ref: Reference, key: RunKey) -> Tensors:
+    inputs, contexts, max_context, saved = _start(ref, key)
+    i = layer_for(ref.spec, key.kind, key.layer)
     state = layer_state(ref, i, contexts, inputs, max_context)
     for _ in range(key.steps):
         H = inputs.H(key.rows)
@@ -181,6 +202,68 @@ def run_reference(ref: Reference, key: RunKey) -> Tensors:
         | _prefixed("outputs.", out)
         | _prefixed("writes.", state.tensors([i]))
     )
+
+
+def run_triton(weights, key: RunKey, knobs: dict | None = None, device="cpu") -> Tensors:
+    """`glm53ctl run --backend triton`: the saved tensors of run_reference's layout for this kind."""
+    check_run_key(key)
+    return get_kind(key.kind).load_harness().run(weights, key, knobs, device)
+
+
+class KindHarness:
+    """One build key of a kind on one device, with what its TP peers contribute: the interface every kind's
+    harness has (the registry's `harness`), and what `check`, `fault`, `run`, `build` and `bench` use.
+
+    A harness has: `launch` (rank 0's launch: its `table`, `runtime`, `grid`, `kernel`, `stage(ttypes)`),
+    `inputs(seed, steps, tokens)` (seeded inputs per step), `peer_partials(x)` (the other ranks' share, made
+    first on the same device), `__call__(x, peers, poison, **guard)` (every output, and the writes of a kind
+    with state), `writes()` (hand-off buffers compared bit for bit too), `reference(x)` (the reference's
+    outputs at this TP width), `build_launches(spec, tp, rows, knobs)` (every launch object of a key, for
+    ahead-of-time builds), `run(weights, key, knobs, device)` (`run --backend triton`), and `STAGES` (its
+    task types grouped into the separate launches of the baseline)."""
+
+    kind: str
+    input_name: str  # what run saves as inputs.<name>
+    STAGES: tuple = ()
+
+    def __init__(self, weights, tp: int, rows: int, knobs: dict | None, device) -> None:
+        from glm53ctl.tuning.knobs import knobs_for, resolve_grid
+
+        spec = weights.spec
+        spec.check_tp(tp)
+        self.knobs = resolve_grid(knobs_for(spec.name, self.kind, tp, rows, knobs, device), device)
+        self.tp, self.rows, self.device = tp, rows, torch.device(device)
+        self.spec, self.weights = spec, weights
+
+    def shard(self, name: str, rank: int) -> torch.Tensor:
+        return self.weights.shard(name, rank, self.tp).to(self.device).contiguous()
+
+    def writes(self) -> Tensors:
+        return {}
+
+    def reference_model(self) -> Reference:
+        return Reference(self.weights, self.tp)
+
+    def separate(self) -> KindHarness:
+        """This key as the separate-launches baseline: the same task bodies, one launch per stage."""
+        import copy
+
+        from glm53ctl.kernels.runtime.stages import SeparateLaunches
+
+        h = copy.copy(self)
+        h.launch = SeparateLaunches(self.launch, self.STAGES)
+        return h
+
+    @classmethod
+    def run(cls, weights, key: RunKey, knobs: dict | None, device) -> Tensors:
+        """`run --backend triton` of a kind with no state: each step's inputs through the launch."""
+        k = cls(weights, key.tp, key.rows, knobs, device)
+        xs = k.inputs(key.seed, key.steps, key.tokens)
+        for x in xs:
+            out = k(x)
+        saved = {"inputs.contexts": torch.tensor(row_contexts(key.context, key.rows, weights.spec.indexer.kpool))}
+        saved[f"inputs.{cls.input_name}"] = xs[-1].cpu()
+        return saved | _prefixed("outputs.", {n: t.cpu() for n, t in out.items()})
 
 
 def _prefixed(prefix: str, d: Tensors) -> Tensors:

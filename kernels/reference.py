@@ -15,20 +15,16 @@ from dataclasses import dataclass, field
 import torch
 
 from glm53ctl.errors import UsageError
-from glm53ctl.kernels.dsa.naive import dsa_attention, dsa_attention_prefill
-from glm53ctl.kernels.embed.naive import check_tokens, embed_partial, streams
-from glm53ctl.kernels.ffn.naive import moe, swiglu_mlp
-from glm53ctl.kernels.kda.naive import kda_attention, kda_attention_prefill
-from glm53ctl.kernels.mhc.naive import gate, hc_post
 from glm53ctl.kernels.numerics import FP32, Numerics
+from glm53ctl.kernels.ops.dsa.naive import dsa_attention, dsa_attention_prefill
+from glm53ctl.kernels.ops.embed.naive import check_tokens, embed_partial, streams
+from glm53ctl.kernels.ops.ffn.naive import moe, swiglu_mlp
+from glm53ctl.kernels.ops.kda.naive import kda_attention, kda_attention_prefill
+from glm53ctl.kernels.ops.mhc.naive import gate, hc_post
+from glm53ctl.kernels.ops.tail.naive import final_norm, logits_shard
 from glm53ctl.kernels.spec import ModelSpec
 from glm53ctl.kernels.state import DsaCache, KdaState
-from glm53ctl.kernels.tail.naive import final_norm, logits_shard
 from glm53ctl.kernels.weights import ROOT, Weights
-
-KINDS = ("embed", "dense", "kda", "sparse", "tail", "model")
-# the layer shape each layer kind runs: (attention, ffn)
-LAYER_KINDS = {"dense": ("kda", "dense"), "kda": ("kda", "moe"), "sparse": ("dsa", "moe")}
 
 Tensors = dict[str, torch.Tensor]
 

@@ -46,8 +46,9 @@ def build(
     as_json: Annotated[bool, typer.Option("--json", help="The manifest (or comparison) as JSON.")] = False,
 ) -> None:
     """Compile every kernel per build key ahead of time; registers, spills, shared memory, stack, code hash."""
-    from glm53ctl.kernels.build import BUILD_KINDS, BuildKey, parse_target
+    from glm53ctl.kernels.build import BuildKey, parse_target
     from glm53ctl.kernels.build import build as run_build
+    from glm53ctl.kernels.kinds import kernel_kinds
     from glm53ctl.kernels.spec import ROWS, TP_WIDTHS, load_model, model_names
 
     o = Output(as_json)
@@ -58,7 +59,7 @@ def build(
     models = [m.strip() for m in model.split(",")] if model else model_names()
     for m in models:
         load_model(m)
-    kinds = parse_list("--kind", kind, BUILD_KINDS)
+    kinds = parse_list("--kind", kind, kernel_kinds())
     tps = parse_list("--tp", tp, TP_WIDTHS, int)
     rowss = parse_list("--rows", rows, ROWS, int)
     keys = [BuildKey(m, k, t, r) for m in models for k in kinds for t in tps for r in rowss]

@@ -27,23 +27,35 @@ def register(app: typer.Typer) -> None:
     app.command(name="fault")(fault)
 
 
-def _setup(model, kind, tp, rows):
-    """Device (a GPU, else Triton's interpreter), weights, and the selected keys."""
+AllKeysOpt = Annotated[
+    bool,
+    typer.Option("--all-keys", help="On a CPU, every TP x rows key (default there: each TP and each rows once)."),
+]
+
+
+def _setup(model, kind, tp, rows, all_keys: bool = False):
+    """Device (a GPU, else Triton's interpreter), weights, and the selected keys: on a GPU, or with --all-keys,
+    every TP x rows key; on a CPU, unless --tp or --rows says otherwise, the registry's CPU key set."""
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"  # before any kernel module is imported
-    from glm53ctl.kernels.launches import TRITON_KINDS
+    from glm53ctl.kernels.kinds import CPU_KEYS, kernel_kinds
     from glm53ctl.kernels.spec import ROWS, TP_WIDTHS, load_model
     from glm53ctl.kernels.weights import Weights
 
     spec = load_model(model or ("glm53_flash" if device == "cuda" else "tiny"))
-    kinds = parse_list("--kind", kind, TRITON_KINDS)
+    kinds = parse_list("--kind", kind, kernel_kinds())
     tps = parse_list("--tp", tp, TP_WIDTHS, int)
     for t in tps:
         spec.check_tp(t)
-    keys = [(k, t, r) for k in kinds for t in tps for r in parse_list("--rows", rows, ROWS, int)]
+    rowss = parse_list("--rows", rows, ROWS, int)
+    if device == "cpu" and not all_keys and tp is None and rows is None:
+        pairs = list(CPU_KEYS)
+    else:
+        pairs = [(t, r) for t in tps for r in rowss]
+    keys = [(k, t, r) for k in kinds for t, r in pairs]
     return device, Weights(spec, seed=0, device=device), keys
 
 
@@ -59,11 +71,12 @@ def check(
     jobs: Annotated[
         int, typer.Option("--jobs", "-j", help="Worker processes on a CPU (default: one per core); 1 on a GPU.")
     ] = 0,
+    all_keys: AllKeysOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Accuracy against the reference, determinism, invariants; with --against, bitwise equality with REF."""
     o = Output(as_json)
-    device, weights, keys = _setup(model, kind, tp, rows)  # first: it may select the interpreter
+    device, weights, keys = _setup(model, kind, tp, rows, all_keys)  # first: it may select the interpreter
     jobs = _jobs(jobs, device, keys)
     from safetensors.torch import load_file, save_file
 
@@ -83,13 +96,18 @@ def check(
 
         tree, sha = checkout(against, cache)
         ref_dir = Path(tempfile.mkdtemp(prefix="glm53ctl-against-"))
-        args = ["check", "--save", str(ref_dir), "--seed", str(seed), "--model", weights.spec.name]
-        for flag, value in (("--kind", kind), ("--tp", tp), ("--rows", rows)):
-            if value is not None:
-                args += [flag, value]
+        # the same keys: one run of the ref for a full TP x rows matrix, else one per (TP, rows) pair (the ref
+        # may not know this tree's default key set)
+        base = ["check", "--save", str(ref_dir), "--seed", str(seed), "--model", weights.spec.name]
+        base += ["--kind", ",".join(dict.fromkeys(k for k, _, _ in keys))]
+        pairs = list(dict.fromkeys((t, r) for _, t, r in keys))
+        tps, rowss = list(dict.fromkeys(t for t, _ in pairs)), list(dict.fromkeys(r for _, r in pairs))
+        grids = [(tps, rowss)] if len(pairs) == len(tps) * len(rowss) else [([t], [r]) for t, r in pairs]
         o.log(f"running {against} ({sha[:12]}) from {tree}")
-        if run_cli(tree, args).returncode:
-            raise UsageError(f"{against}'s glm53ctl could not run `check --save`", hint="its error is above")
+        for ts, rs in grids:
+            args = base + ["--tp", ",".join(map(str, ts)), "--rows", ",".join(map(str, rs))]
+            if run_cli(tree, args).returncode:
+                raise UsageError(f"{against}'s glm53ctl could not run `check --save`", hint="its error is above")
     results = []
     o.log(f"checking {len(keys)} keys of {weights.spec.name} on {device}" + (f" with {jobs} processes" * (jobs > 1)))
     for (k, t, r), row in zip(keys, _per_key(_check_row, weights, keys, jobs, seed, device), strict=True):
@@ -248,6 +266,7 @@ def fault(
     jobs: Annotated[
         int, typer.Option("--jobs", "-j", help="Worker processes on a CPU (default: one per core); 1 on a GPU.")
     ] = 0,
+    all_keys: AllKeysOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Stick each guarded wait on purpose: LaunchFault names it, nothing hangs, the retry is bitwise clean."""
@@ -256,7 +275,7 @@ def fault(
     if budget_ms <= 0 or wall_s <= 0:
         raise UsageError("--budget-ms and --wall-s must be positive")
     o = Output(as_json)
-    device, weights, keys = _setup(model, kind, tp, rows)  # first: it may select the interpreter
+    device, weights, keys = _setup(model, kind, tp, rows, all_keys)  # first: it may select the interpreter
     jobs = _jobs(jobs, device, keys)
     results = []
     budget_ns = int(budget_ms * 1e6)

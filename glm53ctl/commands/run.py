@@ -87,7 +87,7 @@ def run(
         if device == "cpu":
             # no GPU: the kernels run in Triton's interpreter (set before any kernel is defined)
             os.environ["TRITON_INTERPRET"] = "1"
-        from glm53ctl.kernels.launches import run_triton
+        from glm53ctl.kernels.harness import run_triton
 
         tensors = run_triton(weights, key, device=device)
     else:

@@ -6,6 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
+from glm53ctl.kernels.kinds.task_types import HOP
 from glm53ctl.kernels.runtime.device import (
     finish,
     launch_epoch,
@@ -17,8 +18,6 @@ from glm53ctl.kernels.runtime.device import (
 )
 from glm53ctl.kernels.runtime.table import TaskTable
 from glm53ctl.kernels.tlx import interpreting
-
-HOP = 0
 
 
 @triton.jit(do_not_specialize=["stuck_site", "budget_ns"])
@@ -60,7 +59,7 @@ class ChainLaunch:
     def __init__(self, n: int, handoff: str, poll: int, grid: int, device) -> None:
         from glm53ctl.kernels.runtime import Runtime
 
-        t = TaskTable("chain", {HOP: "hop"})
+        t = TaskTable("chain")
         prev = t.add(HOP)
         for _ in range(n - 1):
             cur = t.add(HOP)

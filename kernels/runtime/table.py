@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from glm53ctl.kernels.kinds.task_types import TYPE_NAMES
 from glm53ctl.kernels.runtime.device import BOX_WORDS, TASK_FIELDS
 
 FLAG, BOX = 0, 1
@@ -29,10 +30,13 @@ class Site:
 
 @dataclass
 class TaskTable:
-    """Tasks with their waits; `build` lays out the device arrays. Peers are ranks 1..tp-1 of a TP launch."""
+    """Tasks with their waits; `build` lays out the device arrays. Peers are ranks 1..tp-1 of a TP launch.
 
-    kind: str
-    type_names: dict[int, str]
+    Tables compose: a kind's builder appends its tasks to a table it is given, waiting on the producers of its
+    inputs that it is told, and returns the tasks that produce its outputs; so one table can hold a whole
+    step. `kind` names the launch in a LaunchFault."""
+
+    kind: str = ""
     peers: int = 0
     tasks: list[tuple[int, int, int, int]] = field(default_factory=list)
     sites: list[Site] = field(default_factory=list)
@@ -41,8 +45,10 @@ class TaskTable:
     # producer -> box words it must write when it publishes
     box_pubs: dict[int, list[int]] = field(default_factory=dict)
 
-    def add(self, ttype: int, *args: int) -> int:
-        assert ttype in self.type_names and len(args) <= 3
+    def add(self, ttype, *args: int) -> int:
+        """Append a task of type `ttype` (kinds/task_types.py) with up to 3 arguments; its id."""
+        ttype = int(getattr(ttype, "value", ttype))
+        assert ttype in TYPE_NAMES and len(args) <= 3
         self.tasks.append((ttype, *args, *(0,) * (3 - len(args))))
         self.first_site.append(len(self.sites))
         return len(self.tasks) - 1
@@ -90,7 +96,15 @@ class TaskTable:
     def describe_task(self, t: int) -> str:
         if t < 0:
             return f"peer rank {-t}"
-        return f"task {t} ({self.type_names[self.tasks[t][0]]})"
+        return f"task {t} ({self.type_name(t)})"
+
+    def type_name(self, t: int) -> str:
+        return TYPE_NAMES[self.tasks[t][0]]
+
+    def sites_of(self, t: int) -> list[Site]:
+        """Task t's wait sites, early then late."""
+        end = self.first_site[t + 1] if t + 1 < self.n_tasks else len(self.sites)
+        return self.sites[self.first_site[t] : end]
 
     def build(self, device: torch.device | str) -> dict[str, torch.Tensor]:
         n = self.n_tasks

@@ -29,7 +29,7 @@ def summarize(table: TaskTable, trace: torch.Tensor) -> dict:
     us = lambda ns: (ns - t0) / 1000  # noqa: E731
     types: dict[str, dict] = defaultdict(lambda: {"n": 0, "wait": 0.0, "work": 0.0})
     for task, (claimed, ready, done, _, *own) in enumerate(t):
-        s = types[table.type_names[table.tasks[task][0]]]
+        s = types[table.type_name(task)]
         if own and own[0] > 0:  # stamped before its late waits: its own work, apart from waiting for the others
             s["own"] = s.get("own", 0.0) + (own[0] - ready) / 1000
             s["n_own"] = s.get("n_own", 0) + 1
@@ -49,7 +49,7 @@ def summarize(table: TaskTable, trace: torch.Tensor) -> dict:
     task = max(range(len(t)), key=lambda i: t[i][2])
     path = []
     while True:
-        step = {"task": task, "type": table.type_names[table.tasks[task][0]], "program": t[task][3]}
+        step = {"task": task, "type": table.type_name(task), "program": t[task][3]}
         step |= {"claimed": us(t[task][0]), "ready": us(t[task][1]), "done": us(t[task][2])}
         before = max(prods[task], key=lambda p: t[p][2], default=None)
         if before is not None:

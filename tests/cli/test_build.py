@@ -169,3 +169,23 @@ def test_build_takes_a_tuned_register_cap(capsys, tmp_path, monkeypatch):
     built = invoke_json(capsys, *args, "--out", tmp_path / "out")
     regs = {e["key"]: e["kernels"][0]["registers"] for e in built["keys"]}
     assert regs["glm53_flash/dense/tp8/r2"] <= 168 < regs["glm53_flash/dense/tp8/r1"]
+
+
+def test_ptxas_report_is_parsed_to_its_figures():
+    """The figures of a real `ptxas -v` report (sm_90a, a kernel with a stack and spills), not merely present."""
+    from glm53ctl.kernels.build import parse_ptxas
+
+    report = (
+        "ptxas info    : 0 bytes gmem\n"
+        "ptxas info    : Compiling entry function 'dense_kernel' for 'sm_90a'\n"
+        "ptxas info    : Function properties for dense_kernel\n"
+        "    24 bytes stack frame, 148 bytes spill stores, 152 bytes spill loads\n"
+        "ptxas info    : Used 255 registers, used 1 barriers, 24 bytes cumulative stack size, 568 bytes cmem[0]\n"
+    )
+    assert parse_ptxas(report) == {"registers": 255, "stack": 24, "spill_stores": 148, "spill_loads": 152}
+    assert parse_ptxas("ptxas info    : Used 40 registers, 380 bytes cmem[0]\n") == {
+        "registers": 40,
+        "stack": 0,
+        "spill_stores": 0,
+        "spill_loads": 0,
+    }

@@ -1,5 +1,6 @@
 """`glm53ctl check` and `glm53ctl fault` on tiny under the interpreter; `check --against` a git ref."""
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -15,13 +16,27 @@ pytestmark = pytest.mark.interpreter
 
 
 @pytest.mark.slow
-def test_check_passes_on_every_key(capsys):
+def test_check_passes_on_the_cpu_key_set(capsys):
+    """The README's main job: every kind with kernels at the CPU key set (each TP and each row count once)."""
+    from glm53ctl.kernels.kinds import CPU_KEYS, kernel_kinds
+
     doc = invoke_json(capsys, "check")
     assert doc["device"] == "cpu" and doc["model"] == "tiny"
-    assert len(doc["keys"]) == 3 * 4 * 4  # embed, dense and tail × TP 1/2/4/8 × rows 1/2/4/8
+    expect = [f"tiny/{k}/tp{t}/r{r}" for k in kernel_kinds() for t, r in CPU_KEYS]
+    assert [k["key"] for k in doc["keys"]] == expect
     bad = [k for k in doc["keys"] if not k["ok"]]
     assert not bad, bad
-    assert doc["summary"] == "48 of 48 configs pass"
+    assert doc["summary"] == f"{len(expect)} of {len(expect)} configs pass"
+
+
+def test_all_keys_and_explicit_keys_select_the_matrix(monkeypatch):
+    from glm53ctl.commands.check import _setup
+
+    assert len(_setup(None, "embed", None, None)[2]) == 4
+    assert len(_setup(None, "embed", None, None, all_keys=True)[2]) == 16
+    assert [k for k in _setup(None, "embed,tail", "2", None)[2]] == [("embed", 2, r) for r in (1, 2, 4, 8)] + [
+        ("tail", 2, r) for r in (1, 2, 4, 8)
+    ]
 
 
 def test_check_jobs_must_be_positive(capsys):
@@ -30,9 +45,12 @@ def test_check_jobs_must_be_positive(capsys):
 
 
 def test_check_fails_when_a_bound_is_broken(capsys, monkeypatch):
-    from glm53ctl.kernels import checks
+    from types import MappingProxyType
 
-    monkeypatch.setitem(checks.BOUNDS, "tail", {"h_hat": 1e-2, "logits": 0.0})
+    from glm53ctl.kernels.kinds import KINDS
+
+    tail = dataclasses.replace(KINDS["tail"], bounds=MappingProxyType({"h_hat": 1e-2, "logits": 0.0}))
+    monkeypatch.setitem(KINDS, "tail", tail)
     code, out, err = invoke(capsys, "check", "--kind", "tail", "--tp", "1", "--rows", "2", "--json")
     assert code == 1
     doc = json.loads(out)
@@ -118,7 +136,7 @@ def test_against_a_schedule_knob_change_is_bitwise_equal(repo, tmp_path):
 @pytest.mark.slow
 def test_against_an_arithmetic_change_fails_naming_the_tensor(repo, tmp_path):
     old = "b_e = tl.load(table + e_row * D + o_d, mask=(o_d < D) & mine, other=0.0).to(tl.float32)"
-    _edit(repo, "kernels/embed/kernel.py", old, old + " * 2.0")
+    _edit(repo, "kernels/ops/embed/kernel.py", old, old + " * 2.0")
     code, doc, err = _check_against(repo, tmp_path, "embed")
     assert code == 1
     assert doc["summary"].startswith("0 of 2 configs bitwise equal to HEAD~1")

@@ -3,7 +3,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from glm53ctl.kernels.reference import KINDS
+from glm53ctl.kernels.kinds import KINDS
 from tests.helpers import invoke, invoke_json
 
 

@@ -5,16 +5,27 @@ launches with no host reset, every wait site stuck in turn, and the separate-lau
 import pytest
 import torch
 
-from glm53ctl.kernels.checks import BOUNDS, fault_key, reference_outputs
-from glm53ctl.kernels.dense.kernel import GATE_A, GATE_F, GU, INPROJ, KDA, OPROJ, SeparateLaunches, k_slices
-from glm53ctl.kernels.gemv import folds
-from glm53ctl.kernels.harness import RunKey, run_reference
-from glm53ctl.kernels.launches import DenseKind, run_triton
+from glm53ctl.kernels.checks import fault_key
+from glm53ctl.kernels.harness import RunKey, run_reference, run_triton
+from glm53ctl.kernels.kinds import get_kind
+from glm53ctl.kernels.kinds import task_types as tt
+from glm53ctl.kernels.kinds.dense.harness import DenseKind
+from glm53ctl.kernels.kinds.dense.table import STAGES, k_slices
 from glm53ctl.kernels.numerics import rel_rms
+from glm53ctl.kernels.ops.gemv.kernel import folds
 from glm53ctl.kernels.reference import Reference
 from glm53ctl.kernels.spec import load_model
 from glm53ctl.kernels.weights import Weights
-from glm53ctl.tuning.knobs import KNOBS
+from glm53ctl.tuning.knobs import kind_knobs
+
+BOUNDS = get_kind("dense").bounds
+# the task types as the table's rows hold them (ints)
+GATE_A, GATE_F, GU, INPROJ, KDA_HEAD, OPROJ = (
+    t.value for t in (tt.GATE_A, tt.GATE_F, tt.GU, tt.INPROJ, tt.KDA_HEAD, tt.OPROJ)
+)
+COMB_A, COMB_F, MIX_A, MIX_F, RED_A, RED_F = (
+    t.value for t in (tt.COMB_A, tt.COMB_F, tt.MIX_A, tt.MIX_F, tt.RED_A, tt.RED_F)
+)
 
 pytestmark = pytest.mark.interpreter
 
@@ -36,8 +47,8 @@ def assert_same_bits(a: dict, b: dict, what: str) -> None:
 
 
 def assert_accurate(weights, k, x, out) -> None:
-    ref = reference_outputs(weights, k, x)
-    for name, bound in BOUNDS["dense"].items():
+    ref = k.reference(x)
+    for name, bound in BOUNDS.items():
         err = rel_rms(ref[name], out[name])
         assert err <= bound, (name, err)  # NaN fails here too
 
@@ -58,9 +69,9 @@ GPU_ONLY = ("stages", "maxnreg", "poll", "prefetch")
 def _variants():
     """Every schedule knob of dense at every value but its default, and grids 1, 2 and 7."""
     out = [("grid", g) for g in (1, 2, 7)]
-    for knob in KNOBS.values():
-        if "dense" in knob.kinds and knob.cls == "schedule" and knob.name not in ("grid", *GPU_ONLY):
-            out += [(knob.name, v) for v in knob.values if v != knob.default_for("dense")]
+    for knob in kind_knobs("dense").values():
+        if knob.cls == "schedule" and knob.name not in ("grid", *GPU_ONLY):
+            out += [(knob.name, v) for v in knob.values if v != knob.default]
     return out
 
 
@@ -93,7 +104,7 @@ def test_ksplit_is_numeric_and_accurate(weights, ksplit):
     first = next(i for i, task in enumerate(t.tasks) if task[0] == OPROJ)
     waited = {p for s in t.sites if s.task == first for p in s.producers}
     heads = {t.tasks[p][1] for p in waited}
-    assert all(t.tasks[p][0] == KDA for p in waited) and heads == set(range(k.launch.d.HL // k.launch.d.KS_O))
+    assert all(t.tasks[p][0] == KDA_HEAD for p in waited) and heads == set(range(k.launch.d.HL // k.launch.d.KS_O))
 
 
 @pytest.mark.parametrize(("ksplit_gu", "ksplit_in", "norm"), [(2, 1, "fold"), (4, 2, "task"), (1, 4, "fold")])
@@ -110,10 +121,7 @@ def test_k_slices_are_accurate_and_keep_their_bits(weights, ksplit_gu, ksplit_in
     assert_accurate(weights, k, x, out)
     other = DenseKind(weights, 2, 3, {**knobs, "grid": 7, "handoff": "flag"}, "cpu")
     assert_same_bits(out, other(x, peers, poison=True), "grid 7, flags")
-    sep = SeparateLaunches(k.spec, 2, 3, k.knobs, "cpu")
-    sep.whole.set_peers(peers.parts_a, peers.parts_f)
-    sep.whole.poison()
-    assert_same_bits({n: out[n] for n in sep.whole.out}, sep(x.H, k.w[0], *k.rank_state(x, 0)), "separate")
+    assert_same_bits(out, k.separate()(x, peers, poison=True), "separate")
     t = k.launch.table
     for ttype, slices, gate in ((GU, ksplit_gu, GATE_F), (INPROJ, ksplit_in, GATE_A)):
         tiles = [i for i, task in enumerate(t.tasks) if task[0] == ttype]
@@ -135,22 +143,7 @@ def test_every_split_task_waits_on_exactly_its_parts(tp, rows, knobs):
     in-projection tile's slice 0 late on exactly its other slices (and, folded, every gate of its side); the
     other slices wait early on what they read, and late on nothing. The FFN gate and comb wait on their row's
     mix logits: the attention reduces, or (`mix_tasks`) the mix tasks, each on its chunk's reduce alone."""
-    from glm53ctl.kernels.dense.kernel import (
-        COMB_A,
-        COMB_F,
-        GATE_A,
-        GATE_F,
-        INPROJ,
-        MIX_A,
-        MIX_F,
-        OPROJ,
-        RED_A,
-        RED_F,
-        Dims,
-        build_table,
-        kda_parts,
-        mix_tasks,
-    )
+    from glm53ctl.kernels.kinds.dense.table import Dims, build_table, kda_parts, mix_tasks
     from glm53ctl.tuning.knobs import defaults
 
     k = {**defaults("dense"), **knobs}
@@ -163,11 +156,11 @@ def test_every_split_task_waits_on_exactly_its_parts(tp, rows, knobs):
         early = {p for s in sites if not s.late for p in s.producers}
         late = {p for s in sites if s.late for p in s.producers}
         assert all(p < i for p in early | late)
-        if ttype == KDA:
+        if ttype == KDA_HEAD:
             assert early and all(t.tasks[p][0] == INPROJ and t.tasks[p][2] == 0 for p in early) and not late
         elif ttype == OPROJ:
             heads = range(a1 * d.PK // d.K, (a1 + 1) * d.PK // d.K)
-            assert early == {j for j in of_type(KDA) if t.tasks[j][1] in heads} and not late
+            assert early == {j for j in of_type(KDA_HEAD) if t.tasks[j][1] in heads} and not late
             assert len(early) == len(heads) * rows * kda_parts(k["kda_split"], d.HL, rows, k["grid"])
         elif ttype in (GU, INPROJ):
             slices = {j for j, task in enumerate(t.tasks) if task[:2] == (ttype, a0)} - {i}
@@ -192,7 +185,7 @@ def test_every_split_task_waits_on_exactly_its_parts(tp, rows, knobs):
 def test_ffn_mix_auto_makes_mix_tasks_where_gate_up_folds():
     """ffn_mix "auto": mix tasks exactly where gate/up folds the norm (waiting for H1 alone, it starts sooner);
     unfolded, gate/up waits for the FFN gates and a mix task would add a hand-off before them."""
-    from glm53ctl.kernels.dense.kernel import mix_tasks
+    from glm53ctl.kernels.kinds.dense.table import mix_tasks
 
     auto = [mix_tasks({"ffn_mix": "auto", "norm": "auto"}, rows, 4) for rows in (1, 2, 4, 5, 8)]
     assert auto == [True, True, True, False, False]
@@ -204,8 +197,8 @@ def test_ffn_mix_auto_makes_mix_tasks_where_gate_up_folds():
 
 def test_kda_split_0_splits_heads_as_far_as_the_grid_covers_their_parts():
     """kda_split 0 at glm53_flash's keys on an H200's 396 programs: the parts that measured fastest of 1, 2, 4
-    (docs/perf/2026-11-30-dense.md); a value given is kept."""
-    from glm53ctl.kernels.dense.kernel import Dims, kda_parts
+    (docs/perf/dense.md); a value given is kept."""
+    from glm53ctl.kernels.kinds.dense.table import Dims, kda_parts
     from glm53ctl.tuning.knobs import defaults
 
     spec = load_model("glm53_flash")
@@ -294,10 +287,7 @@ def test_the_other_norm_value_is_accurate_and_keeps_its_bits(weights, tp, rows):
     other = DenseKind(weights, tp, rows, {"grid": 64, "norm": norm, "handoff": "flag", "block_n_in": 16}, "cpu")
     assert_same_bits(out, other(x, peers, poison=True), "grid 64, flags, block_n_in 16")
     if (tp, rows) == (2, 3):
-        sep = SeparateLaunches(k.spec, tp, rows, k.knobs, "cpu")
-        sep.whole.set_peers(peers.parts_a, peers.parts_f)
-        sep.whole.poison()
-        assert_same_bits({n: out[n] for n in sep.whole.out}, sep(x.H, k.w[0], *k.rank_state(x, 0)), "separate")
+        assert_same_bits(out, k.separate()(x, peers, poison=True), "separate")
 
 
 @pytest.mark.parametrize(("oproj_first", "kda_split"), [(0, 1), (1, 4)])
@@ -308,15 +298,13 @@ def test_separate_launches_give_the_same_bits(weights, oproj_first, kda_split):
     x = k.inputs(seed=6)[0]
     peers = k.peer_partials(x)
     whole = k(x, peers, poison=True)
-    sep = SeparateLaunches(k.spec, 2, 2, k.knobs, "cpu")
-    sep.whole.set_peers(peers.parts_a, peers.parts_f)
-    sep.whole.poison()
-    out = sep(x.H, k.w[0], *k.rank_state(x, 0))
-    assert_same_bits({n: whole[n] for n in out}, out, "separate launches")
+    sep = k.separate()
+    assert_same_bits(whole, sep(x, peers, poison=True), "separate launches")  # the outputs and the state writes
     # 10 launches that run every task of the whole launch exactly once
-    assert len(sep.stages) == 10 and sum(st.table.n_tasks for st in sep.stages) == sep.whole.table.n_tasks
-    assert sorted(t for st in sep.stages for t in st.table.tasks) == sorted(sep.whole.table.tasks)
-    kda = sep.stages[SeparateLaunches.STAGES.index((KDA,))].runtime.table
+    stages, table = sep.launch.stages, k.launch.table
+    assert len(stages) == 10 and sum(st.table.n_tasks for st in stages) == table.n_tasks
+    assert sorted(t for st in stages for t in st.table.tasks) == sorted(table.tasks)
+    kda = stages[STAGES.index((tt.KDA_HEAD,))].runtime.table
     assert kda.n_tasks and not kda.sites
 
 
@@ -327,7 +315,7 @@ def test_run_backend_triton_matches_the_reference_over_steps(weights):
     assert set(ref) == set(out)
     for name in ref:
         if name.startswith(("outputs.", "writes.", "inputs.state.")):  # step 2 reads step 1's writes
-            bound = BOUNDS["dense"].get(name.removeprefix("outputs."), 1e-2)
+            bound = BOUNDS.get(name.removeprefix("outputs."), 1e-2)
             assert rel_rms(ref[name], out[name]) <= bound, name
         else:
             assert torch.equal(ref[name].float(), out[name].float()), name

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from glm53ctl.kernels.dsa import (
+from glm53ctl.kernels.numerics import FP32, FP64, Numerics, rel_rms
+from glm53ctl.kernels.ops.dsa import (
     dsa_attention,
     dsa_attention_prefill,
     index_scores,
@@ -19,7 +20,6 @@ from glm53ctl.kernels.dsa import (
     select_tokens,
     sparse_mla,
 )
-from glm53ctl.kernels.numerics import FP32, FP64, Numerics, rel_rms
 from glm53ctl.kernels.spec import ModelSpec, load_model
 from glm53ctl.kernels.state import DsaCache
 from tests.helpers import assert_close

@@ -5,7 +5,7 @@ import torch
 import triton
 import triton.language as tl
 
-from glm53ctl.kernels.gemv import sum_streams
+from glm53ctl.kernels.ops.gemv.kernel import sum_streams
 
 pytestmark = pytest.mark.interpreter
 
@@ -34,7 +34,7 @@ def test_sum_streams_adds_the_streams_in_stream_order(M, BN):
 
 def test_norm_auto_folds_while_the_stream_rows_fit_one_tile():
     """`norm` "auto": fold while rows x streams fit the 16-row tile rows alone need (rows <= 4 at 4 streams)."""
-    from glm53ctl.kernels.gemv import folds
+    from glm53ctl.kernels.ops.gemv.kernel import folds
 
     assert [folds("auto", rows, 4) for rows in (1, 2, 4, 5, 8)] == [True, True, True, False, False]
     assert folds("fold", 8, 4) and not folds("task", 1, 4)

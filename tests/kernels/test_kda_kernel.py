@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from glm53ctl.kernels.kda.kernel import kda_core
-from glm53ctl.kernels.kda.naive import delta_rule_step, gated_rmsnorm, l2norm, safe_gate, short_conv_step
 from glm53ctl.kernels.numerics import FP32
+from glm53ctl.kernels.ops.kda.kernel import kda_core
+from glm53ctl.kernels.ops.kda.naive import delta_rule_step, gated_rmsnorm, l2norm, safe_gate, short_conv_step
 from glm53ctl.kernels.spec import load_model
 from tests.helpers import assert_close
 

@@ -1,13 +1,25 @@
 import pytest
 
 from glm53ctl.errors import UsageError
-from glm53ctl.tuning.knobs import KNOBS, check_knobs, defaults, resolve_grid
+from glm53ctl.kernels.kinds import KINDS, kernel_kinds
+from glm53ctl.tuning.knobs import RUNTIME_KNOBS, check_knobs, defaults, kind_knobs, resolve_grid
 
 
 def test_every_knob_default_is_one_of_its_values():
-    for k in KNOBS.values():
-        assert k.default in k.values and k.cls in ("schedule", "numeric") and k.kinds
-        assert all(kind in k.kinds and v in k.values for kind, v in k.per_kind)
+    for kind in kernel_kinds():
+        for k in kind_knobs(kind).values():
+            assert k.default in k.values and k.cls in ("schedule", "numeric"), (kind, k.name)
+    for k in RUNTIME_KNOBS.values():
+        assert k.default in k.values
+
+
+def test_a_kind_declares_its_own_knobs_and_takes_runtime_knobs_by_name():
+    """A kind's knobs are declared in its folder; the runtime's once; no name declared twice for a kind."""
+    for name, kind in KINDS.items():
+        assert set(kind.runtime) <= set(RUNTIME_KNOBS) and set(kind.knob_defaults) <= set(kind.runtime), name
+        own = [k.name for k in kind.knobs]
+        assert len(own) == len(set(own)) and not set(own) & set(RUNTIME_KNOBS), name
+    assert [k for k, v in KINDS.items() if v.has_kernels] == list(kernel_kinds()) == ["embed", "dense", "tail"]
 
 
 def test_defaults_per_kind():
@@ -33,7 +45,7 @@ def test_launches_take_the_tuned_entry_of_their_key(tmp_path, monkeypatch):
     import json
     import shutil
 
-    from glm53ctl.kernels.launches import KindLaunch
+    from glm53ctl.kernels.checks import make_launch
     from glm53ctl.kernels.spec import load_model
     from glm53ctl.kernels.weights import Weights
     from glm53ctl.paths import config_root
@@ -46,11 +58,11 @@ def test_launches_take_the_tuned_entry_of_their_key(tmp_path, monkeypatch):
     (tmp_path / "tuned" / "tiny" / "tp4.json").write_text(json.dumps(d))
     monkeypatch.setenv("GLM53CTL_CONFIG_DIR", str(tmp_path))
     w = Weights(load_model("tiny"))
-    assert KindLaunch(w, "tail", 4, 2, {}, "cpu").knobs["block_n"] == 32
-    assert KindLaunch(w, "tail", 4, 2, {}, "cpu").knobs["handoff"] == "flag"
-    assert KindLaunch(w, "tail", 4, 1, {}, "cpu").knobs == {**defaults("tail"), "grid": 4}
-    assert KindLaunch(w, "tail", 4, 2, {"block_n": 64}, "cpu").knobs["block_n"] == 64
+    assert make_launch(w, "tail", 4, 2, {}, "cpu").knobs["block_n"] == 32
+    assert make_launch(w, "tail", 4, 2, {}, "cpu").knobs["handoff"] == "flag"
+    assert make_launch(w, "tail", 4, 1, {}, "cpu").knobs == {**defaults("tail"), "grid": 4}
+    assert make_launch(w, "tail", 4, 2, {"block_n": 64}, "cpu").knobs["block_n"] == 64
     d["entries"] = {"tail": {"2": {"knobs": {"chunk": 256}}}}
     (tmp_path / "tuned" / "tiny" / "tp4.json").write_text(json.dumps(d))
     with pytest.raises(UsageError, match="knob 'chunk' does not apply to tail"):
-        KindLaunch(w, "tail", 4, 2, {}, "cpu")
+        make_launch(w, "tail", 4, 2, {}, "cpu")

@@ -5,8 +5,9 @@ import torch
 import triton
 import triton.language as tl
 
-from glm53ctl.kernels.harness import RunKey, run_reference
-from glm53ctl.kernels.launches import KindLaunch, run_triton
+from glm53ctl.kernels.checks import make_launch
+from glm53ctl.kernels.harness import RunKey, run_reference, run_triton
+from glm53ctl.kernels.kinds.task_types import EMBED_GATHER, HOP
 from glm53ctl.kernels.numerics import rel_rms
 from glm53ctl.kernels.reference import Reference
 from glm53ctl.kernels.runtime import LaunchFault
@@ -14,7 +15,7 @@ from glm53ctl.kernels.runtime.device import TASK_FIELDS
 from glm53ctl.kernels.runtime.table import BOX, FLAG, TaskTable
 from glm53ctl.kernels.spec import load_model
 from glm53ctl.kernels.weights import Weights
-from glm53ctl.tuning.knobs import KNOBS
+from glm53ctl.tuning.knobs import kind_knobs
 
 pytestmark = pytest.mark.interpreter
 
@@ -68,7 +69,7 @@ def test_tail_with_the_norm_weight_in_lm_head_or_not(weights, tp, rows):
 
 
 def _launch(weights, kind, tp, rows, **knobs):
-    k = KindLaunch(weights, kind, tp, rows, knobs, "cpu")
+    k = make_launch(weights, kind, tp, rows, knobs, "cpu")
     x = k.inputs(seed=7)[0]
     return k, x, k.peer_partials(x)
 
@@ -86,7 +87,7 @@ def test_bitwise_across_grids_and_every_schedule_knob(weights, kind):
     # stages (a compile option), poll and prefetch (inline asm) change nothing the interpreter runs: the GPU
     # checks them (benchmarks/runtime_gpu.py)
     gpu_only = ("stages", "maxnreg", "poll", "prefetch")
-    for knob in (k for k in KNOBS.values() if kind in k.kinds and k.name not in gpu_only):
+    for knob in (k for k in kind_knobs(kind).values() if k.name not in gpu_only):
         values = (3, 64) if knob.name == "grid" else knob.values
         for value in values:
             k, _, _ = _launch(weights, kind, 2, 3, **{knob.name: value})
@@ -139,14 +140,15 @@ def test_each_site_stuck_is_named_and_the_next_launch_is_clean(weights, kind, kn
 def test_tail_split_even_deals_every_row_once(v_local, tp, rows, grid):
     """split "even": the lm_head rows covered exactly once, at most block_n a task, the same number of tasks
     for every program left after the NORM tasks and those kept for the gathers (one in 16)."""
-    from glm53ctl.kernels.tail.kernel import GATHER, GEMV, SPARE_EVERY, build_table
+    from glm53ctl.kernels.kinds.tail.table import SPARE_EVERY, build_table
+    from glm53ctl.kernels.kinds.task_types import TAIL_GATHER, TAIL_LM_HEAD
 
     t = build_table(rows, v_local, tp, 64, "box", "last", "even", grid)
-    gemv = [task for task in t.tasks if task[0] == GEMV]
+    gemv = [task for task in t.tasks if task[0] == TAIL_LM_HEAD.value]
     assert sorted((a0, a0 + a1) for _, a0, a1, _ in gemv) == [(a0, a0 + a1) for _, a0, a1, _ in gemv]
     assert gemv[0][1] == 0 and all(g[1] + g[2] == h[1] for g, h in zip(gemv, gemv[1:], strict=False))
     assert gemv[-1][1] + gemv[-1][2] == v_local and max(a1 for _, _, a1, _ in gemv) <= 64
-    free = grid - rows - min(grid // SPARE_EVERY, sum(task[0] == GATHER for task in t.tasks))
+    free = grid - rows - min(grid // SPARE_EVERY, sum(task[0] == TAIL_GATHER.value for task in t.tasks))
     rounds = triton.cdiv(triton.cdiv(v_local, 64), free)  # as few rounds over the free programs as tiles need
     assert triton.cdiv(len(gemv), free) == rounds
     assert len(gemv) >= rounds * free - max(1, free // 16)  # and the last round almost full (tiles: 303 of 371)
@@ -165,29 +167,29 @@ def test_any_claim_order_the_waits_allow_gives_the_same_bits(weights, tp, rows):
 
 
 def test_task_table_is_topological_and_boxes_fit_a_line():
-    t = TaskTable("test", {0: "a", 1: "b"}, peers=1)
-    producers = [t.add(0) for _ in range(40)]
-    c = t.add(1)
+    t = TaskTable("test", peers=1)
+    producers = [t.add(HOP) for _ in range(40)]
+    c = t.add(EMBED_GATHER)
     t.wait(c, producers, "box")
     t.wait_peer(c, 1)
     assert [s.count for s in t.sites if s.kind == BOX] == [32, 8]
     with pytest.raises(AssertionError):
-        t.add(1)
+        t.add(HOP)
         t.wait(len(t.tasks) - 1, [len(t.tasks)])
     arrays = t.build("cpu")
     assert arrays["tasks"].numel() == TASK_FIELDS.value * t.n_tasks
     rows = arrays["tasks"].reshape(t.n_tasks, -1).tolist()
     # a row: type, a0-a2, first site, sites, publish flag / box words / first word, first site's kind/index/words
-    assert rows[c][:12] == [1, 0, 0, 0, 0, 3, 0, 0, 40, BOX, 0, 32]
-    assert rows[0][:12] == [0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0]
+    assert rows[c][:12] == [EMBED_GATHER.value, 0, 0, 0, 0, 3, 0, 0, 40, BOX, 0, 32]
+    assert rows[0][:12] == [HOP.value, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0]
 
 
 def test_every_peer_in_one_site():
     """An all-reduce waits on its peers at one site: their consecutive flag words (after the tasks' words),
     polled at once, every peer named as its producer."""
-    t = TaskTable("test", {0: "a", 1: "b"}, peers=3)
-    a = t.add(0)
-    c = t.add(1)
+    t = TaskTable("test", peers=3)
+    a = t.add(HOP)
+    c = t.add(HOP)
     t.wait(c, [a])
     t.wait_peers(c)
     assert [(s.kind, s.count, s.producers) for s in t.sites] == [(FLAG, 1, [a]), (FLAG, 3, [-1, -2, -3])]
@@ -232,7 +234,7 @@ def test_an_unchecked_fault_does_not_leak_into_the_next_launch(weights):
 def test_build_placeholders_mirror_the_launch_arguments(weights):
     """The ahead-of-time build must see the dtypes the launch passes (tail passes H when it has no peers)."""
     for tp, partial, dtype in ((1, False, torch.bfloat16), (2, False, torch.float32), (2, True, torch.bfloat16)):
-        k = KindLaunch(weights, "tail", tp, 1, {}, "cpu")
+        k = make_launch(weights, "tail", tp, 1, {}, "cpu")
         launch = k.peers[0] if partial else k.launch
         assert launch.placeholder_args()["peer_logits"].dtype == dtype
 

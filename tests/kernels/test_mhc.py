@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from glm53ctl.kernels.mhc import naive
-from glm53ctl.kernels.mhc.kernel import gate, hc_post
 from glm53ctl.kernels.numerics import FP32
+from glm53ctl.kernels.ops.mhc import naive
+from glm53ctl.kernels.ops.mhc.kernel import gate, hc_post
 from glm53ctl.kernels.spec import load_model
 from glm53ctl.kernels.weights import Weights
 from tests.helpers import assert_close

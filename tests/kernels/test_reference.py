@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from glm53ctl.errors import UsageError
-from glm53ctl.kernels.ffn.naive import route, swiglu_mlp, topk_ordered
 from glm53ctl.kernels.harness import RunKey, row_contexts, run_reference
-from glm53ctl.kernels.mhc.naive import hc_post, hc_pre, sinkhorn
 from glm53ctl.kernels.numerics import FP64, rel_rms
+from glm53ctl.kernels.ops.ffn.naive import route, swiglu_mlp, topk_ordered
+from glm53ctl.kernels.ops.mhc.naive import hc_post, hc_pre, sinkhorn
 from glm53ctl.kernels.reference import Reference, empty_state
 from glm53ctl.kernels.spec import load_model
 from glm53ctl.kernels.weights import ROOT, Weights
@@ -219,7 +219,7 @@ def test_run_reference_rejects_bad_keys(spec, weights):
 
 def test_moe_scales_routed_experts_only(spec, weights):
     """Trap 9: y = sum_e w_e * Expert_e(x) + Shared(x), the shared expert unscaled."""
-    from glm53ctl.kernels.ffn.naive import moe
+    from glm53ctl.kernels.ops.ffn.naive import moe
 
     torch.manual_seed(42)
     w = weights.layer(3).sub("mlp.")

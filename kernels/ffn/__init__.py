@@ -1,3 +1,0 @@
-from glm53ctl.kernels.ffn.naive import moe, route, swiglu_mlp, topk_ordered
-
-__all__ = ["moe", "route", "swiglu_mlp", "topk_ordered"]

@@ -1,0 +1,127 @@
+"""The registry of launch kinds: what every command reads to know a kind (DESIGN.md §2).
+
+One entry per kind: what it computes, its reference run (what `glm53ctl run` saves), the layer shape it runs
+(for layer kinds), its launch harness (its kernel, launch, table and reference outputs at a key; None until
+the kind has kernels), its accuracy bounds, and its knobs (its own, and the runtime's it takes, with its own
+defaults). How a kind's knobs become compile-time constants is its launch's `constexprs()`.
+
+Adding a kind is a folder `kernels/kinds/<kind>/` (facts in `__init__.py`: KNOBS, RUNTIME, KNOB_DEFAULTS,
+BOUNDS; then `table.py`, `kernel.py`, `launch.py`, `harness.py`) and one line below. Nothing outside this
+module asks `if kind == ...`. Importing it costs no torch: harnesses and references load when first used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from glm53ctl.kernels.kinds import dense, embed, tail
+
+_PKG = "glm53ctl.kernels"
+
+
+@dataclass(frozen=True)
+class Kind:
+    name: str
+    summary: str
+    reference: str  # "module:function" that runs the kind on the reference (kernels/harness.py)
+    harness: str | None = None  # "module:Class" of its launch harness; None: no kernels yet
+    layer: tuple[str, str] | None = None  # a layer kind's (attention, FFN) shape (kernels/spec.py)
+    takes_tokens: bool = False  # its input is token ids (else the streams H)
+    bounds: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
+    knobs: tuple = ()  # its own knobs (tuning.knobs.Knob)
+    runtime: tuple[str, ...] = ()  # the runtime's knobs it takes (tuning.knobs.RUNTIME_KNOBS)
+    knob_defaults: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
+
+    @property
+    def has_kernels(self) -> bool:
+        return self.harness is not None
+
+    def load_harness(self):
+        """The harness class: `Harness(weights, tp, rows, knobs, device, layer=None)` is one key's launch."""
+        from glm53ctl.errors import UsageError
+
+        if self.harness is None:
+            raise UsageError(f"the Triton backend has no {self.name} launch yet", hint=f"kinds with kernels: {names()}")
+        return _load(self.harness)
+
+    def run_reference(self, ref, key):
+        """`glm53ctl run`'s reference run of this kind (kernels/harness.py)."""
+        return _load(self.reference)(ref, key)
+
+
+def _load(path: str):
+    module, name = path.split(":")
+    return getattr(importlib.import_module(f"{_PKG}.{module}"), name)
+
+
+def _facts(module) -> dict:
+    """A kind folder's facts (its __init__.py) as registry fields."""
+    return {
+        "knobs": module.KNOBS,
+        "runtime": module.RUNTIME,
+        "knob_defaults": MappingProxyType(module.KNOB_DEFAULTS),
+        "bounds": MappingProxyType(module.BOUNDS),
+    }
+
+
+KINDS = {
+    k.name: k
+    for k in (
+        Kind(
+            "embed",
+            "token ids -> H (vocab-parallel gather + all-reduce)",
+            "harness:run_embed",
+            "kinds.embed.harness:EmbedKind",
+            takes_tokens=True,
+            **_facts(embed),
+        ),
+        Kind(
+            "dense",
+            "one KDA layer with the dense MLP (layers 0-2)",
+            "harness:run_layer",
+            "kinds.dense.harness:DenseKind",
+            layer=("kda", "dense"),
+            **_facts(dense),
+        ),
+        Kind("kda", "one KDA layer with the MoE", "harness:run_layer", layer=("kda", "moe")),
+        Kind("sparse", "one DSA layer with the MoE", "harness:run_layer", layer=("dsa", "moe")),
+        Kind(
+            "tail",
+            "mean of the streams, final norm, lm_head -> logits",
+            "harness:run_tail",
+            "kinds.tail.harness:TailKind",
+            **_facts(tail),
+        ),
+        Kind("model", "the whole decode step: embed, 45 layers, tail", "harness:run_model", takes_tokens=True),
+    )
+}
+
+
+# The keys `check` and `fault` take on a CPU unless told otherwise (the full TP x rows matrix is --all-keys): every
+# TP width and every row count once, so each kind meets no peers and peers (TP1 / TP>1), a norm folded into the
+# GEMVs and not (rows <= 4 / 8), and 1, 2, 4 and 8 rows of its tiles; a quarter of the matrix's time.
+CPU_KEYS = ((1, 1), (2, 8), (4, 2), (8, 4))
+
+
+def names(with_kernels: bool = True) -> str:
+    return ", ".join(n for n, k in KINDS.items() if k.has_kernels or not with_kernels)
+
+
+def kernel_kinds() -> tuple[str, ...]:
+    """The kinds that have kernels, in registry order (what `check`, `fault` and `build` select by default)."""
+    return tuple(n for n, k in KINDS.items() if k.has_kernels)
+
+
+def get_kind(name: str) -> Kind:
+    from glm53ctl.errors import UsageError
+
+    if name not in KINDS:
+        raise UsageError(f"unknown kind {name!r}", hint=f"one of {names(with_kernels=False)}")
+    return KINDS[name]
+
+
+LAYER_KINDS = {n: k.layer for n, k in KINDS.items() if k.layer is not None}
+
+__all__ = ["CPU_KEYS", "KINDS", "LAYER_KINDS", "Kind", "get_kind", "kernel_kinds", "names"]

@@ -1,0 +1,149 @@
+"""One key of `dense` with its peers, as `check`, `fault`, `run`, `build` and `bench` use it (kinds/__init__.py).
+
+A TP-T launch runs rank 0's shard; the peers' partials come first from partial launches of the same kernel
+on ranks 1..T-1's shards, in two phases, in same-GPU buffers (DESIGN.md §3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from glm53ctl.kernels.harness import Inputs, KindHarness, RunKey, layer_for, layer_state, row_contexts
+from glm53ctl.kernels.kinds.dense.launch import DenseLaunch, prepare_weights
+from glm53ctl.kernels.kinds.dense.table import STAGES
+from glm53ctl.kernels.numerics import FP32
+from glm53ctl.kernels.ops.gemv.kernel import folds
+from glm53ctl.kernels.reference import DecodeState, Reference, conv_join, conv_slice, head_slice, room
+from glm53ctl.kernels.state import KdaState
+from glm53ctl.kernels.weights import Weights
+
+
+@dataclass
+class LayerInput:
+    """A layer launch's input: the streams H [R, hc, D] bf16 and the layer's KDA state before the step
+    (TP-independent: all heads; conv bf16, recurrent fp32)."""
+
+    H: torch.Tensor
+    state: KdaState
+
+    def to(self, device) -> LayerInput:
+        return LayerInput(self.H.to(device), KdaState(self.state.conv.to(device), self.state.recurrent.to(device)))
+
+
+@dataclass
+class DensePeers:
+    """What the other ranks contribute to rank 0's launch: their partials [T, R, D] and their state writes."""
+
+    parts_a: torch.Tensor
+    parts_f: torch.Tensor
+    writes: list[tuple[torch.Tensor, torch.Tensor]]  # (conv, recurrent) of ranks 1..T-1
+
+
+class DenseKind(KindHarness):
+    """The `dense` launch of one key with its peers. Rank 0 runs the whole layer; the other ranks' partials
+    come from the same kernel on their shards in two phases, as the all-reduces need them: every rank's
+    attention partial first, then each peer's FFN partial given all attention partials."""
+
+    kind = "dense"
+    input_name = "H"
+    STAGES = STAGES
+
+    def __init__(self, weights: Weights, tp: int, rows: int, knobs: dict | None, device, layer=None) -> None:
+        super().__init__(weights, tp, rows, knobs, device)
+        spec, knobs = self.spec, self.knobs
+        self.layer = layer_for(spec, "dense", layer)
+        fold = folds(knobs["norm"], rows, spec.mhc.streams)
+        self.w = [prepare_weights(weights.layer(self.layer, r, tp), spec, tp, device, fold) for r in range(tp)]
+        self.launch = DenseLaunch(spec, tp, rows, knobs, device)
+        if tp > 1:
+            self.attn = [DenseLaunch(spec, tp, rows, knobs, device, rank=q, mode="attn") for q in range(tp)]
+            self.ffn = [DenseLaunch(spec, tp, rows, knobs, device, rank=q, mode="ffn") for q in range(1, tp)]
+
+    @staticmethod
+    def build_launches(spec, tp: int, rows: int, knobs: dict) -> list[tuple[str, object]]:
+        # a peer's partial launches differ from rank 0's in the task table and runtime arguments only
+        return [("launch", DenseLaunch(spec, tp, rows, knobs, "cpu"))]
+
+    def rank_state(self, x: LayerInput, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rank's slices of the state: its q, k and v conv channels and its heads (contiguous, on device)."""
+        conv = conv_slice(x.state.conv, rank, self.tp).to(self.device, torch.bfloat16).contiguous()
+        rec = head_slice(x.state.recurrent, rank, self.tp).to(self.device, torch.float32).contiguous()
+        return conv, rec
+
+    def peer_partials(self, x: LayerInput) -> DensePeers | None:
+        if self.tp == 1:
+            return None
+        x = x.to(self.device)
+        T, R, D = self.tp, self.rows, self.spec.hidden
+        parts_a = torch.zeros(T, R, D, device=self.device)
+        parts_f = torch.zeros(T, R, D, device=self.device)
+        writes = []
+        for q, launch in enumerate(self.attn):
+            launch.poison()  # a state element a peer's launch leaves alone fails every check too
+            launch(x.H, self.w[q], *self.rank_state(x, q))
+            parts_a[q] = launch.buf["parts_a"][q]
+            if q:
+                writes.append((launch.conv_out.clone(), launch.S_out.clone()))
+        for q, launch in enumerate(self.ffn, start=1):
+            launch.set_peers(parts_a=parts_a)
+            launch(x.H, self.w[q], *self.rank_state(x, q))
+            parts_f[q] = launch.buf["parts_f"][q]
+        return DensePeers(parts_a, parts_f, writes)
+
+    def __call__(self, x: LayerInput, peers=None, poison: bool = False, **guard) -> dict[str, torch.Tensor]:
+        """One launch of rank 0 (after the peers' partials): every output and the whole layer's state writes."""
+        x = x.to(self.device)
+        peers = self.peer_partials(x) if peers is None and self.tp > 1 else peers
+        launch = self.launch
+        if peers is not None:
+            launch.set_peers(peers.parts_a, peers.parts_f)
+        if poison:
+            launch.poison()
+        out = {n: t.clone() for n, t in launch(x.H, self.w[0], *self.rank_state(x, 0), **guard).items()}
+        writes = [(launch.conv_out, launch.S_out)] + (peers.writes if peers is not None else [])
+        out["kda.conv"] = conv_join([c for c, _ in writes])
+        out["kda.recurrent"] = torch.cat([s for _, s in writes], dim=1)
+        return out
+
+    def reference(self, x: LayerInput) -> dict[str, torch.Tensor]:
+        """The reference layer at this TP width on the launch's inputs: its outputs and its state writes."""
+        i = self.layer
+        state = DecodeState(
+            torch.zeros(self.rows, dtype=torch.long), 1, {i: KdaState(x.state.conv.float(), x.state.recurrent)}
+        )
+        out, new = self.reference_model().layer(i, x.H.float(), state)
+        return out | {"kda.conv": new.kda[i].conv, "kda.recurrent": new.kda[i].recurrent}
+
+    def inputs(self, seed: int, steps: int = 1, tokens=None) -> list[LayerInput]:
+        """Seeded H and a random layer state per step (fresh draws: every row at its own state)."""
+        gen = Inputs(self.spec, seed, FP32)
+        return [LayerInput(gen.H(self.rows).to(torch.bfloat16), gen.kda_state(self.rows)) for _ in range(steps)]
+
+    @classmethod
+    def run(cls, weights: Weights, key: RunKey, knobs: dict | None, device) -> dict[str, torch.Tensor]:
+        """`run --backend triton`: run_reference's inputs (the same draws: the layer's state prefilled to each
+        row's context, then H per step) through the launch, each step's state writes read by the next."""
+        return _run(cls, weights, key, knobs, device)
+
+
+def _run(cls, weights: Weights, key: RunKey, knobs: dict | None, device) -> dict[str, torch.Tensor]:
+    spec = weights.spec
+    k = cls(weights, key.tp, key.rows, knobs, device, layer=key.layer)
+    i = k.layer
+    inputs = Inputs(spec, key.seed, FP32)
+    contexts = row_contexts(key.context, key.rows, spec.indexer.kpool)
+    state = layer_state(Reference(weights), i, contexts, inputs, room(spec, max(contexts) + key.steps)).kda[i]
+    for _ in range(key.steps):
+        x = LayerInput(inputs.H(key.rows).to(torch.bfloat16), state)
+        out = k(x)
+        state = KdaState(out.pop("kda.conv").float().cpu(), out.pop("kda.recurrent").cpu())
+    pre = f"layers.{i}.kda."
+    return (
+        {"inputs.contexts": torch.tensor(contexts), "inputs.H": x.H, "inputs.layer": torch.tensor(i)}
+        | {"inputs.pos": torch.tensor(contexts) + key.steps - 1}
+        | {f"inputs.state.{pre}conv": x.state.conv, f"inputs.state.{pre}recurrent": x.state.recurrent}
+        | {f"outputs.{n}": t.cpu() for n, t in out.items()}
+        | {f"writes.{pre}conv": state.conv, f"writes.{pre}recurrent": state.recurrent}
+    )

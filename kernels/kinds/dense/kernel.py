@@ -1,0 +1,481 @@
+"""The `dense` kernel: the claim loop over the layer's tasks (table.py) and the dispatch to their bodies
+(tasks.py). Knob `oproj_first` lives here: a KDA task publishes (its head's z, if it arrived last) and leaves
+its step (decay, k, delta: 3 vectors) in scratch; its program runs its next task (an o_proj tile, as the table
+orders them), then recomputes the new recurrent state from S_in with the same operations (the same bits) and
+writes both states back.
+"""
+
+import triton
+import triton.language as tl
+
+from glm53ctl.kernels.kinds.dense.tasks import (
+    PR,
+    prefetch,
+    task_gate,
+    task_gate_up,
+    task_inproj,
+    task_kda,
+    task_mix,
+    task_own,
+    task_partial,
+    task_reduce,
+)
+from glm53ctl.kernels.kinds.task_types import (
+    COMB_A,
+    COMB_F,
+    DOWN,
+    GATE_A,
+    GATE_F,
+    GU,
+    INPROJ,
+    KDA_HEAD,
+    MIX_A,
+    MIX_F,
+    OPROJ,
+    OWN_A,
+    OWN_F,
+    RED_A,
+    RED_F,
+)
+from glm53ctl.kernels.ops.kda.kernel import kda_write_state
+from glm53ctl.kernels.runtime.device import (
+    finish,
+    launch_epoch,
+    next_task,
+    publish,
+    runtime_buffers,
+    stamp,
+    task_row,
+    wait_task,
+)
+
+
+@triton.jit(do_not_specialize=["stuck_site", "budget_ns", "RANK", "n_tasks", "n_peers", "n_programs"])
+def dense_kernel(
+    ctl,
+    flags,
+    boxes,
+    errs,
+    tasks,
+    wait_kind,
+    wait_index,
+    wait_count,
+    pub_slot,
+    # inputs and weights
+    H,
+    fn_a,
+    base_a,
+    scale_a,
+    norm_a,
+    fn_f,
+    base_f,
+    scale_f,
+    norm_f,
+    w_in,
+    w_fb,
+    w_gb,
+    conv_w,
+    A_log,
+    dt_bias,
+    o_norm,
+    w_o,
+    w_gate,
+    w_up,
+    w_down,
+    conv_in,
+    S_in,
+    # writes
+    conv_out,
+    S_out,
+    # hand-off buffers
+    mixp,
+    ssp,
+    y_in,
+    lr,
+    z,
+    kscr,
+    arrive,
+    kpart_a,
+    parts_a,
+    act,
+    kpart_f,
+    parts_f,
+    pr,
+    ipp,
+    gup,
+    trace,
+    # outputs
+    x_hat_a,
+    post_a,
+    comb_a,
+    attn,
+    H1,
+    x_hat_f,
+    post_f,
+    comb_f,
+    ffn_out,
+    H2,
+    R,
+    RANK,
+    hc_eps,
+    norm_eps,
+    lower_bound,
+    n_tasks,
+    n_peers,
+    n_programs,
+    stuck_site,
+    budget_ns,
+    D: tl.constexpr,
+    HC: tl.constexpr,
+    ITERS: tl.constexpr,
+    HL: tl.constexpr,
+    K: tl.constexpr,
+    W: tl.constexpr,
+    RG: tl.constexpr,
+    I: tl.constexpr,
+    T: tl.constexpr,
+    CH: tl.constexpr,
+    NCH: tl.constexpr,
+    KS_O: tl.constexpr,
+    KS_F: tl.constexpr,
+    KS_GU: tl.constexpr,
+    KS_IN: tl.constexpr,
+    BN: tl.constexpr,
+    BN_GU: tl.constexpr,
+    BN_O: tl.constexpr,
+    BK_D: tl.constexpr,
+    BK_R: tl.constexpr,
+    BK_O: tl.constexpr,
+    BK_I: tl.constexpr,
+    BK_GU: tl.constexpr,
+    BK_IN: tl.constexpr,
+    LIMIT: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    POLL: tl.constexpr,
+    THREADS: tl.constexpr,
+    OPROJ_FIRST: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    FOLD: tl.constexpr,
+    M: tl.constexpr,
+    TRACE: tl.constexpr,
+    NV: tl.constexpr,
+    MIX_TASK: tl.constexpr,
+):
+    P: tl.constexpr = HL * K
+    NIN: tl.constexpr = 2 * RG + HL + 3 * P
+    HDR: tl.constexpr = 2 * RG + HL  # where the per-head q|k|v rows start in the in-projection
+    PK: tl.constexpr = P // KS_O
+    IK: tl.constexpr = I // KS_F
+    rt = runtime_buffers(ctl, flags, boxes, errs, tasks, wait_kind, wait_index, wait_count, pub_slot)
+    epoch = launch_epoch(ctl, INTERPRET)
+    n_done = 0
+    # oproj_first: the KDA head whose states this program still has to write back
+    pend = 0
+    pend_r = 0
+    pend_h = 0
+    pend_p = 0
+    task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET)
+    while task >= 0:
+        row = task_row(rt, task)
+        ttype, a0, a1 = row[0], row[1], row[2]
+        if TRACE:
+            stamp(trace, task, 0, INTERPRET)
+        if PREFETCH and not INTERPRET:  # the interpreter has no inline asm; a prefetch changes no bits
+            prefetch(
+                ttype,
+                a0,
+                a1,
+                row[3],
+                w_fb,
+                w_gb,
+                fn_f,
+                w_in,
+                w_gate,
+                w_up,
+                w_o,
+                w_down,
+                S_in,
+                D,
+                HL,
+                K,
+                RG,
+                I,
+                P,
+                PK,
+                IK,
+                BN,
+                BN_GU,
+                BN_O,
+                HC,
+                CH,
+                NV,
+                KS_IN,
+                KS_GU,
+                PREFETCH,
+                MIX_TASK,
+            )
+        # a task's early sites; its late ones (a folded INPROJ's gates, a KDA head's other parts) in its body
+        ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, False)
+        if TRACE:
+            stamp(trace, task, 1, INTERPRET)
+        if ok:
+            if ttype == MIX_A:
+                task_mix(H, fn_a, mixp, ssp, a0, a1, D, HC, CH)
+            elif (ttype == GATE_A) | (ttype == COMB_A):
+                task_gate(
+                    mixp,
+                    ssp,
+                    H,
+                    base_a,
+                    scale_a,
+                    norm_a,
+                    x_hat_a,
+                    post_a,
+                    comb_a,
+                    pr,
+                    a0,
+                    ttype == COMB_A,
+                    hc_eps,
+                    norm_eps,
+                    D,
+                    HC,
+                    ITERS,
+                    NCH,
+                    INTERPRET,
+                )
+            elif ttype == INPROJ:
+                ok = task_inproj(
+                    rt,
+                    row,
+                    task,
+                    epoch,
+                    stuck_site,
+                    budget_ns,
+                    trace,
+                    H if FOLD else x_hat_a,
+                    w_in,
+                    pr,
+                    ipp,
+                    y_in,
+                    lr,
+                    a0,
+                    a1,
+                    R,
+                    D,
+                    HC,
+                    NIN,
+                    RG,
+                    BN,
+                    BK_IN,
+                    M,
+                    KS_IN,
+                    FOLD,
+                    TRACE,
+                    INTERPRET,
+                    POLL,
+                    THREADS,
+                )
+            elif ttype == KDA_HEAD:
+                task_kda(
+                    epoch,
+                    y_in,
+                    lr,
+                    w_fb,
+                    w_gb,
+                    conv_in,
+                    conv_out,
+                    conv_w,
+                    A_log,
+                    dt_bias,
+                    o_norm,
+                    S_in,
+                    S_out,
+                    z,
+                    kscr,
+                    arrive,
+                    a0,
+                    a1,
+                    row[3],
+                    R,
+                    lower_bound,
+                    norm_eps,
+                    HL,
+                    K,
+                    W,
+                    RG,
+                    BK_R,
+                    NV,
+                    INTERPRET,
+                    not OPROJ_FIRST,
+                )
+            elif ttype == OPROJ:
+                task_partial(z + a1 * PK, w_o + a1 * PK, kpart_a + a1 * R * D, a0, R, D, PK, P, BN_O, BK_O, INTERPRET)
+            elif ttype == DOWN:
+                task_partial(
+                    act + a1 * IK, w_down + a1 * IK, kpart_f + a1 * R * D, a0, R, D, IK, I, BN_O, BK_I, INTERPRET
+                )
+            elif ttype == RED_A:
+                task_reduce(
+                    kpart_a,
+                    parts_a,
+                    attn,
+                    H,
+                    post_a,
+                    comb_a,
+                    H1,
+                    fn_f,
+                    mixp + NCH * 16 * 32,
+                    ssp + NCH * 16,
+                    a0,
+                    a1,
+                    R,
+                    RANK,
+                    D,
+                    HC,
+                    CH,
+                    KS_O,
+                    T,
+                    not MIX_TASK,
+                    INTERPRET,
+                )
+            elif ttype == MIX_F:
+                task_mix(H1, fn_f, mixp + NCH * 16 * 32, ssp + NCH * 16, a0, a1, D, HC, CH)
+            elif (ttype == GATE_F) | (ttype == COMB_F):
+                task_gate(
+                    mixp + NCH * 16 * 32,
+                    ssp + NCH * 16,
+                    H1,
+                    base_f,
+                    scale_f,
+                    norm_f,
+                    x_hat_f,
+                    post_f,
+                    comb_f,
+                    pr + 16 * PR,
+                    a0,
+                    ttype == COMB_F,
+                    hc_eps,
+                    norm_eps,
+                    D,
+                    HC,
+                    ITERS,
+                    NCH,
+                    INTERPRET,
+                )
+            elif ttype == GU:
+                ok = task_gate_up(
+                    rt,
+                    row,
+                    task,
+                    epoch,
+                    stuck_site,
+                    budget_ns,
+                    trace,
+                    H1 if FOLD else x_hat_f,
+                    w_gate,
+                    w_up,
+                    pr + 16 * PR,
+                    gup,
+                    act,
+                    a0,
+                    a1,
+                    R,
+                    D,
+                    HC,
+                    I,
+                    BN_GU,
+                    BK_GU,
+                    LIMIT,
+                    M,
+                    KS_GU,
+                    FOLD,
+                    TRACE,
+                    INTERPRET,
+                    POLL,
+                    THREADS,
+                )
+            elif ttype == RED_F:
+                task_reduce(
+                    kpart_f,
+                    parts_f,
+                    ffn_out,
+                    H1,
+                    post_f,
+                    comb_f,
+                    H2,
+                    fn_f,
+                    mixp,
+                    ssp,
+                    a0,
+                    a1,
+                    R,
+                    RANK,
+                    D,
+                    HC,
+                    CH,
+                    KS_F,
+                    T,
+                    False,
+                    INTERPRET,
+                )
+            elif ttype == OWN_A:
+                task_own(kpart_a, parts_a, a0, a1, R, RANK, D, CH, KS_O)
+            elif ttype == OWN_F:
+                task_own(kpart_f, parts_f, a0, a1, R, RANK, D, CH, KS_F)
+            if ok:
+                publish(rt, row, task, epoch, INTERPRET)
+                if TRACE:
+                    stamp(trace, task, 2, INTERPRET)
+        if OPROJ_FIRST:
+            # a KDA head of an earlier task: its states now, after the task that followed it (o is out, that
+            # task's loads issued); then this task's head, if it is one, waits for the next task
+            if pend != 0:
+                kda_write_state(
+                    kscr,
+                    y_in + HDR,
+                    NIN,
+                    K,
+                    3 * K,
+                    conv_in,
+                    conv_out,
+                    S_in,
+                    S_out,
+                    pend_r,
+                    pend_h,
+                    pend_p,
+                    HL,
+                    K,
+                    W,
+                    NV,
+                    INTERPRET,
+                )
+                pend = 0
+            if (ttype == KDA_HEAD) & ok:
+                pend = 1
+                pend_h = a0
+                pend_r = a1
+                pend_p = row[3]
+        n_done += 1
+        task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET, ok)
+    if OPROJ_FIRST:
+        if pend != 0:
+            kda_write_state(
+                kscr,
+                y_in + HDR,
+                NIN,
+                K,
+                3 * K,
+                conv_in,
+                conv_out,
+                S_in,
+                S_out,
+                pend_r,
+                pend_h,
+                pend_p,
+                HL,
+                K,
+                W,
+                NV,
+                INTERPRET,
+            )
+    finish(ctl, flags, n_tasks, n_peers, n_programs, epoch)

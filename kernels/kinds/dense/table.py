@@ -1,0 +1,205 @@
+"""The `dense` kind's task table: one KDA layer with the dense MLP (layers 0-2), and its shapes and tiles.
+
+Tasks, in table order (a rank's shapes; every GEMV is `gemv_tile` over rows padded to 16):
+
+  MIX_A   a column chunk of one row's attention-gate mix logits (fn @ H) and sum of squares
+  GATE_A  row r: hc_pre without the comb, the RMSNorm: x̂, post             waits on its row's MIX_A
+  COMB_A  row r: the Sinkhorn comb (for hc_post; several µs: kept off the in-projection's path)  the same
+  INPROJ  (tile, K slice) of the fused in-projection f_a | g_a | b | (q_h | k_h | v_h per head) (knob
+          ksplit_in); slice 0 adds the slices' sums (late)                    waits on GATE_A
+          (`norm fold`: streams H's stream rows and waits late on GATE_A)
+  KDA_HEAD (head h, row r, part p): f_b and g_b for the head, conv with its state, safe gate, the delta rule
+          on the part's value columns (knob kda_split, `kda_parts`: 1, 2 or 4 parts); the head's last part
+          to arrive makes z, the gated RMSNorm                 waits on the INPROJ tiles it reads
+  OPROJ   a tile of o_proj over a K slice (ks): this rank's partial
+                                                                waits on every part of the slice's heads
+  RED_A   a column chunk of one row: the partials summed in rank order (attn), hc_post (H1), and (no MIX_F)
+          the FFN gate's mix logits over the chunk  waits on its row's COMB_A, its OPROJ tiles and the peers
+  MIX_F   (knob `ffn_mix`, `mix_tasks`) the FFN gate's mix logits over a chunk, as its own task: RED_A then
+          leaves them out, so gate/up's stream starts sooner                  waits on its chunk's RED_A
+  GATE_F  row r: the FFN gate on H1 (x̂, post)                waits on its row's RED_A (or MIX_F)
+  COMB_F  row r: its comb                                                the same
+  GU      (tile, K slice) of gate and up (knob ksplit_gu); slice 0 adds the slices' sums (late) and makes
+          the clamped SwiGLU: act                                             waits on every GATE_F
+          (`norm fold`: streams H1's stream rows, waits on every RED_A, and late on every GATE_F)
+  DOWN    a tile of down_proj over a K slice: this rank's partial         waits on the slice's GU tiles
+  RED_F   a column chunk of one row: the partials summed in rank order (ffn.out), hc_post (H)
+          waits on its row's COMB_F, its DOWN tiles and the peers
+
+The in-projection rows are laid out per head (q_h | k_h | v_h) after the small f_a | g_a | b rows, so a
+KDA task waits only on the tiles of its own head. OWN_A / OWN_F replace RED_A / RED_F in a peer's partial
+launch (mode "attn" / "ffn"): they write this rank's partial (its K slices summed in order) for the others;
+with no hc_post after them, such a launch has no COMB_A ("attn") or COMB_F (both).
+"""
+
+from __future__ import annotations
+
+from glm53ctl.kernels.kinds.task_types import (
+    COMB_A,
+    COMB_F,
+    DOWN,
+    GATE_A,
+    GATE_F,
+    GU,
+    INPROJ,
+    KDA_HEAD,
+    MIX_A,
+    MIX_F,
+    OPROJ,
+    OWN_A,
+    OWN_F,
+    RED_A,
+    RED_F,
+)
+from glm53ctl.kernels.ops.gemv.kernel import folds
+from glm53ctl.kernels.runtime.table import TaskTable
+
+MODES = ("full", "attn", "ffn")
+# the stages of the separate-launches baseline: a gate and its comb, independent of each other, are one stage,
+# and so are the attention reduces and the FFN mix tasks after them (10 launches with or without mix tasks)
+STAGES = ((MIX_A,), (GATE_A, COMB_A), (INPROJ,), (KDA_HEAD,), (OPROJ,), (RED_A, MIX_F), (GATE_F, COMB_F), (GU,))
+STAGES += ((DOWN,), (RED_F,))
+
+
+def _covering(tiles: list[tuple[int, int, int]], lo: int, hi: int) -> list[int]:
+    """The tasks of tiles (lo, hi, task) that overlap [lo, hi)."""
+    return [t for a, b, t in tiles if a < hi and lo < b]
+
+
+def kda_parts(knob: int, heads: int, rows: int, grid: int) -> int:
+    """A KDA head's parts: the knob's value, or (0) the most of 4, 2, 1 whose parts, heads x rows x parts, the
+    grid's programs cover. Parts pay off only while programs would otherwise sit idle: each re-reads its head's
+    f_b, g_b and conv rows (H200, when part 0 still waited for the others and made z: 285 µs at TP1 rows 8
+    with 1 part, 325 with 4; 75 at TP8 rows 1 with 4, 81 with 1; the rule picked the fastest of 1, 2, 4 at all
+    10 keys measured, docs/perf/dense.md)."""
+    if knob:
+        return knob
+    return next((n for n in (4, 2) if heads * rows * n <= grid), 1)
+
+
+def k_slices(knob: int, k: int) -> int:
+    """A GEMV's K slices: the knob's value, or fewer where K is too narrow for slices of 16 and more."""
+    n = knob
+    while n > 1 and (k % n or k // n < 16):
+        n //= 2
+    return n
+
+
+class Dims:
+    """One rank's shapes of a dense layer, and the tile and slice sizes a key's knobs give them."""
+
+    def __init__(self, spec, tp: int, knobs: dict) -> None:
+        sh = spec.shards(tp)
+        self.D, self.HC, self.iters = spec.hidden, spec.mhc.streams, spec.mhc.sinkhorn_iters
+        self.HL, self.K, self.W, self.RG = sh.kda_heads, spec.kda.head_dim, spec.kda.conv_kernel, spec.kda.gate_rank
+        self.P, self.I, self.T = self.HL * self.K, sh.dense_inter, tp
+        self.NIN = 2 * self.RG + self.HL + 3 * self.P
+        self.HDR = 2 * self.RG + self.HL
+        # the reduce / mix column chunk (numeric: it sets the order of the gates' sums)
+        self.CH = min(knobs["chunk_cols"], self.D // 4)
+        self.NCH = self.D // self.CH
+        self.KS_O, self.KS_F = k_slices(knobs["ksplit"], self.P), k_slices(knobs["ksplit"], self.I)
+        self.KS_GU = k_slices(knobs["ksplit_gu"], self.D)
+        self.KS_IN = k_slices(knobs["ksplit_in"], self.D)
+        self.PK, self.IK = self.P // self.KS_O, self.I // self.KS_F
+        self.BN, self.BN_GU, self.BN_O = knobs["block_n_in"], knobs["block_n_gu"], knobs["block_n_out"]
+        bk = knobs["block_k"]
+        self.BK_D, self.BK_R, self.BK_O, self.BK_I = (min(bk, n) for n in (self.D, self.RG, self.PK, self.IK))
+        self.BK_GU = min(bk, self.D // self.KS_GU)
+        self.BK_IN = min(bk, self.D // self.KS_IN)
+        # the GEMV body has no K mask: a K slice must be whole K tiles
+        for k, tile in ((self.D // self.KS_GU, self.BK_GU), (self.D // self.KS_IN, self.BK_IN), (self.PK, self.BK_O)):
+            assert k % tile == 0, f"a K slice of {k} columns is not whole K tiles of {tile}"
+        assert self.IK % self.BK_I == 0 and self.D % self.BK_D == 0 and self.RG % self.BK_R == 0
+
+
+def mix_tasks(knobs: dict, rows: int, streams: int) -> bool:
+    """Knob `ffn_mix`: whether the FFN gate's mix logits are tasks of their own. "auto": where gate/up folds
+    the norm, so waits for the reduces' H1 alone and starts sooner; unfolded it waits for the FFN gates, which
+    would then wait one hand-off more (H200, docs/perf/dense.md: TP8 rows 1 65.0 -> 62.3 µs,
+    rows 8 83.7 -> 85.2)."""
+    mode = knobs["ffn_mix"]
+    return mode == "task" or (mode == "auto" and folds(knobs["norm"], rows, streams))
+
+
+def build_table(d: Dims, rows: int, knobs: dict, mode: str = "full") -> TaskTable:
+    """The tasks of one rank's launch in topological order. mode "attn": up to this rank's attention partial;
+    "ffn": up to its FFN partial (given every rank's attention partial); "full": the whole layer."""
+    t = TaskTable("dense", peers=0 if mode == "attn" else d.T - 1)
+    add_dense(t, d, rows, knobs, mode)
+    return t
+
+
+def add_dense(t: TaskTable, d: Dims, rows: int, knobs: dict, mode: str = "full", after: list[int] = ()) -> list[int]:
+    """Append one rank's layer to `t`: its first tasks (the attention mix) wait on `after`, the tasks that
+    produce its input H when the layer is part of a larger table. Returns the tasks that produce its output:
+    H (the FFN reduces) in mode "full", the rank's partials (OWN_A / OWN_F) in "attn" / "ffn"."""
+    assert mode in MODES
+    how, words = knobs["handoff"], knobs["box_words"]
+
+    def add(ttype: int, *args: int, waits: list[int] = (), peers: bool = False, late: bool = False) -> int:
+        task = t.add(ttype, *args)
+        if waits:
+            t.wait(task, sorted(set(waits)), how, words, late)
+        if peers and d.T > 1:
+            t.wait_peers(task)
+        return task
+
+    mix = [[add(MIX_A, c, r, waits=list(after)) for c in range(d.NCH)] for r in range(rows)]
+    gates = [add(GATE_A, r, waits=mix[r]) for r in range(rows)]
+    # the Sinkhorn comb: for hc_post in the attention reduces (none in a peer's "attn" launch), not the GEMVs
+    combs = [add(COMB_A, r, waits=mix[r]) for r in range(rows)] if mode != "attn" else []
+    # a folded INPROJ streams H from the start (once H is there) and waits for its gates at its end
+    fold = folds(knobs["norm"], rows, d.HC)
+    inproj = []
+    for n0 in range(0, d.NIN, d.BN):
+        # K slices 1.. first (folded: nothing to wait for); slice 0 adds their sums (late) and stores the rows
+        others = [add(INPROJ, n0, ks, waits=list(after) if fold else gates) for ks in range(d.KS_IN - 1, 0, -1)]
+        inproj.append((n0, n0 + d.BN, add(INPROJ, n0, 0, waits=list(after) if fold else gates)))
+        if others:
+            t.wait(inproj[-1][2], others, how, words, late=True)
+        if fold:
+            t.wait(inproj[-1][2], gates, how, words, late=True)
+    small = _covering(inproj, 0, 2 * d.RG)  # f_a | g_a: every head's low-rank rows
+    nv = kda_parts(knobs["kda_split"], d.HL, rows, knobs["grid"])
+    heads = []
+    for h in range(d.HL):
+        own = small + _covering(inproj, 2 * d.RG + h, 2 * d.RG + h + 1)
+        own += _covering(inproj, d.HDR + 3 * d.K * h, d.HDR + 3 * d.K * (h + 1))
+        heads.append([add(KDA_HEAD, h, r, p, waits=own) for r in range(rows) for p in range(nv)])
+    oproj = []
+    for ks in range(d.KS_O):
+        lo, hi = ks * d.PK, (ks + 1) * d.PK
+        need = [task for h in range(d.HL) if h * d.K < hi and lo < (h + 1) * d.K for task in heads[h]]
+        oproj += [(n0, n0 + d.BN_O, add(OPROJ, n0, ks, waits=need)) for n0 in range(0, d.D, d.BN_O)]
+    chunks = [(c, r) for r in range(rows) for c in range(d.NCH)]  # row by row: row 0's gate goes first
+    if mode == "attn":
+        return [add(OWN_A, c, r, waits=_covering(oproj, c * d.CH, (c + 1) * d.CH)) for c, r in chunks]
+    reds = [
+        add(RED_A, c, r, waits=[combs[r], *_covering(oproj, c * d.CH, (c + 1) * d.CH)], peers=True) for c, r in chunks
+    ]
+    mixes = reds  # the tasks that make the FFN gate's mix logits
+    if mix_tasks(knobs, rows, d.HC):
+        mixes = [add(MIX_F, c, r, waits=[red]) for (c, r), red in zip(chunks, reds, strict=True)]
+    gates_f = [add(GATE_F, r, waits=mixes[r * d.NCH : (r + 1) * d.NCH]) for r in range(rows)]
+    combs_f = [add(COMB_F, r, waits=mixes[r * d.NCH : (r + 1) * d.NCH]) for r in range(rows)] if mode == "full" else []
+    # folded, gate/up streams H1 (written by the reduces) and waits for the FFN gates at its end
+    gu = []
+    for n0 in range(0, d.I, d.BN_GU):
+        # K slices 1.. first; slice 0 adds their sums (late) and makes act
+        need = reds if fold else gates_f
+        others = [add(GU, n0, ks, waits=need) for ks in range(d.KS_GU - 1, 0, -1)]
+        gu.append((n0, n0 + d.BN_GU, add(GU, n0, 0, waits=need)))
+        if others:
+            t.wait(gu[-1][2], others, how, words, late=True)
+        if fold:
+            t.wait(gu[-1][2], gates_f, how, words, late=True)
+    down = []
+    for ks in range(d.KS_F):
+        need = _covering(gu, ks * d.IK, (ks + 1) * d.IK)
+        down += [(n0, n0 + d.BN_O, add(DOWN, n0, ks, waits=need)) for n0 in range(0, d.D, d.BN_O)]
+    if mode == "ffn":
+        return [add(OWN_F, c, r, waits=_covering(down, c * d.CH, (c + 1) * d.CH)) for c, r in chunks]
+    return [
+        add(RED_F, c, r, waits=[combs_f[r], *_covering(down, c * d.CH, (c + 1) * d.CH)], peers=True) for c, r in chunks
+    ]

@@ -1,0 +1,62 @@
+"""One key of `embed` with its peers, as `check`, `fault`, `run`, `build` and `bench` use it (kinds/__init__.py).
+
+A TP-T launch runs rank 0's shard; ranks 1..T-1's partials, which its all-reduce reads, come first from the
+same kernel in `partial_only` mode on those ranks' shards, in same-GPU buffers (DESIGN.md §3).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from glm53ctl.kernels.harness import Inputs, KindHarness
+from glm53ctl.kernels.kinds.embed.launch import EmbedLaunch
+from glm53ctl.kernels.kinds.task_types import EMBED_GATHER, EMBED_REDUCE
+from glm53ctl.kernels.numerics import FP32
+from glm53ctl.kernels.weights import ROOT, Weights
+
+
+class EmbedKind(KindHarness):
+    kind = "embed"
+    input_name = "tokens"
+    STAGES = ((EMBED_GATHER,), (EMBED_REDUCE,))
+
+    def __init__(self, weights: Weights, tp: int, rows: int, knobs: dict | None, device, layer=None) -> None:
+        super().__init__(weights, tp, rows, knobs, device)
+        spec = self.spec
+        self.shards = [self.shard(f"{ROOT}embed_tokens.weight", r) for r in range(tp)]
+        self.launch = EmbedLaunch(spec, tp, rows, self.knobs, device)
+        self.peers = [EmbedLaunch(spec, tp, rows, self.knobs, device, partial_only=True) for _ in range(1, tp)]
+
+    @staticmethod
+    def build_launches(spec, tp: int, rows: int, knobs: dict) -> list[tuple[str, object]]:
+        out = [("launch", EmbedLaunch(spec, tp, rows, knobs, "cpu"))]
+        if tp > 1:
+            out.append(("peer", EmbedLaunch(spec, tp, rows, knobs, "cpu", partial_only=True)))
+        return out
+
+    def peer_partials(self, x: torch.Tensor) -> torch.Tensor | None:
+        """Ranks 1..T-1's partials [T-1, R, D] for the token ids x: what the all-reduce reads."""
+        if self.tp == 1:
+            return None
+        x = x.to(self.device)
+        return torch.stack([p(x, self.shards[r], rank=r) for r, p in enumerate(self.peers, start=1)]).contiguous()
+
+    def __call__(self, x: torch.Tensor, peers=None, poison: bool = False, **guard) -> dict[str, torch.Tensor]:
+        x = x.to(self.device)
+        peers = self.peer_partials(x) if peers is None and self.tp > 1 else peers
+        out = None
+        if poison:
+            R, D = self.rows, self.spec.hidden
+            out = torch.full((R, self.spec.mhc.streams, D), float("nan"), dtype=torch.bfloat16, device=self.device)
+        return {"H": self.launch(x, self.shards[0], peers, out=out, **guard)}
+
+    def writes(self) -> dict[str, torch.Tensor]:
+        """Its hand-off buffer: the fp32 partial."""
+        return {"partial": self.launch.partial.cpu().clone()}
+
+    def inputs(self, seed: int, steps: int = 1, tokens: tuple[int, ...] | None = None) -> list[torch.Tensor]:
+        gen = Inputs(self.spec, seed, FP32)
+        return [gen.tokens(self.rows, tokens if s == steps - 1 else None) for s in range(steps)]
+
+    def reference(self, x) -> dict[str, torch.Tensor]:
+        return self.reference_model().embed(x)

@@ -1,0 +1,70 @@
+"""The `embed` kernel: the claim loop over embed's tasks (table.py), running the embed op's bodies."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from glm53ctl.kernels.kinds.task_types import EMBED_GATHER
+from glm53ctl.kernels.ops.embed.kernel import gather_chunk, reduce_chunk
+from glm53ctl.kernels.runtime.device import (
+    finish,
+    launch_epoch,
+    next_task,
+    publish,
+    runtime_buffers,
+    task_row,
+    wait_task,
+)
+
+
+@triton.jit(do_not_specialize=["stuck_site", "budget_ns"])
+def embed_kernel(
+    ctl,
+    flags,
+    boxes,
+    errs,
+    tasks,
+    wait_kind,
+    wait_index,
+    wait_count,
+    pub_slot,
+    tokens,
+    table,
+    partial,
+    peer_partials,
+    H,
+    R,
+    vocab_offset,
+    n_tasks,
+    n_peers,
+    n_programs,
+    stuck_site,
+    budget_ns,
+    D: tl.constexpr,
+    HC: tl.constexpr,
+    V_LOCAL: tl.constexpr,
+    TP: tl.constexpr,
+    CHUNK: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    POLL: tl.constexpr,
+    THREADS: tl.constexpr,
+):
+    rt = runtime_buffers(ctl, flags, boxes, errs, tasks, wait_kind, wait_index, wait_count, pub_slot)
+    epoch = launch_epoch(ctl, INTERPRET)
+    n_done = 0
+    task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET)
+    while task >= 0:
+        row = task_row(rt, task)
+        ttype, d0 = row[0], row[1]
+        ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, False)
+        if ok:
+            o_d = d0 + tl.arange(0, CHUNK)
+            if ttype == EMBED_GATHER:
+                gather_chunk(tokens, table, partial, R, vocab_offset, o_d, D, V_LOCAL)
+            else:
+                reduce_chunk(partial, peer_partials, H, R, o_d, D, HC, TP)
+            publish(rt, row, task, epoch, INTERPRET)
+        n_done += 1
+        task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET, ok)
+    finish(ctl, flags, n_tasks, n_peers, n_programs, epoch)

@@ -1,0 +1,31 @@
+"""The `embed` kind's tasks: per D-chunk a GATHER (this rank's rows for the tokens it owns, an fp32 partial)
+and a REDUCE (waits on its GATHER and on every peer's partial; sums in rank order; writes every stream).
+`partial_only` lays out the GATHER tasks alone: how the harness computes a peer rank's partial."""
+
+from __future__ import annotations
+
+from glm53ctl.kernels.kinds.task_types import EMBED_GATHER, EMBED_REDUCE
+from glm53ctl.kernels.runtime.table import TaskTable
+
+
+def add_embed(t: TaskTable, D: int, chunk: int, tp: int, handoff: str, partial_only: bool) -> list[int]:
+    """Append embed's tasks to `t` (nothing to wait for: its input is the token ids); the tasks that produce H
+    (or, partial_only, the partial), one per chunk."""
+    out = []
+    for d0 in range(0, D, chunk):
+        g = t.add(EMBED_GATHER, d0)
+        if partial_only:
+            out.append(g)
+            continue
+        r = t.add(EMBED_REDUCE, d0)
+        t.wait(r, [g], handoff)
+        if tp > 1:
+            t.wait_peers(r)
+        out.append(r)
+    return out
+
+
+def build_table(D: int, chunk: int, tp: int, handoff: str, partial_only: bool) -> TaskTable:
+    t = TaskTable("embed", peers=0 if partial_only else tp - 1)
+    add_embed(t, D, chunk, tp, handoff, partial_only)
+    return t

@@ -1,0 +1,60 @@
+"""One key of `tail` with its peers, as `check`, `fault`, `run`, `build` and `bench` use it (kinds/__init__.py).
+
+A TP-T launch runs rank 0's shard and gathers ranks 1..T-1's logits, made first by the same kernel in
+`partial_only` mode on those ranks' shards, in same-GPU buffers (DESIGN.md §3).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from glm53ctl.kernels.harness import Inputs, KindHarness
+from glm53ctl.kernels.kinds.tail.launch import TailLaunch
+from glm53ctl.kernels.kinds.task_types import TAIL_GATHER, TAIL_LM_HEAD, TAIL_NORM
+from glm53ctl.kernels.numerics import FP32
+from glm53ctl.kernels.weights import ROOT, Weights
+
+
+class TailKind(KindHarness):
+    kind = "tail"
+    input_name = "H"
+    STAGES = ((TAIL_NORM,), (TAIL_LM_HEAD, TAIL_GATHER))
+
+    def __init__(self, weights: Weights, tp: int, rows: int, knobs: dict | None, device, layer=None) -> None:
+        super().__init__(weights, tp, rows, knobs, device)
+        spec = self.spec
+        self.norm = weights.shard(f"{ROOT}norm.weight").to(self.device)
+        self.launch = TailLaunch(spec, tp, rows, self.knobs, device)
+        self.shards = [self.launch.prepare_lm_head(self.norm, self.shard("lm_head.weight", r)) for r in range(tp)]
+        self.peers = [TailLaunch(spec, tp, rows, self.knobs, device, partial_only=True) for _ in range(1, tp)]
+
+    @staticmethod
+    def build_launches(spec, tp: int, rows: int, knobs: dict) -> list[tuple[str, object]]:
+        out = [("launch", TailLaunch(spec, tp, rows, knobs, "cpu"))]
+        if tp > 1:
+            out.append(("peer", TailLaunch(spec, tp, rows, knobs, "cpu", partial_only=True)))
+        return out
+
+    def peer_partials(self, x: torch.Tensor) -> torch.Tensor | None:
+        """Ranks 1..T-1's logits [T-1, R, V/T] for the streams x: what the gather reads."""
+        if self.tp == 1:
+            return None
+        x = x.to(self.device)
+        return torch.stack([p(x, self.norm, self.shards[r]) for r, p in enumerate(self.peers, start=1)]).contiguous()
+
+    def __call__(self, x: torch.Tensor, peers=None, poison: bool = False, **guard) -> dict[str, torch.Tensor]:
+        x = x.to(self.device)
+        peers = self.peer_partials(x) if peers is None and self.tp > 1 else peers
+        logits = None
+        if poison:
+            self.launch.h_hat.fill_(float("nan"))
+            logits = torch.full((self.rows, self.launch.width), float("nan"), device=self.device)
+        logits = self.launch(x, self.norm, self.shards[0], peers, out=logits, **guard)
+        return {"h_hat": self.launch.h_hat[: self.rows].clone(), "logits": logits}
+
+    def inputs(self, seed: int, steps: int = 1, tokens=None) -> list[torch.Tensor]:
+        gen = Inputs(self.spec, seed, FP32)
+        return [gen.H(self.rows).to(torch.bfloat16) for _ in range(steps)]
+
+    def reference(self, x) -> dict[str, torch.Tensor]:
+        return self.reference_model().tail(x.float())

@@ -1,0 +1,122 @@
+"""The `tail` kernel: the claim loop over the tail's tasks (table.py), running the tail op's bodies."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from glm53ctl.kernels.kinds.task_types import TAIL_LM_HEAD, TAIL_NORM
+from glm53ctl.kernels.ops.gemv.kernel import gemv_tile
+from glm53ctl.kernels.ops.tail.kernel import final_norm_row, lm_head_folded
+from glm53ctl.kernels.runtime.device import (
+    finish,
+    launch_epoch,
+    next_task,
+    prefetch_l2,
+    publish,
+    runtime_buffers,
+    task_row,
+    wait_task,
+)
+
+
+@triton.jit(do_not_specialize=["stuck_site", "budget_ns"])
+def tail_kernel(
+    ctl,
+    flags,
+    boxes,
+    errs,
+    tasks,
+    wait_kind,
+    wait_index,
+    wait_count,
+    pub_slot,
+    H,
+    norm_w,
+    h_hat,
+    rstd,
+    lm_w,
+    logits,
+    peer_logits,
+    R,
+    eps,
+    n_tasks,
+    n_peers,
+    n_programs,
+    stuck_site,
+    budget_ns,
+    D: tl.constexpr,
+    HC: tl.constexpr,
+    V_LOCAL: tl.constexpr,
+    V: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    POLL: tl.constexpr,
+    THREADS: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    GATHER_COLS: tl.constexpr,
+    NORM_FOLD: tl.constexpr,
+    M: tl.constexpr,
+):
+    rt = runtime_buffers(ctl, flags, boxes, errs, tasks, wait_kind, wait_index, wait_count, pub_slot)
+    epoch = launch_epoch(ctl, INTERPRET)
+    n_done = 0
+    task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET)
+    while task >= 0:
+        row = task_row(rt, task)
+        ttype, a0, a1 = row[0], row[1], row[2]
+        nxt = task * 0 - 1
+        ahead = 0
+        if PREFETCH and not INTERPRET:  # the interpreter has no inline asm; a prefetch changes no bits
+            if ttype == TAIL_LM_HEAD:
+                # start streaming this task's weights into L2 while it waits for the normalized rows
+                o_n = tl.minimum(a0 + tl.arange(0, BLOCK_N), V_LOCAL - 1)
+                o_l = tl.arange(0, D * 2 // 128) * 64
+                prefetch_l2(lm_w + o_n[:, None].to(tl.int64) * D + o_l[None, :])
+        # a folded GEMV task waits after its stream (below); every other task before it starts
+        ok = task >= 0
+        if (ttype != TAIL_LM_HEAD) | (NORM_FOLD == 0):
+            ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, False)
+        if ok:
+            if ttype == TAIL_NORM:
+                # ĥ[a0] (an output, and norm "task"'s GEMV rows) and its 1/RMS (norm "fold"'s GEMV scale)
+                final_norm_row(H, norm_w, h_hat, rstd, a0, eps, D, HC, INTERPRET)
+            elif ttype == TAIL_LM_HEAD:
+                # GEMV: logits[:, a0:a0+a1] (a1 <= BLOCK_N) of this rank's vocab slice (rank 0: columns 0..V_LOCAL)
+                o_n = a0 + tl.arange(0, BLOCK_N)
+                n_end = a0 + a1
+                if NORM_FOLD:
+                    o_m = tl.arange(0, M // HC)
+                    acc = lm_head_folded(H, lm_w, a0, R, D, HC, n_end, BLOCK_N, BLOCK_K, M, INTERPRET)
+                    # the next claim goes out before the wait, so its round trip overlaps the poll's (a task
+                    # claimed here and then dropped on a failed wait is harmless: the launch is aborted)
+                    nxt = next_task(ctl, n_tasks, n_done + 1, n_programs, INTERPRET)
+                    ahead = 1
+                    ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, False)
+                    # the mean of the streams, then the rows' 1/RMS (the norm weight is in lm_w)
+                    acc = acc / HC * tl.load(rstd + o_m, mask=o_m < R, other=0.0)[:, None]
+                else:
+                    o_m = tl.arange(0, 16)
+                    acc = gemv_tile(h_hat, D, lm_w, a0, R, n_end, D, D, BLOCK_N, BLOCK_K, INTERPRET)
+                p_o = logits + o_m[:, None].to(tl.int64) * V + o_n[None, :]
+                tl.store(p_o, acc, mask=(o_m[:, None] < R) & (o_n[None, :] < n_end) & ok)
+            else:
+                # GATHER: peer a0's logits columns a1.. into their place in the full rows, every row at once
+                # (a loop over rows is R dependent round trips: at 8 rows the copies outlasted the stream), in
+                # 256-column pieces (a whole [8, 1024] tile's addresses take 250 registers)
+                o_r = tl.arange(0, 8)
+                for c0 in range(a1, a1 + GATHER_COLS, 256):
+                    o_c = c0 + tl.arange(0, 256)
+                    m_rc = (o_r[:, None] < R) & (o_c[None, :] < V_LOCAL)
+                    src = peer_logits + ((a0 - 1) * R + o_r[:, None]) * V_LOCAL + o_c[None, :]
+                    dst = logits + o_r[:, None] * V + a0 * V_LOCAL + o_c[None, :]
+                    tl.store(dst, tl.load(src, mask=m_rc), mask=m_rc)
+            if ok:
+                publish(rt, row, task, epoch, INTERPRET)
+        n_done += 1
+        if ahead == 0:
+            task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET, ok)
+        else:
+            task = tl.where(ok, nxt, -1)
+    finish(ctl, flags, n_tasks, n_peers, n_programs, epoch)

@@ -1,0 +1,113 @@
+"""The `tail` launch of one build key: its table and buffers laid out once; each call is one launch."""
+
+from __future__ import annotations
+
+import torch
+
+from glm53ctl.kernels.kinds.tail.kernel import tail_kernel
+from glm53ctl.kernels.kinds.tail.table import GATHER_N, build_table
+from glm53ctl.kernels.ops.gemv.kernel import fold_norm, folds
+from glm53ctl.kernels.runtime.launch import DEFAULT_BUDGET_NS, Runtime
+from glm53ctl.kernels.runtime.stages import stage_launch
+from glm53ctl.kernels.tlx import interpreting
+
+
+class TailLaunch:
+    """One build key of `tail`: the table and buffers are laid out once; each call is one launch.
+
+    tp > 1 runs rank 0's shard and gathers the peers' logits from `peer_logits` [tp-1, R, V/tp]."""
+
+    kernel = tail_kernel
+
+    def __init__(self, spec, tp: int, rows: int, knobs: dict, device, partial_only: bool = False) -> None:
+        self.spec, self.tp, self.rows, self.knobs = spec, tp, rows, knobs
+        self.D, self.v_local = spec.hidden, spec.shards(tp).vocab
+        self.partial_only = partial_only
+        self.table = build_table(
+            rows,
+            self.v_local,
+            1 if partial_only else tp,
+            knobs["block_n"],
+            knobs["handoff"],
+            knobs["gathers"],
+            knobs["split"],
+            knobs["grid"],
+        )
+        self.grid = knobs["grid"]
+        self.runtime = Runtime(self.table, torch.device(device), max_programs=self.grid)
+        self.h_hat = torch.zeros(16, self.D, dtype=torch.bfloat16, device=device)
+        self.rstd = torch.zeros(16, dtype=torch.float32, device=device)
+        assert rows * spec.mhc.streams <= 32, "the folded GEMV pads H's stream rows to at most 32"
+
+    def prepare_lm_head(self, norm_w: torch.Tensor, lm_w: torch.Tensor) -> torch.Tensor:
+        """The lm_head shard as this launch reads it: folded with the norm weight under `norm` "fold"."""
+        return fold_norm(norm_w, lm_w) if folds(self.knobs["norm"], self.rows, self.spec.mhc.streams) else lm_w
+
+    @property
+    def width(self) -> int:
+        """Logits columns this launch writes: the full row, or a rank's slice for a partial launch."""
+        return self.v_local * (1 if self.partial_only else self.tp)
+
+    def kernel_args(self, H, norm_w, lm_w, logits, peer_logits, stuck_site=-1, budget_ns=DEFAULT_BUDGET_NS) -> dict:
+        return self.runtime.args() | {
+            "H": H,
+            "norm_w": norm_w,
+            "h_hat": self.h_hat,
+            "rstd": self.rstd,
+            "lm_w": lm_w,
+            "logits": logits,
+            "peer_logits": peer_logits,
+            "R": self.rows,
+            "eps": self.spec.model.rms_norm_eps,
+            "n_tasks": self.table.n_tasks,
+            "n_peers": self.table.peers,
+            "n_programs": self.grid,
+            "stuck_site": stuck_site,
+            "budget_ns": budget_ns,
+        }
+
+    def constexprs(self) -> dict:
+        return {
+            "D": self.D,
+            "HC": self.spec.mhc.streams,
+            "V_LOCAL": self.v_local,
+            "V": self.width,
+            "BLOCK_N": self.knobs["block_n"],
+            "BLOCK_K": min(self.knobs["block_k"], self.D),
+            "INTERPRET": interpreting(),
+            "POLL": self.knobs["poll"],
+            "THREADS": 32 * self.knobs["warps"],
+            "PREFETCH": self.knobs["prefetch"],
+            "GATHER_COLS": GATHER_N,
+            "NORM_FOLD": folds(self.knobs["norm"], self.rows, self.spec.mhc.streams),
+            # the folded GEMV's rows are H's R * HC stream rows, padded to a `tl.dot` tile
+            "M": 16 if self.rows * self.spec.mhc.streams <= 16 else 32,
+        }
+
+    def options(self) -> dict:
+        return {"num_warps": self.knobs["warps"], "num_stages": self.knobs["stages"]}
+
+    def __call__(self, H, norm_w, lm_w, peer_logits=None, out=None, stuck_site=-1, budget_ns=None, check=True):
+        R, D = self.rows, self.D
+        assert H.shape == (R, self.spec.mhc.streams, D) and H.dtype == torch.bfloat16 and H.is_contiguous()
+        assert lm_w.shape == (self.v_local, D) and lm_w.is_contiguous()
+        if self.tp > 1 and not self.partial_only:
+            assert peer_logits is not None and peer_logits.shape == (self.tp - 1, R, self.v_local)
+        else:
+            peer_logits = H  # never read
+        logits = out if out is not None else torch.empty(R, self.width, dtype=torch.float32, device=H.device)
+        args = self.kernel_args(H, norm_w, lm_w, logits, peer_logits, stuck_site, budget_ns or DEFAULT_BUDGET_NS)
+        tail_kernel[(self.grid,)](**args, **self.constexprs(), **self.options())
+        if check:
+            self.runtime.check()
+        return logits
+
+    def stage(self, ttypes):
+        """This launch as one stage of the separate-launches baseline (runtime/stages.py)."""
+        return stage_launch(self, ttypes)
+
+    def placeholder_args(self) -> dict:
+        """The kernel's arguments with stand-in tensors of the right dtypes (ahead-of-time builds)."""
+        bf16, f32 = (torch.empty(1, dtype=d) for d in (torch.bfloat16, torch.float32))
+        peers = f32 if self.tp > 1 and not self.partial_only else bf16  # __call__ passes H when no peers
+        return self.kernel_args(bf16, bf16, bf16, f32, peers)

@@ -1,0 +1,62 @@
+"""Task types of every launch kind, in one id space.
+
+A task table row starts with its type; a kernel dispatches on it. One id space across kinds lets one table
+hold tasks of several kinds (the whole step: embed, the layers, the tail) and lets a trace or a fault name a
+task without knowing which launch it came from. Device code compares against these names (`tl.constexpr`
+globals); the host adds tasks with them. Ids are never reused: a new kind appends its types.
+"""
+
+import triton.language as tl
+
+_TYPES = (
+    # the runtime's own: a no-op hand-off (runtime/chain.py)
+    ("HOP", "hop"),
+    # embed
+    ("EMBED_GATHER", "embed gather"),
+    ("EMBED_REDUCE", "embed reduce"),
+    # tail
+    ("TAIL_NORM", "final norm"),
+    ("TAIL_LM_HEAD", "lm_head"),
+    ("TAIL_GATHER", "logits gather"),
+    # dense (and the attention half of kda)
+    ("MIX_A", "attn mix"),
+    ("GATE_A", "attn gate"),
+    ("COMB_A", "attn comb"),
+    ("INPROJ", "in_proj"),
+    ("KDA_HEAD", "kda head"),
+    ("OPROJ", "o_proj"),
+    ("RED_A", "attn reduce"),
+    ("OWN_A", "attn partial"),
+    ("MIX_F", "ffn mix"),
+    ("GATE_F", "ffn gate"),
+    ("COMB_F", "ffn comb"),
+    ("GU", "gate_up"),
+    ("DOWN", "down_proj"),
+    ("RED_F", "ffn reduce"),
+    ("OWN_F", "ffn partial"),
+)
+
+# id -> the name a trace or a LaunchFault shows
+TYPE_NAMES = {i: name for i, (_, name) in enumerate(_TYPES)}
+
+HOP = tl.constexpr(0)
+EMBED_GATHER = tl.constexpr(1)
+EMBED_REDUCE = tl.constexpr(2)
+TAIL_NORM = tl.constexpr(3)
+TAIL_LM_HEAD = tl.constexpr(4)
+TAIL_GATHER = tl.constexpr(5)
+MIX_A = tl.constexpr(6)
+GATE_A = tl.constexpr(7)
+COMB_A = tl.constexpr(8)
+INPROJ = tl.constexpr(9)
+KDA_HEAD = tl.constexpr(10)
+OPROJ = tl.constexpr(11)
+RED_A = tl.constexpr(12)
+OWN_A = tl.constexpr(13)
+MIX_F = tl.constexpr(14)
+GATE_F = tl.constexpr(15)
+COMB_F = tl.constexpr(16)
+GU = tl.constexpr(17)
+DOWN = tl.constexpr(18)
+RED_F = tl.constexpr(19)
+OWN_F = tl.constexpr(20)

@@ -1,3 +1,0 @@
-from glm53ctl.kernels.mhc.naive import gate, hc_post, hc_pre, sinkhorn
-
-__all__ = ["gate", "hc_post", "hc_pre", "sinkhorn"]

@@ -1,0 +1,3 @@
+from glm53ctl.kernels.ops.embed.naive import check_tokens, embed_partial, streams
+
+__all__ = ["check_tokens", "embed_partial", "streams"]

@@ -1,0 +1,75 @@
+"""Embedding as Triton bodies (SPEC.md §7): a rank's vocab-parallel gather, and the all-reduce into the streams.
+
+`embed_kind` runs them as tasks over column chunks; `gather` and `reduce_streams` below run the very same
+bodies as plain launches, one program per chunk: how the interpreter tests check them against `naive.py`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def gather_chunk(tokens, table, partial, R, vocab_offset, o_d, D: tl.constexpr, V_LOCAL: tl.constexpr):
+    """Columns o_d of this rank's partial [R, D] fp32: its table rows for the tokens it owns, zero elsewhere."""
+    for r in range(R):
+        local = tl.load(tokens + r) - vocab_offset
+        mine = (local >= 0) & (local < V_LOCAL)
+        e_row = tl.where(mine, local, 0).to(tl.int64)
+        b_e = tl.load(table + e_row * D + o_d, mask=(o_d < D) & mine, other=0.0).to(tl.float32)
+        tl.store(partial + r * D + o_d, b_e, mask=o_d < D)
+
+
+@triton.jit
+def reduce_chunk(partial, peer_partials, H, R, o_d, D: tl.constexpr, HC: tl.constexpr, TP: tl.constexpr):
+    """Columns o_d of H [R, HC, D] bf16: the ranks' partials summed in rank order (this rank's, then the
+    peers' [TP - 1, R, D], as the reference), the same row in every stream."""
+    for r in range(R):
+        b_s = tl.load(partial + r * D + o_d, mask=o_d < D, other=0.0)
+        for p in range(TP - 1):
+            b_s += tl.load(peer_partials + (p * R + r) * D + o_d, mask=o_d < D, other=0.0)
+        for j in range(HC):
+            tl.store(H + (r * HC + j) * D + o_d, b_s.to(tl.bfloat16), mask=o_d < D)
+
+
+@triton.jit
+def gather_kernel(tokens, table, partial, R, vocab_offset, D: tl.constexpr, V_LOCAL: tl.constexpr, CHUNK: tl.constexpr):
+    gather_chunk(tokens, table, partial, R, vocab_offset, tl.program_id(0) * CHUNK + tl.arange(0, CHUNK), D, V_LOCAL)
+
+
+@triton.jit
+def reduce_kernel(
+    partial, peer_partials, H, R, D: tl.constexpr, HC: tl.constexpr, TP: tl.constexpr, CHUNK: tl.constexpr
+):
+    reduce_chunk(partial, peer_partials, H, R, tl.program_id(0) * CHUNK + tl.arange(0, CHUNK), D, HC, TP)
+
+
+def gather(tokens: torch.Tensor, table: torch.Tensor, rank: int, chunk: int = 256) -> torch.Tensor:
+    """Rank `rank`'s partial [R, D] fp32 for token ids [R] and its table shard [V/T, D] bf16."""
+    (R,), (v_local, D) = tokens.shape, table.shape
+    partial = torch.empty(R, D, dtype=torch.float32, device=table.device)
+    gather_kernel[(triton.cdiv(D, chunk),)](
+        tokens.to(torch.int32).contiguous(),
+        table.contiguous(),
+        partial,
+        R,
+        rank * v_local,
+        D=D,
+        V_LOCAL=v_local,
+        CHUNK=chunk,
+    )
+    return partial
+
+
+def reduce_streams(partials: torch.Tensor, streams: int, chunk: int = 256) -> torch.Tensor:
+    """H [R, streams, D] bf16 from every rank's partial [T, R, D] fp32, summed in rank order."""
+    T, R, D = partials.shape
+    H = torch.empty(R, streams, D, dtype=torch.bfloat16, device=partials.device)
+    peers = partials[1:].contiguous() if T > 1 else partials[0]
+    reduce_kernel[(triton.cdiv(D, chunk),)](partials[0].contiguous(), peers, H, R, D=D, HC=streams, TP=T, CHUNK=chunk)
+    return H
+
+
+__all__ = ["gather", "gather_chunk", "reduce_chunk", "reduce_streams"]

@@ -1,0 +1,3 @@
+from glm53ctl.kernels.ops.gemv.naive import gemv_reference
+
+__all__ = ["gemv_reference"]

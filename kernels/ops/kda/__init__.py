@@ -1,0 +1,21 @@
+"""KDA (Kimi Delta Attention) layer, attention part (SPEC.md §4)."""
+
+from glm53ctl.kernels.ops.kda.naive import (
+    delta_rule_step,
+    gated_rmsnorm,
+    kda_attention,
+    kda_attention_prefill,
+    l2norm,
+    safe_gate,
+    short_conv_step,
+)
+
+__all__ = [
+    "delta_rule_step",
+    "gated_rmsnorm",
+    "kda_attention",
+    "kda_attention_prefill",
+    "l2norm",
+    "safe_gate",
+    "short_conv_step",
+]

@@ -1,0 +1,3 @@
+from glm53ctl.kernels.ops.mhc.naive import gate, hc_post, hc_pre, sinkhorn
+
+__all__ = ["gate", "hc_post", "hc_pre", "sinkhorn"]

@@ -1,0 +1,71 @@
+"""The kind registry, the one id space of task types, and task tables that compose into a whole step."""
+
+import pytest
+
+from glm53ctl.errors import UsageError
+from glm53ctl.kernels.kinds import KINDS, get_kind, kernel_kinds, task_types
+from glm53ctl.kernels.runtime.table import TaskTable
+from glm53ctl.kernels.spec import load_model
+
+
+def test_task_types_are_one_id_space_with_a_name_each():
+    consts = {n: v for n, v in vars(task_types).items() if n.isupper() and n != "TYPE_NAMES" and not n.startswith("_")}
+    ids = [c.value for c in consts.values()]
+    assert sorted(ids) == list(range(len(ids))) == sorted(task_types.TYPE_NAMES)
+    assert len(set(task_types.TYPE_NAMES.values())) == len(ids)  # a trace or a fault names a type unambiguously
+    assert [n for n, _ in task_types._TYPES] == [n for n, c in sorted(consts.items(), key=lambda kv: kv[1].value)]
+
+
+def test_every_command_reads_the_kinds_from_the_registry():
+    assert list(KINDS) == ["embed", "dense", "kda", "sparse", "tail", "model"]
+    for name in kernel_kinds():
+        k = get_kind(name)
+        harness = k.load_harness()
+        assert harness.kind == name and k.bounds and harness.STAGES
+    with pytest.raises(UsageError, match="unknown kind 'nope'"):
+        get_kind("nope")
+    with pytest.raises(UsageError, match="no kda launch yet"):
+        get_kind("kda").load_harness()
+
+
+def test_no_kind_is_special_cased_outside_the_registry():
+    """`if kind == ...` lives nowhere but the registry: commands and harnesses ask it."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    hits = []
+    for folder in ("glm53ctl", "kernels", "tuning"):
+        for f in (root / folder).rglob("*.py"):
+            for i, line in enumerate(f.read_text().splitlines(), 1):
+                if re.search(r"""(?<!info\.)\bkind\s*(==|!=|in)\s*\(?["']""", line):  # info.kind: a weight's init
+                    hits.append(f"{f.relative_to(root)}:{i}: {line.strip()}")
+    assert not hits, hits
+
+
+def test_tables_compose_into_one_step():
+    """embed, two dense layers and the tail in one table: each builder waits on the tasks that produce its
+    input and returns those that produce its output; the whole stays in topological order."""
+    from glm53ctl.kernels.kinds.dense.table import Dims, add_dense
+    from glm53ctl.kernels.kinds.embed.table import add_embed
+    from glm53ctl.kernels.kinds.tail.table import add_tail
+    from glm53ctl.tuning.knobs import defaults
+
+    spec, tp, rows = load_model("tiny"), 2, 2
+    knobs = {**defaults("dense"), "grid": 4}
+    t = TaskTable("step", peers=tp - 1)
+    h = add_embed(t, spec.hidden, 64, tp, "box", partial_only=False)
+    ends = [len(t.tasks)]
+    for _ in range(2):
+        h = add_dense(t, Dims(spec, tp, knobs), rows, knobs, after=h)
+        ends.append(len(t.tasks))
+    logits = add_tail(t, rows, spec.shards(tp).vocab, tp, 64, "box", after=h)
+    assert logits and max(logits) == t.n_tasks - 1
+    for s in t.sites:
+        assert all(p < s.task for p in s.producers)
+    # each layer's first tasks wait on the previous part's outputs, and on nothing else
+    for start in ends:
+        first = t.sites_of(start)
+        assert first and {p for s in first for p in s.producers} <= set(range(start))
+    built = t.build("cpu")
+    assert built["tasks"].numel() == 16 * t.n_tasks
