@@ -13,7 +13,7 @@ from glm53ctl.kernels.spec import load_model
 from glm53ctl.kernels.weights import Weights
 
 try:  # this tree's layout, or the one before the kinds registry (git f418783)
-    from glm53ctl.kernels.kinds.dense.harness import DenseKind
+    from glm53ctl.kernels.kinds.dense.harness import DenseHarness as DenseKind
 except ImportError:
     from glm53ctl.kernels.launches import DenseKind
 

@@ -45,7 +45,7 @@ def _read_kernel(src, out, n, BLOCK: tl.constexpr):
     tl.store(out + tl.program_id(0), s)
 
 
-# (stage, N, K) per rank, rows 1 (SPEC.md §9; gate and up as one matrix of both)
+# (stage, N, K) per rank, rows 1 (docs/model.md §9; gate and up as one matrix of both)
 STAGES = {
     8: (("o_proj", 4096, 1024), ("gate_up", 3072, 4096), ("down", 4096, 1536), ("in_proj", 3336, 4096)),
     4: (("o_proj", 4096, 2048), ("gate_up", 6144, 4096), ("down", 4096, 3072)),

@@ -18,11 +18,11 @@ def launches(tp: int, rows: int, n: int = 4) -> None:
     """n launches of dense at glm53_flash per-rank sizes (the profiled process)."""
     import torch
 
-    from glm53ctl.kernels.kinds.dense.harness import DenseKind
+    from glm53ctl.kernels.kinds.dense.harness import DenseHarness
     from glm53ctl.kernels.spec import load_model
     from glm53ctl.kernels.weights import Weights
 
-    k = DenseKind(Weights(load_model("glm53_flash"), seed=0, device="cuda"), tp, rows, {}, "cuda")
+    k = DenseHarness(Weights(load_model("glm53_flash"), seed=0, device="cuda"), tp, rows, {}, "cuda")
     x = k.inputs(seed=1)[0].to("cuda")
     peers = k.peer_partials(x)
     for _ in range(n):

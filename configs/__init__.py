@@ -1,1 +1,1 @@
-"""Package data: models/*.toml and tuned/<model>/tp<T>.json, shipped with the wheel (DESIGN.md §6)."""
+"""Package data: models/*.toml and tuned/<model>/tp<T>.json, shipped with the wheel (docs/design.md §6)."""

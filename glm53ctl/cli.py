@@ -1,4 +1,4 @@
-"""The glm53ctl command line. `main()` is the only error boundary (STYLE.md 13).
+"""The glm53ctl command line. `main()` is the only error boundary.
 
 No module-level torch/triton/optuna here or in commands/: `--help` stays fast.
 """
@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 
 from glm53ctl import __version__
-from glm53ctl.commands import build, check, configs, pending, run
+from glm53ctl.commands import build, check, compare, configs, pending, prune, run
 from glm53ctl.errors import EXIT_USAGE, Glm53Error
 from glm53ctl.output import print_error
 
@@ -23,6 +23,8 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # plain help (flags without a type, no boxes); usage errors come through run_cli's one error style
+    rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
@@ -46,13 +48,18 @@ app.add_typer(configs.app)
 run.register(app)
 build.register(app)
 check.register(app)
+compare.register(app)
 pending.register(app)
+prune.register(app)
 
 
 def run_cli(argv: list[str] | None = None) -> int:
-    """Run the command line and return its exit code (0 ok, 1 a check failed, 2 usage/config error)."""
+    """Run the command line and return its exit code (0 ok, 1 a check failed, 2 usage/config error).
+
+    The one error boundary: the project's errors and Typer's usage errors (an unknown command or option, a
+    missing argument, a bad value) both print `Error:` and a hint on stderr."""
     try:
-        app(args=argv, prog_name="glm53ctl")
+        code = app(args=argv, prog_name="glm53ctl", standalone_mode=False)
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else (0 if e.code is None else EXIT_USAGE)
     except Glm53Error as e:
@@ -60,7 +67,29 @@ def run_cli(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print_error(e.message, e.hint)
         return e.exit_code
-    return 0
+    except typer.Abort:
+        print_error("interrupted")
+        return 130
+    except Exception as e:
+        usage = _usage_error(e)
+        if usage is None:
+            raise
+        return usage
+    return code if isinstance(code, int) else 0
+
+
+def _usage_error(e: Exception) -> int | None:
+    """A Typer (Click) usage error as `Error:` + `Hint:`; None for any other exception. Typer's exceptions are
+    recognized by what they have (its Click is vendored, not a public module)."""
+    if not (hasattr(e, "format_message") and isinstance(getattr(e, "exit_code", None), int)):
+        return None
+    message = e.format_message()
+    if type(e).__name__ == "NoArgsIsHelpError":  # a group called bare: its help, as -h gives it
+        typer.echo(message)
+        return e.exit_code
+    path = getattr(getattr(e, "ctx", None), "command_path", None) or "glm53ctl"
+    print_error(message, f"`{path} -h` shows the usage")
+    return e.exit_code
 
 
 def main() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-# Exit codes (DESIGN.md §7)
+# Exit codes (docs/design.md §7)
 EXIT_OK = 0
 EXIT_FAILED = 1  # a check, fault test or regression failed
 EXIT_USAGE = 2  # usage or configuration error

@@ -1,4 +1,4 @@
-"""One Output object renders the same rows as a rich table or as JSON (STYLE.md 14).
+"""One Output object renders the same rows as a rich table or as JSON.
 
 Data goes to stdout; progress, logs, warnings and errors go to stderr.
 """
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -49,11 +50,31 @@ class Output:
 
 
 def print_error(message: str, hint: str | None = None) -> None:
-    """`Error: ...` (+ `Hint: ...`) on stderr; messages are plain text, never rich markup."""
-    err_console.print(f"[red]Error:[/red] {escape(message)}")
+    """`Error: ...` (+ `Hint: ...`) on stderr, every line of a multi-line message prefixed, so each one greps;
+    messages are plain text, never rich markup."""
+    for line in message.splitlines() or [""]:
+        err_console.print(f"[red]Error:[/red] {escape(line)}")
     if hint:
         err_console.print(f"[dim]Hint:[/dim] {escape(hint)}")
 
 
 def print_warning(message: str) -> None:
     err_console.print(f"[yellow]Warning:[/yellow] {escape(message)}")
+
+
+class Progress:
+    """'[3/12, 0:42 elapsed, ~2:05 left]': keys done of the total, and an estimate from the mean so far."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.done, self.t0 = total, 0, time.monotonic()
+
+    def line(self, text: str) -> str:
+        self.done += 1
+        spent = time.monotonic() - self.t0
+        left = spent / self.done * (self.total - self.done)
+        eta = f", ~{_mmss(left)} left" if self.done < self.total else ""
+        return f"  [{self.done}/{self.total}, {_mmss(spent)} elapsed{eta}] {text}"
+
+
+def _mmss(seconds: float) -> str:
+    return f"{int(seconds) // 60}:{int(seconds) % 60:02d}"

@@ -1,4 +1,4 @@
-"""Where config files are looked up (STYLE.md 11): $GLM53CTL_CONFIG_DIR, then the checkout, then the package."""
+"""Where config files are looked up: $GLM53CTL_CONFIG_DIR, then the checkout, then the package."""
 
 from __future__ import annotations
 

@@ -1,21 +1,20 @@
-"""Tuned-config files, configs/tuned/<model>/tp<T>.json (DESIGN.md §6).
+"""Tuned-config files, configs/tuned/<model>/tp<T>.json (docs/design.md §6).
 
 The schema is validated at the file boundary (pydantic, unknown keys forbidden); older files migrate
-one version at a time (STYLE.md 9); a newer file is refused; writes are atomic.
+one version at a time; a newer file is refused; writes are atomic.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
-from glm53ctl.errors import ConfigError
+from glm53ctl.errors import ConfigError, Glm53Error
 
 SCHEMA_VERSION = 1
 
@@ -188,7 +187,36 @@ def load_document(path: Path, doc: dict[str, Any]) -> TunedConfig:
     except ValidationError as e:
         raise ConfigError(_render(path, e), hint="`glm53ctl configs validate` checks every file") from None
     _check_location(path, cfg)
+    _check_knobs(path, cfg)
     return cfg
+
+
+def _check_knobs(path: Path, cfg: TunedConfig) -> None:
+    """The model is one glm53ctl knows and every knob kept or dropped is one of its kind's, at one of its values
+    (the knob registry): a file naming another is refused here, naming the file and the key path, not later."""
+    from glm53ctl.kernels.spec import load_model
+    from glm53ctl.tuning.knobs import kind_knobs
+
+    try:
+        load_model(cfg.model)
+    except Glm53Error as e:
+        raise ConfigError(f"{path}: model: {e.message}", hint=e.hint) from None
+    for kind, per_rows in cfg.entries.items():
+        known = kind_knobs(kind)
+        for rows, entry in per_rows.items():
+            where = f"{path}: entries.{kind}.{rows}"
+            pairs = [(f"knobs.{k}", k, v) for k, v in entry.knobs.items()]
+            pairs += [(f"dropped.{i}", d.knob, d.value) for i, d in enumerate(entry.dropped)]
+            for at, name, value in pairs:
+                knob = known.get(name)
+                if knob is None:
+                    expect = ", ".join(known) or "none yet"
+                    raise ConfigError(f"{where}.{at}: {name!r} is not a knob of {kind} (its knobs: {expect})")
+                if name != "grid" and value not in knob.values:
+                    raise ConfigError(
+                        f"{where}.{at}: {value!r} is not a value of {name} (expected one of "
+                        f"{', '.join(map(str, knob.values))})"
+                    )
 
 
 def _check_location(path: Path, cfg: TunedConfig) -> None:
@@ -206,26 +234,16 @@ def dump(cfg: TunedConfig) -> str:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Temp file in the same folder, fsync, rename: a reader sees the old file or the new, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # mkstemp makes 0600: keep the old file's mode, else the umask's
-    if path.exists():
-        mode = path.stat().st_mode & 0o777
-    else:
-        umask = os.umask(0)
-        os.umask(umask)
-        mode = 0o666 & ~umask
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "w") as f:
+    """The text, fsynced, written atomically (glm53ctl.files.write_atomic_with)."""
+    from glm53ctl.files import write_atomic_with
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "w") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+
+    write_atomic_with(path, write)
 
 
 def save(path: Path, cfg: TunedConfig) -> None:
@@ -247,7 +265,7 @@ def lookup(
     """The knobs in force for (kind, rows): tuned entry over the defaults, its source, and warnings.
 
     An entry measured on another GPU capability or another Triton minor version is still used,
-    with a warning (DESIGN.md §6).
+    with a warning (docs/design.md §6).
     """
     entry = cfg.entry(kind, rows) if cfg else None
     if cfg is None or entry is None:

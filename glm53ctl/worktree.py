@@ -1,8 +1,8 @@
-"""Another git ref's code, checked out with `git worktree` and run in its own process (DESIGN.md §7).
+"""Another git ref's code, checked out with `git worktree` and run in its own process (docs/design.md §7).
 
 Two trees are never imported into one interpreter: the ref's glm53ctl runs in a child Python whose
 import system maps `glm53ctl`, `glm53ctl.kernels`, `glm53ctl.tuning` and `glm53ctl.configs_data` onto
-the ref's folders (the package-dir layout of DESIGN.md §1), ahead of any installed copy.
+the ref's folders (the package-dir layout of docs/design.md §1), ahead of any installed copy.
 """
 
 from __future__ import annotations
@@ -91,7 +91,8 @@ def checkout(ref: str, cache: Path) -> tuple[Path, str]:
     """The ref's tree in cache/worktrees/<sha> (made once, reused) and its commit sha. A folder holding a
     glm53ctl tree (a worktree copied to a machine with no git history, say) is taken as it is."""
     tree = Path(ref)
-    if (tree / "glm53ctl" / "__init__.py").is_file() and (tree / "kernels").is_dir():
+    # a path (it has a slash or starts with a dot), so a folder never shadows a ref of the same name
+    if ("/" in ref or ref.startswith(".")) and (tree / "glm53ctl" / "__init__.py").is_file():
         return tree.resolve(), f"tree {tree.name}"
     root = repo_root()
     sha = resolve(ref, root)

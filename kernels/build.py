@@ -1,4 +1,4 @@
-"""Ahead-of-time builds of every kernel per build key (DESIGN.md §2, §4), on a machine with no GPU.
+"""Ahead-of-time builds of every kernel per build key (docs/design.md §2, §4), on a machine with no GPU.
 
 A build key is (model, kind, tp, rows) with the knobs in force for it. Each key's launches (the launch
 itself and, at TP > 1, the peers' partial launch) are compiled for a GPU target with `triton.compile`,
@@ -53,11 +53,21 @@ class KernelRecord:
     cached: bool = False
 
 
+# what Triton 3.6 builds for: NVIDIA GPUs of capability 8.0 and newer that its wheel's ptxas (CUDA 12.8) knows
+TARGETS = (80, 86, 87, 89, 90, 100, 101, 120)
+
+
 def parse_target(target: str) -> int:
     m = re.fullmatch(r"sm_(\d+)a?", target)
     if not m:
         raise UsageError(f"--target {target!r}: expected sm_<capability>, e.g. sm_90")
-    return int(m.group(1))
+    capability = int(m.group(1))
+    if capability not in TARGETS:
+        raise UsageError(
+            f"--target {target!r}: not a target Triton builds for",
+            hint=f"one of {', '.join(f'sm_{c}' for c in TARGETS)}",
+        )
+    return capability
 
 
 def find_ptxas() -> Path:
@@ -215,9 +225,11 @@ def build(keys: list[BuildKey], target: int, out: Path, jobs: int, progress=None
     results: dict[BuildKey, list[dict]] = {}
     from glm53ctl.worktree import finder_code, this_tree
 
-    # workers import this tree's kernels even when another glm53ctl is installed (--against runs a ref's tree)
+    # workers import this tree's kernels even when another glm53ctl is installed (--against runs a ref's tree);
+    # whatever the compiler prints goes to stderr: stdout carries the manifest (--json) alone
+    init = "import os\nos.dup2(2, 1)\n" + finder_code(this_tree())
     pool = ProcessPoolExecutor(
-        max_workers=jobs, mp_context=mp.get_context("spawn"), initializer=exec, initargs=(finder_code(this_tree()), {})
+        max_workers=jobs, mp_context=mp.get_context("spawn"), initializer=exec, initargs=(init, {})
     )
     with pool:
         futures = {pool.submit(compile_key, k, target, str(cache)): k for k in keys}

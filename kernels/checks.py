@@ -1,4 +1,4 @@
-"""What `glm53ctl check` and `glm53ctl fault` prove, per build key (DESIGN.md §7).
+"""What `glm53ctl check` and `glm53ctl fault` prove, per build key (docs/design.md §7).
 
 check: accuracy of every output against the reference (relative RMS under a bound per tensor, NaN never
 passes, outputs poisoned before the launch, fresh seeded inputs per key); determinism (bitwise equal across
@@ -55,14 +55,14 @@ def _same(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
 
 
-def make_launch(weights: Weights, kind: str, tp: int, rows: int, knobs: dict | None, device):
+def make_harness(weights: Weights, kind: str, tp: int, rows: int, knobs: dict | None, device):
     """The launch harness of one key (the kind registry's)."""
     return get_kind(kind).load_harness()(weights, tp, rows, knobs, device)
 
 
 def launch_outputs(weights: Weights, kind: str, tp: int, rows: int, seed: int, device) -> dict[str, torch.Tensor]:
     """The kernel's outputs and writes for a key's seeded inputs (what `check --against` compares bit for bit)."""
-    k = make_launch(weights, kind, tp, rows, {}, device)
+    k = make_harness(weights, kind, tp, rows, {}, device)
     x = k.inputs(key_seed(seed, key_name(weights.spec.name, kind, tp, rows)))[0]
     return {n: t.cpu() for n, t in k(x, poison=True).items()} | k.writes()
 
@@ -71,7 +71,7 @@ def check_key(weights: Weights, kind: str, tp: int, rows: int, seed: int, device
     spec = weights.spec
     bounds = dict(get_kind(kind).bounds)
     res = CheckResult(key_name(spec.name, kind, tp, rows), bounds=bounds)
-    k = make_launch(weights, kind, tp, rows, {}, device)
+    k = make_harness(weights, kind, tp, rows, {}, device)
     x = k.inputs(key_seed(seed, res.key))[0].to(k.device)
     peers = k.peer_partials(x)
     out = k(x, peers, poison=True)
@@ -84,7 +84,7 @@ def check_key(weights: Weights, kind: str, tp: int, rows: int, seed: int, device
     if not written:
         res.problems.append("an output element was not written (NaN poison left)")
     for g in GRIDS:
-        other = make_launch(weights, kind, tp, rows, {"grid": g}, device)(x, peers, poison=True)
+        other = make_harness(weights, kind, tp, rows, {"grid": g}, device)(x, peers, poison=True)
         if not _same(out, other):
             res.grids_equal = False
             res.problems.append(f"grid {g} gives other bits than grid {k.knobs['grid']}")
@@ -121,7 +121,7 @@ def fault_key(
     process ends (a hung GPU launch cannot be recovered from inside it)."""
     spec = weights.spec
     res = FaultResult(key_name(spec.name, kind, tp, rows))
-    k = make_launch(weights, kind, tp, rows, {}, device)
+    k = make_harness(weights, kind, tp, rows, {}, device)
     x = k.inputs(key_seed(0, res.key))[0].to(k.device)
     peers = k.peer_partials(x)
     clean = k(x, peers, poison=True)
@@ -164,4 +164,4 @@ def _hang(key: str, site: int, wall_s: float) -> None:
     os._exit(1)
 
 
-__all__ = ["CheckResult", "FaultResult", "check_key", "fault_key", "launch_outputs", "make_launch"]
+__all__ = ["CheckResult", "FaultResult", "check_key", "fault_key", "launch_outputs", "make_harness"]

@@ -9,12 +9,9 @@ Which function runs which kind is the kind registry's (kernels/kinds/__init__.py
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from glm53ctl.errors import UsageError
-from glm53ctl.kernels.kinds import KINDS, LAYER_KINDS, get_kind
+from glm53ctl.kernels.kinds import get_kind
 from glm53ctl.kernels.numerics import Numerics
 from glm53ctl.kernels.ops.dsa.naive import dsa_attention_prefill
 from glm53ctl.kernels.ops.kda.naive import kda_attention_prefill
@@ -26,41 +23,11 @@ from glm53ctl.kernels.reference import (
     pad_cache,
     room,
 )
+from glm53ctl.kernels.run_key import RunKey, check_run_key, layer_for, row_contexts
 from glm53ctl.kernels.spec import ModelSpec
 from glm53ctl.kernels.state import KdaState
 
 Tensors = dict[str, torch.Tensor]
-
-
-@dataclass(frozen=True)
-class RunKey:
-    kind: str
-    tp: int
-    rows: int
-    context: int = 0
-    steps: int = 1
-    seed: int = 0
-    layer: int | None = None
-    tokens: tuple[int, ...] | None = None  # the last step's token ids (embed, model); else seeded
-
-
-def row_contexts(context: int, rows: int, kpool: int) -> list[int]:
-    """Row r sits `r * (kpool - 1)` tokens short of the context: different positions and pool phases."""
-    return [max(context - r * (kpool - 1), 0) for r in range(rows)]
-
-
-def layer_for(spec: ModelSpec, kind: str, layer: int | None) -> int:
-    want = LAYER_KINDS[kind]
-    if layer is None:
-        for i, shape in enumerate(spec.layers):
-            if shape == want:
-                return i
-        raise UsageError(f"model {spec.name!r} has no {kind} layer")
-    if not 0 <= layer < spec.model.num_layers:
-        raise UsageError(f"layer {layer} is out of range [0, {spec.model.num_layers})")
-    if spec.layers[layer] != want:
-        raise UsageError(f"layer {layer} of {spec.name!r} is {'+'.join(spec.layers[layer])}, not a {kind} layer")
-    return layer
 
 
 class Inputs:
@@ -121,25 +88,6 @@ def model_state(ref: Reference, contexts: list[int], inputs: Inputs, max_context
             st = empty_state(ref.spec, 1, max_context, ref.num)
         states.append(st)
     return merge_rows(states)
-
-
-def check_run_key(key: RunKey) -> None:
-    """Refuse a run key no kind can run, before any work."""
-    kind = get_kind(key.kind)
-    if key.rows not in range(1, 9):
-        raise UsageError(f"rows {key.rows} is out of range 1..8")
-    if key.steps < 1:
-        raise UsageError(f"--steps {key.steps}: expected at least 1")
-    if key.context < 0:
-        raise UsageError(f"--context {key.context}: expected 0 or more")
-    if key.layer is not None and kind.layer is None:
-        raise UsageError(f"--layer applies to the layer kinds ({', '.join(LAYER_KINDS)}), not to {key.kind}")
-    if key.tokens is not None:
-        if not kind.takes_tokens:
-            readers = " and ".join(n for n, k in KINDS.items() if k.takes_tokens)
-            raise UsageError(f"--tokens applies to {readers}, not to {key.kind}")
-        if len(key.tokens) != key.rows:
-            raise UsageError(f"--tokens has {len(key.tokens)} ids for {key.rows} rows")
 
 
 def run_reference(ref: Reference, key: RunKey) -> Tensors:
@@ -225,6 +173,7 @@ class KindHarness:
     kind: str
     input_name: str  # what run saves as inputs.<name>
     STAGES: tuple = ()
+    Launch: type  # the kind's launch class (its `partial_only` mode is a peer rank's launch)
 
     def __init__(self, weights, tp: int, rows: int, knobs: dict | None, device) -> None:
         from glm53ctl.tuning.knobs import knobs_for, resolve_grid
@@ -234,6 +183,14 @@ class KindHarness:
         self.knobs = resolve_grid(knobs_for(spec.name, self.kind, tp, rows, knobs, device), device)
         self.tp, self.rows, self.device = tp, rows, torch.device(device)
         self.spec, self.weights = spec, weights
+
+    @classmethod
+    def build_launches(cls, spec, tp: int, rows: int, knobs: dict) -> list[tuple[str, object]]:
+        """Every launch object of a key, laid out on the CPU (nothing runs): rank 0's, and at TP > 1 a peer's."""
+        out = [("launch", cls.Launch(spec, tp, rows, knobs, "cpu"))]
+        if tp > 1:
+            out.append(("peer", cls.Launch(spec, tp, rows, knobs, "cpu", partial_only=True)))
+        return out
 
     def shard(self, name: str, rank: int) -> torch.Tensor:
         return self.weights.shard(name, rank, self.tp).to(self.device).contiguous()

@@ -1,6 +1,6 @@
 """How the PyTorch reference computes: the compute dtype, and which dtype stored tensors are rounded to.
 
-Ground truth (SPEC.md §11): bf16/fp32 weights upcast, every op in fp32, and every tensor that the
+Ground truth (docs/model.md §11): bf16/fp32 weights upcast, every op in fp32, and every tensor that the
 kernels store in bf16 (H, caches, the conv state) rounded to bf16 where it is stored. `FP64` keeps
 everything exact: TP-vs-TP1 and decode-vs-prefill compare in it with a tight tolerance.
 """
@@ -49,3 +49,10 @@ def rel_rms(ref: torch.Tensor, out: torch.Tensor) -> float:
         return float("inf")
     ref, out = ref.double().cpu(), out.double().cpu()
     return float((out - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt().clamp_min(1e-300))
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bit pattern as integers of its width: compared, -0.0 != +0.0 and two NaNs with the same
+    bits are equal (what "bitwise equal" means everywhere in glm53ctl)."""
+    ints = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
+    return t.contiguous().view(ints[t.element_size()]) if t.is_floating_point() else t

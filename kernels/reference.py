@@ -1,4 +1,4 @@
-"""The PyTorch reference of a whole decode step, one function per launch kind (DESIGN.md §2).
+"""The PyTorch reference of a whole decode step, one function per launch kind (docs/design.md §2).
 
 Each kind takes the decode state and its inputs and returns every output and every write, so a kernel
 can be compared tensor by tensor. TP-T is computed rank by rank on each rank's shards, and the

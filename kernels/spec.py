@@ -1,4 +1,4 @@
-"""The typed model spec, read from configs/models/<model>.toml, and its per-rank shard shapes (SPEC.md §1, §8).
+"""The typed model spec, read from configs/models/<model>.toml, and its per-rank shard shapes (docs/model.md §1, §8).
 
 Pure Python (no torch): the CLI reads it for `--help`-fast commands.
 """
@@ -138,7 +138,7 @@ class ModelSpec(_Section):
     # ---- TP ------------------------------------------------------------------------------
 
     def sharded_dims(self) -> dict[str, int]:
-        """Every dimension that TP splits (SPEC.md §8), by what it is."""
+        """Every dimension that TP splits (docs/model.md §8), by what it is."""
         return {
             "model.vocab_size": self.model.vocab_size,
             "kda.heads": self.kda.heads,
@@ -164,7 +164,7 @@ class ModelSpec(_Section):
 
 @dataclass(frozen=True, slots=True)
 class Shards:
-    """Per-rank sizes and weight shapes at one TP width (SPEC.md §8). Shapes are (out, in) as stored."""
+    """Per-rank sizes and weight shapes at one TP width (docs/model.md §8). Shapes are (out, in) as stored."""
 
     spec: ModelSpec
     tp: int
@@ -261,7 +261,7 @@ class Shards:
         }
 
     def state_shapes(self, rows: int, max_context: int) -> dict[str, tuple[int, ...]]:
-        """Per-layer decode state of one rank (SPEC.md §4, §5): KDA states per rank, DSA caches replicated."""
+        """Per-layer decode state of one rank (docs/model.md §4, §5): KDA states per rank, DSA caches replicated."""
         s = self.spec
         P, K = self.kda_proj, s.kda.head_dim
         ix = s.indexer
@@ -301,7 +301,7 @@ def model_names() -> list[str]:
 
 
 def format_validation_error(path: Path | str, err: ValidationError) -> str:
-    """`file: key.path: what was expected`, one line per problem (STYLE.md 10)."""
+    """`file: key.path: what was expected`, one line per problem."""
     lines = []
     seen = set()
     for e in err.errors():

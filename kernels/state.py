@@ -1,4 +1,4 @@
-"""Decode state of one rank: per-layer KDA states and DSA caches, and each row's position (SPEC.md §4, §5)."""
+"""Decode state of one rank: per-layer KDA states and DSA caches, and each row's position (docs/model.md §4, §5)."""
 
 from __future__ import annotations
 

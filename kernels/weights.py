@@ -1,4 +1,4 @@
-"""Model weights: seeded random (identical on any machine), sharded per rank (SPEC.md §8), safetensors I/O.
+"""Model weights: seeded random (identical on any machine), sharded per rank (docs/model.md §8), safetensors I/O.
 
 Tensors are made lazily by checkpoint name, so one layer of glm53_flash, or only the routed experts,
 costs only what it touches. A tensor is generated in blocks of rows, each seeded from (seed, name,
@@ -100,7 +100,7 @@ def _mlp(t: dict[str, TensorInfo], prefix: str, inter: int, D: int) -> None:
 
 
 def tensor_table(spec: ModelSpec) -> dict[str, TensorInfo]:
-    """Every tensor of the checkpoint (SPEC.md §3–§7 names), with its full shape, dtype and init."""
+    """Every tensor of the checkpoint (docs/model.md §3–§7 names), with its full shape, dtype and init."""
     D, V = spec.hidden, spec.model.vocab_size
     t = {f"{ROOT}embed_tokens.weight": TensorInfo((V, D), BF16, 1.0, split=0)}
     for i in range(spec.model.num_layers):

@@ -28,7 +28,7 @@ def write(path: Path, text: str) -> Path:
 
 
 def assert_close(name: str, ref, out, bound: float) -> float:
-    """Relative RMS error of `out` against `ref` within `bound` (STYLE.md 18); NaN never passes."""
+    """Relative RMS error of `out` against `ref` within `bound`; NaN never passes."""
     import torch
 
     from glm53ctl.kernels.numerics import rel_rms

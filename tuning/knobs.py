@@ -1,4 +1,4 @@
-"""Knobs (DESIGN.md §5): the runtime's shared knobs, declared once here, and the lookup of a kind's knobs.
+"""Knobs (docs/design.md §5): the runtime's shared knobs, declared once here, and the lookup of a kind's knobs.
 
 A kind declares its own knobs beside it (`kernels/kinds/<kind>/__init__.py`) and names the runtime knobs it
 takes in the kind registry (`kernels/kinds/__init__.py`), with its own defaults where they differ.
@@ -92,7 +92,7 @@ def check_knobs(kind: str, knobs: dict) -> None:
 
 
 def knobs_for(model: str, kind: str, tp: int, rows: int, overrides: dict | None = None, device=None) -> dict:
-    """The knobs in force for one build key (DESIGN.md §6): the registry's defaults, then the tuned entry of
+    """The knobs in force for one build key (docs/design.md §6): the registry's defaults, then the tuned entry of
     configs/tuned/<model>/tp<T>.json for (kind, rows) if there is one, then explicit overrides. A tuned
     entry measured on another GPU capability or Triton minor version is used with a warning."""
     from glm53ctl import tuned

@@ -1,10 +1,10 @@
-"""Measuring on the GPU, and deciding from the measurements (DESIGN.md §8): what `glm53ctl bench` and
+"""Measuring on the GPU, and deciding from the measurements (docs/design.md §8): what `glm53ctl bench` and
 `glm53ctl tune` are built on.
 
 - µs per launch: `graph_time` replays a CUDA graph of `inner` launches `rounds` times; `rotations` says how
   many weight copies the caller rotates over so that each launch streams its weights from HBM, not the L2.
 - The floor: `copy_bandwidth` (the faster of two elementwise copies, torch's and a Triton one: `copy_`, a
-  cudaMemcpy, moves only ~2.7 TB/s on the H200, DESIGN.md §4) and `floor_us`.
+  cudaMemcpy, moves only ~2.7 TB/s on the H200, docs/design.md §4) and `floor_us`.
 - A against B: `ab_rounds` takes samples in A B B A order, so a drift (clocks, heat) cancels within each round;
   `ratio` gives B/A (below 1: B is faster) with a bootstrap interval; a same-against-same run's `spread` sets
   the keep threshold δ (`keep_threshold`); `verdict` says whether B is faster, slower or within noise.
@@ -42,11 +42,11 @@ import triton.language as tl
 from glm53ctl import __version__
 from glm53ctl.errors import Glm53Error
 
-# the H200's L2 as DESIGN.md §8 gives it; torch.cuda.get_device_properties(d).L2_cache_size reports a device's own
+# the H200's L2 as docs/design.md §8 gives it; torch.cuda.get_device_properties(d).L2_cache_size reports a device's own
 L2_BYTES = 60 * 2**20
-# the floor of the keep threshold: δ = max(1%, 2 × the spread of a same-against-same run) (DESIGN.md §8)
+# the floor of the keep threshold: δ = max(1%, 2 × the spread of a same-against-same run) (docs/design.md §8)
 MIN_DELTA = 0.01
-# the Triton copy of benchmarks/runtime_gpu.py: 4.08-4.11 TB/s on the H200, 16K blocks or 4 warps no faster (2026-12-01)
+# the Triton copy (benchmarks/runtime_gpu.py up to git f418783 had it): 4.08-4.11 TB/s on the H200, 16K blocks or 4 warps no faster (2026-12-01)
 COPY_BLOCK, COPY_WARPS = 8192, 8
 # the sources whose content says "the same code was timed" (code_digest)
 CODE_FOLDERS = ("kernels", "tuning")
@@ -370,7 +370,7 @@ def spread(same_against_same: dict[str, Any]) -> float:
 
 
 def keep_threshold(same_spread: float) -> float:
-    """δ = max(1%, 2 × the spread of a same-against-same run) (DESIGN.md §8)."""
+    """δ = max(1%, 2 × the spread of a same-against-same run) (docs/design.md §8)."""
     return max(MIN_DELTA, 2 * same_spread)
 
 

@@ -9,8 +9,9 @@ from typing import Annotated
 
 import typer
 
+from glm53ctl.commands import Command
 from glm53ctl.errors import UsageError
-from glm53ctl.output import Output, err_console
+from glm53ctl.output import Output, Progress, err_console
 
 
 def parse_list(flag: str, text: str | None, allowed: tuple, cast=str) -> list:
@@ -29,7 +30,7 @@ def parse_list(flag: str, text: str | None, allowed: tuple, cast=str) -> list:
 
 
 def register(app: typer.Typer) -> None:
-    app.command(name="build")(build)
+    app.command(name="build", cls=Command)(build)
 
 
 def build(
@@ -39,10 +40,12 @@ def build(
     rows: Annotated[str | None, typer.Option("--rows", help="Rows, e.g. 1,2 (default: 1,2,4,8).")] = None,
     target: Annotated[str, typer.Option("--target", help="GPU target.")] = "sm_90",
     jobs: Annotated[int, typer.Option("--jobs", "-j", help="Compiler processes.")] = max(1, (os.cpu_count() or 2)),
-    out: Annotated[Path, typer.Option("--out", "-o", help="Build folder: manifest.json, cache/, worktrees/.")] = Path(
-        "build"
-    ),
-    against: Annotated[str | None, typer.Option("--against", help="A git ref: which builds change.")] = None,
+    out: Annotated[
+        Path, typer.Option("--out", "-o", metavar="DIR", help="Build folder: manifest.json, cache/, worktrees/.")
+    ] = Path("build"),
+    against: Annotated[
+        str | None, typer.Option("--against", metavar="REF", help="A git ref: which builds change.")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="The manifest (or comparison) as JSON.")] = False,
 ) -> None:
     """Compile every kernel per build key ahead of time; registers, spills, shared memory, stack, code hash."""
@@ -87,9 +90,8 @@ def build(
             raise UsageError(f"building {against} failed (exit {p.returncode})", hint="its error is above")
         theirs = json.loads(p.stdout)
     o.log(f"building {len(keys)} keys for {target} with {jobs} processes")
-    manifest = run_build(
-        keys, arch, out, jobs, progress=lambda k: err_console.print(f"  built {k.name}") if not as_json else None
-    )
+    progress = Progress(len(keys))  # on stderr, --json or not: stdout carries the manifest alone
+    manifest = run_build(keys, arch, out, jobs, progress=lambda k: err_console.print(progress.line(f"built {k.name}")))
     if theirs is None:
         o.json(manifest)
         _table(o, manifest)

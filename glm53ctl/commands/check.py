@@ -1,4 +1,4 @@
-"""`glm53ctl check` and `glm53ctl fault`: how a change is proven safe (DESIGN.md §7)."""
+"""`glm53ctl check` and `glm53ctl fault`: how a change is proven safe (docs/design.md §7)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ from typing import Annotated
 
 import typer
 
+from glm53ctl.commands import Command
 from glm53ctl.commands.build import parse_list
 from glm53ctl.errors import CheckFailed, UsageError
-from glm53ctl.output import Output, err_console
+from glm53ctl.output import Output, Progress, err_console
 
 ModelOpt = Annotated[
     str | None, typer.Option("--model", "-m", help="Model (default: tiny on a CPU, glm53_flash on a GPU).")
@@ -23,8 +24,8 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Results as JSON on stdout
 
 
 def register(app: typer.Typer) -> None:
-    app.command(name="check")(check)
-    app.command(name="fault")(fault)
+    app.command(name="check", cls=Command)(check)
+    app.command(name="fault", cls=Command)(fault)
 
 
 AllKeysOpt = Annotated[
@@ -65,87 +66,142 @@ def check(
     tp: TpOpt = None,
     rows: RowsOpt = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the inputs (fresh per key).")] = 0,
-    against: Annotated[str | None, typer.Option("--against", help="A git ref: every output bit for bit.")] = None,
-    cache: Annotated[Path, typer.Option("--cache", help="Where --against keeps worktrees.")] = Path("build"),
+    against: Annotated[
+        str | None,
+        typer.Option("--against", metavar="REF", help="A git ref (or a tree's folder): every output bit for bit."),
+    ] = None,
+    cache: Annotated[Path, typer.Option("--cache", metavar="DIR", help="Where --against keeps worktrees.")] = Path(
+        "build"
+    ),
     save: Annotated[Path | None, typer.Option("--save", hidden=True, help="Only save each key's outputs.")] = None,
     jobs: Annotated[
         int, typer.Option("--jobs", "-j", help="Worker processes on a CPU (default: one per core); 1 on a GPU.")
     ] = 0,
     all_keys: AllKeysOpt = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Every output's error in the table.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Accuracy against the reference, determinism, invariants; with --against, bitwise equality with REF."""
     o = Output(as_json)
     device, weights, keys = _setup(model, kind, tp, rows, all_keys)  # first: it may select the interpreter
     jobs = _jobs(jobs, device, keys)
-    from safetensors.torch import load_file, save_file
-
-    from glm53ctl.kernels.checks import key_name, launch_outputs
-
     if save is not None:  # the other side of --against: outputs only, in this tree's process
-        save.mkdir(parents=True, exist_ok=True)
-        for k, t, r in keys:
-            name = key_name(weights.spec.name, k, t, r)
-            save_file(
-                launch_outputs(weights, k, t, r, seed, device), str(save / (name.replace("/", "_") + ".safetensors"))
-            )
+        _save_outputs(weights, keys, seed, device, save)
         return
-    ref_dir = None
-    if against is not None:
-        from glm53ctl.worktree import checkout, run_cli
-
-        tree, sha = checkout(against, cache)
-        ref_dir = Path(tempfile.mkdtemp(prefix="glm53ctl-against-"))
-        # the same keys: one run of the ref for a full TP x rows matrix, else one per (TP, rows) pair (the ref
-        # may not know this tree's default key set)
-        base = ["check", "--save", str(ref_dir), "--seed", str(seed), "--model", weights.spec.name]
-        base += ["--kind", ",".join(dict.fromkeys(k for k, _, _ in keys))]
-        pairs = list(dict.fromkeys((t, r) for _, t, r in keys))
-        tps, rowss = list(dict.fromkeys(t for t, _ in pairs)), list(dict.fromkeys(r for _, r in pairs))
-        grids = [(tps, rowss)] if len(pairs) == len(tps) * len(rowss) else [([t], [r]) for t, r in pairs]
-        o.log(f"running {against} ({sha[:12]}) from {tree}")
-        for ts, rs in grids:
-            args = base + ["--tp", ",".join(map(str, ts)), "--rows", ",".join(map(str, rs))]
-            if run_cli(tree, args).returncode:
-                raise UsageError(f"{against}'s glm53ctl could not run `check --save`", hint="its error is above")
-    results = []
-    o.log(f"checking {len(keys)} keys of {weights.spec.name} on {device}" + (f" with {jobs} processes" * (jobs > 1)))
-    for (k, t, r), row in zip(keys, _per_key(_check_row, weights, keys, jobs, seed, device), strict=True):
-        if ref_dir is not None:
-            path = ref_dir / (row["key"].replace("/", "_") + ".safetensors")
-            theirs = load_file(str(path)) if path.exists() else {}
-            row["against"] = diff = _bitwise(launch_outputs(weights, k, t, r, seed, device), theirs)
-            row["bitwise_equal"] = not diff
-            if diff:
-                row["ok"] = False
-        results.append(row)
-        if not as_json:
-            err_console.print(f"  {'ok  ' if row['ok'] else 'FAIL'} {row['key']}")
+    with tempfile.TemporaryDirectory(prefix="glm53ctl-against-") as tmp:  # removed however the run ends
+        ref_dir = _run_ref(against, cache, weights, keys, seed, Path(tmp), o) if against is not None else None
+        results = _check_keys(weights, keys, jobs, seed, device, ref_dir)
     passed = sum(r["ok"] for r in results)
     summary = f"{passed} of {len(results)} configs pass"
     if ref_dir is not None:
         equal = sum(r["bitwise_equal"] for r in results)
         summary = f"{equal} of {len(results)} configs bitwise equal to {against}; {summary}"
     o.json({"device": device, "model": weights.spec.name, "seed": seed, "summary": summary, "keys": results})
+    columns = ["key", "worst output: error (bound)", "margin", "grids", "repeats", "written"]
     o.table(
         f"check {weights.spec.name} on {device}",
-        ["key", "rel RMS (bound)", "grids", "repeats", "written"] + (["vs " + against] if ref_dir else []) + ["result"],
-        [
-            (
-                r["key"],
-                ", ".join(f"{n} {e:.1e} ({r['bounds'][n]:g})" for n, e in r["errors"].items()),
-                "equal" if r["grids_equal"] else "DIFFER",
-                "equal" if r["repeats_equal"] else "DIFFER",
-                "yes" if r["invariants"]["every output element written"] else "NO",
-                *(["equal" if r["bitwise_equal"] else "; ".join(r["against"])] if ref_dir else []),
-                "ok" if r["ok"] else "FAIL: " + "; ".join(r["problems"]),
-            )
-            for r in results
-        ],
+        columns + (["vs " + against] if ref_dir else []) + ["result"],
+        [_table_row(r, ref_dir is not None, verbose) for r in results],
     )
     o.text(summary)
     if passed < len(results):
         raise CheckFailed(summary)
+
+
+def _save_outputs(weights, keys, seed: int, device: str, save: Path) -> None:
+    from safetensors.torch import save_file
+
+    from glm53ctl.kernels.checks import key_name, launch_outputs
+
+    save.mkdir(parents=True, exist_ok=True)
+    for i, (k, t, r) in enumerate(keys, 1):
+        name = key_name(weights.spec.name, k, t, r)
+        save_file(launch_outputs(weights, k, t, r, seed, device), str(save / (name.replace("/", "_") + ".safetensors")))
+        err_console.print(f"  [{i}/{len(keys)}] saved {name}", highlight=False)
+
+
+def _run_ref(against: str, cache: Path, weights, keys, seed: int, ref_dir: Path, o: Output) -> Path:
+    """REF's outputs for the same keys, saved into ref_dir by REF's own glm53ctl in a process of its own: one
+    run for a full TP x rows matrix, else one per (TP, rows) pair (REF may not know this tree's key sets)."""
+    from glm53ctl.worktree import checkout, run_cli
+
+    tree, sha = checkout(against, cache)
+    base = ["check", "--save", str(ref_dir), "--seed", str(seed), "--model", weights.spec.name]
+    base += ["--kind", ",".join(dict.fromkeys(k for k, _, _ in keys))]
+    pairs = list(dict.fromkeys((t, r) for _, t, r in keys))
+    tps, rowss = list(dict.fromkeys(t for t, _ in pairs)), list(dict.fromkeys(r for _, r in pairs))
+    grids = [(tps, rowss)] if len(pairs) == len(tps) * len(rowss) else [([t], [r]) for t, r in pairs]
+    o.log(f"running {against} ({sha[:12]}) from {tree}: its outputs for {len(keys)} keys, then this tree's checks")
+    for ts, rs in grids:
+        args = base + ["--tp", ",".join(map(str, ts)), "--rows", ",".join(map(str, rs))]
+        if run_cli(tree, args).returncode:
+            raise UsageError(f"{against}'s glm53ctl could not run `check --save`", hint="its error is above")
+    return ref_dir
+
+
+def _check_keys(weights, keys, jobs: int, seed: int, device: str, ref_dir: Path | None) -> list[dict]:
+    """Every key's check (and, with ref_dir, its bits against REF's), a progress line on stderr as each ends."""
+    from safetensors.torch import load_file
+
+    from glm53ctl.kernels.checks import launch_outputs
+
+    where = f" with {jobs} processes" if jobs > 1 else ""
+    err_console.print(f"checking {len(keys)} keys of {weights.spec.name} on {device}{where}", highlight=False)
+    progress = Progress(len(keys))
+    results: list[dict | None] = [None] * len(keys)
+    for i, row in _per_key(_check_row, weights, keys, jobs, seed, device):
+        k, t, r = keys[i]
+        if ref_dir is not None:
+            path = ref_dir / (row["key"].replace("/", "_") + ".safetensors")
+            theirs = load_file(str(path)) if path.exists() else {}
+            row["against"] = diff = _bitwise(launch_outputs(weights, k, t, r, seed, device), theirs)
+            row["bitwise_equal"] = not diff
+            row["ok"] = row["ok"] and not diff
+        results[i] = row
+        worst = _worst(row)
+        err_console.print(
+            progress.line(f"{'ok  ' if row['ok'] else 'FAIL'} {row['key']}" + (f" ({worst})" if worst else "")),
+            highlight=False,
+        )
+    return results
+
+
+def _worst(row: dict) -> str:
+    """The output nearest its bound: 'ffn.out 5.2e-03 (2e-02)', or '' when there are none."""
+    errors, bounds = row["errors"], row["bounds"]
+    if not errors:
+        return ""
+    name = max(errors, key=lambda n: errors[n] / bounds[n] if bounds[n] else (0.0 if errors[n] == 0 else 1e30))
+    return f"{name} {errors[name]:.1e} ({bounds[name]:g})"
+
+
+def _margin(errors: dict, bounds: dict) -> str:
+    """How far the worst output is inside its bound ('4.0x': a quarter of it), 'exact', or 'OVER'."""
+    if not errors:
+        return ""
+    if any(not errors[n] <= bounds[n] for n in errors):  # NaN too
+        return "OVER"
+    worst = max((errors[n] / bounds[n] for n in errors if bounds[n]), default=0.0)
+    return "exact" if worst == 0 else f"{1 / worst:.1f}x"
+
+
+def _table_row(r: dict, against: bool, verbose: bool) -> tuple:
+    """One key in the table: the worst output and its margin to the bound (every output with -v)."""
+    errors, bounds = r["errors"], r["bounds"]
+    if verbose:
+        worst = ", ".join(f"{n} {e:.1e} ({bounds[n]:g})" for n, e in errors.items())
+    else:
+        worst = _worst(r)
+    return (
+        r["key"],
+        worst,
+        _margin(errors, bounds),
+        "equal" if r["grids_equal"] else "DIFFER",
+        "equal" if r["repeats_equal"] else "DIFFER",
+        "yes" if r["invariants"]["every output element written"] else "NO",
+        *(["equal" if r["bitwise_equal"] else "; ".join(r["against"][:2])] if against else []),
+        "ok" if r["ok"] else "FAIL: " + "; ".join(r["problems"][:2]),
+    )
 
 
 def _check_row(model: str, kind: str, tp: int, rows: int, seed: int, device: str, weights=None) -> dict:
@@ -171,24 +227,25 @@ def _check_row(model: str, kind: str, tp: int, rows: int, seed: int, device: str
 
 
 def _per_key(fn, weights, keys, jobs: int, *args):
-    """fn(model, kind, tp, rows, *args[, weights]) for each key, results in key order: in this process, or in
+    """(i, fn(model, kind, tp, rows, *args[, weights])) for each key i, as each finishes: in this process, or in
     `jobs` spawned workers (they inherit TRITON_INTERPRET from this process's environment and draw the same
     seeded weights)."""
     if jobs <= 1:
-        for k, t, r in keys:
-            yield fn(weights.spec.name, k, t, r, *args, weights=weights)
+        for i, (k, t, r) in enumerate(keys):
+            yield i, fn(weights.spec.name, k, t, r, *args, weights=weights)
         return
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import ProcessPoolExecutor, as_completed
     from concurrent.futures.process import BrokenProcessPool
 
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as ex:
-        futures = [ex.submit(fn, weights.spec.name, k, t, r, *args) for k, t, r in keys]
-        for (k, t, r), f in zip(keys, futures, strict=True):
+        futures = {ex.submit(fn, weights.spec.name, k, t, r, *args): i for i, (k, t, r) in enumerate(keys)}
+        for f in as_completed(futures):
+            i = futures[f]
             try:
-                yield f.result()
+                yield i, f.result()
             except BrokenProcessPool:  # a hang ends its worker (os._exit): it printed what hung
-                raise CheckFailed(f"a worker process ended during {_key_name(weights, k, t, r)}") from None
+                raise CheckFailed(f"a worker process ended during {_key_name(weights, *keys[i])}") from None
 
 
 def _key_name(weights, kind: str, tp: int, rows: int) -> str:
@@ -230,12 +287,21 @@ def _fault_row(model, kind, tp, rows, device, site, budget_ns, wall_s, weights=N
     }
 
 
+def _site_count(spec, kind: str, tp: int, rows: int, device: str) -> int:
+    """The guarded waits of a key's launch (rank 0's), from its table alone: nothing is launched."""
+    from glm53ctl.kernels.kinds import get_kind
+    from glm53ctl.tuning.knobs import knobs_for, resolve_grid
+
+    knobs = resolve_grid(knobs_for(spec.name, kind, tp, rows, None, device), device)
+    launches = get_kind(kind).load_harness().build_launches(spec, tp, rows, knobs)
+    return len(dict(launches)["launch"].table.sites)
+
+
 def _bitwise(ours: dict, theirs: dict) -> list[str]:
     """Per differing tensor, its name and the first differing element; bits compared, so -0.0 != +0.0
     and two NaNs with the same bits are equal."""
-    import torch
+    from glm53ctl.kernels.numerics import bits
 
-    as_int = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
     out = []
     for name in sorted(set(ours) | set(theirs)):
         a, b = ours.get(name), theirs.get(name)
@@ -245,8 +311,7 @@ def _bitwise(ours: dict, theirs: dict) -> list[str]:
         if a.shape != b.shape or a.dtype != b.dtype:
             out.append(f"{name}: {tuple(a.shape)} {a.dtype} vs {tuple(b.shape)} {b.dtype}")
             continue
-        ia = a.contiguous().view(as_int.get(a.dtype, a.dtype))
-        ib = b.contiguous().view(as_int.get(b.dtype, b.dtype))
+        ia, ib = bits(a), bits(b)
         ne = ia != ib
         if ne.any():
             idx = tuple(int(i) for i in ne.nonzero()[0])
@@ -267,6 +332,7 @@ def fault(
         int, typer.Option("--jobs", "-j", help="Worker processes on a CPU (default: one per core); 1 on a GPU.")
     ] = 0,
     all_keys: AllKeysOpt = False,
+    list_sites: Annotated[bool, typer.Option("--list", help="List the keys and their sites; stick nothing.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Stick each guarded wait on purpose: LaunchFault names it, nothing hangs, the retry is bitwise clean."""
@@ -276,13 +342,31 @@ def fault(
         raise UsageError("--budget-ms and --wall-s must be positive")
     o = Output(as_json)
     device, weights, keys = _setup(model, kind, tp, rows, all_keys)  # first: it may select the interpreter
+    sites = {key: _site_count(weights.spec, *key, device) for key in keys}  # the tables alone: no launch
+    if list_sites:
+        rows_ = [{"key": _key_name(weights, *key), "sites": n} for key, n in sites.items()]
+        o.json({"device": device, "model": weights.spec.name, "keys": rows_, "sites": sum(sites.values())})
+        o.table(
+            f"fault sites of {weights.spec.name} on {device}",
+            ["key", "sites", "--site range"],
+            [(r["key"], r["sites"], f"0..{r['sites'] - 1}") for r in rows_],
+        )
+        o.text(f"{sum(sites.values())} sites in {len(keys)} keys: one stuck launch each with --all")
+        return
+    if site is not None:
+        short = [f"{_key_name(weights, *key)} has sites 0..{n - 1}" for key, n in sites.items() if not 0 <= site < n]
+        if short:
+            raise UsageError(f"--site {site}: " + "; ".join(short), hint="`glm53ctl fault --list` lists every key's")
     jobs = _jobs(jobs, device, keys)
-    results = []
     budget_ns = int(budget_ms * 1e6)
-    for row in _per_key(_fault_row, weights, keys, jobs, device, site, budget_ns, wall_s):
-        results.append(row)
-        if not as_json:
-            err_console.print(f"  {'ok  ' if row['ok'] else 'FAIL'} {row['key']}: {row['named']}/{row['sites']} named")
+    tried = sum(sites.values()) if site is None else len(keys)
+    err_console.print(f"sticking {tried} sites of {len(keys)} keys of {weights.spec.name} on {device}", highlight=False)
+    progress = Progress(len(keys))
+    results = [None] * len(keys)
+    for i, row in _per_key(_fault_row, weights, keys, jobs, device, site, budget_ns, wall_s):
+        results[i] = row
+        line = f"{'ok  ' if row['ok'] else 'FAIL'} {row['key']}: {row['named']}/{row['sites']} named"
+        err_console.print(progress.line(line), highlight=False)
     tot = {f: sum(r[f] for r in results) for f in ("sites", "named", "hangs", "retries_equal")}
     summary = (
         f"{tot['sites']} sites tried, {tot['named']} named correctly, {tot['hangs']} hangs, "

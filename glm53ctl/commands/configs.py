@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from glm53ctl import tuned
+from glm53ctl.commands import Command
 from glm53ctl.errors import ConfigError, Glm53Error, UsageError
 from glm53ctl.output import Output, print_error
 from glm53ctl.paths import config_root
@@ -16,6 +17,7 @@ app = typer.Typer(
     name="configs",
     help="Show, validate, diff and migrate the model and tuned-config files.",
     no_args_is_help=True,
+    rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
@@ -56,7 +58,7 @@ def _shard_rows(spec, tp: int) -> list[dict]:
     ]
 
 
-@app.command()
+@app.command(cls=Command)
 def show(
     model: Annotated[str | None, typer.Option("--model", "-m", help="One model: its dims and shards.")] = None,
     tp: Annotated[int | None, typer.Option("--tp", help="TP width for --model's per-rank shapes.")] = None,
@@ -70,7 +72,7 @@ def show(
     if model is None and tp is not None:
         raise UsageError("--tp needs --model", hint="glm53ctl configs show --model tiny --tp 4")
     if model is not None:
-        tp = tp or 1
+        tp = 1 if tp is None else tp
         spec = load_model(model)
         shards = _shard_rows(spec, tp)
         entries = _tuned_entries(root, spec.name, tp)
@@ -193,9 +195,11 @@ def _validate_one(path: Path) -> None:
         raise ConfigError(f"{path}: not a config file (expected .toml or .json)")
 
 
-@app.command()
+@app.command(cls=Command)
 def validate(
-    paths: Annotated[list[Path] | None, typer.Argument(help="Files to check (default: every shipped file).")] = None,
+    paths: Annotated[
+        list[Path] | None, typer.Argument(help="Files to check (default: every shipped file).", metavar="FILE")
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Check model (.toml) and tuned (.json) files against their schema; exit 2 on any error."""
@@ -217,10 +221,10 @@ def validate(
     out.text(f"{len(results)} of {len(results)} files valid")
 
 
-@app.command()
+@app.command(cls=Command)
 def diff(
-    a: Annotated[Path, typer.Argument(help="Tuned file A.")],
-    b: Annotated[Path, typer.Argument(help="Tuned file B.")],
+    a: Annotated[Path, typer.Argument(help="Tuned file A.", metavar="A.json")],
+    b: Annotated[Path, typer.Argument(help="Tuned file B.", metavar="B.json")],
     as_json: JsonOpt = False,
 ) -> None:
     """Knob by knob, what differs between two tuned files (and their provenance)."""
@@ -276,9 +280,11 @@ def diff(
     )
 
 
-@app.command()
+@app.command(cls=Command)
 def migrate(
-    paths: Annotated[list[Path] | None, typer.Argument(help="Tuned files (default: every shipped one).")] = None,
+    paths: Annotated[
+        list[Path] | None, typer.Argument(help="Tuned files (default: every shipped one).", metavar="FILE")
+    ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would change; write nothing.")] = False,
     as_json: JsonOpt = False,
 ) -> None:

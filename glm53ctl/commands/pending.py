@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import typer
 
+from glm53ctl.commands import Command
 from glm53ctl.errors import NotImplementedCommand
 
 # command -> (what it will do, the issue that builds it)
 PENDING = {
-    "tune": ("Search per-width knobs with Optuna; keep a knob only where it measures faster.", None),
-    "bench": ("Time launches against the bandwidth floor and another git ref.", None),
+    "tune": ("Search per-width knobs with Optuna; keep a knob only where it measures faster.", 18),
+    "bench": ("Time launches against the bandwidth floor and another git ref.", 18),
 }
 
 
@@ -17,7 +18,8 @@ def register(app: typer.Typer) -> None:
     for name, (help_text, issue) in PENDING.items():
         app.command(
             name=name,
-            help=f"{help_text} (not implemented yet)",
+            cls=Command,
+            help=f"{help_text} Not built yet (issue {issue}): exits 2; it takes no options until then.",
             context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
         )(_pending(name, issue))
 

@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from glm53ctl.commands import Command
 from glm53ctl.errors import UsageError
 from glm53ctl.output import Output
 
@@ -18,13 +19,16 @@ class Backend(StrEnum):
     triton = "triton"
 
 
+KERNEL_PRECISION = "bf16 weights and hand-offs, fp32 sums"
+
+
 class Precision(StrEnum):
     fp32 = "fp32"
     fp64 = "fp64"
 
 
 def register(app: typer.Typer) -> None:
-    app.command(name="run")(run)
+    app.command(name="run", cls=Command)(run)
 
 
 def run(
@@ -56,17 +60,10 @@ def run(
     """Run one launch kind and save every output and every write (plus its inputs) to a safetensors file."""
     import time
 
-    import torch
-    from safetensors import SafetensorError
-    from safetensors.torch import save_file
-
-    from glm53ctl import __version__
-    from glm53ctl.kernels.harness import RunKey, run_reference
-    from glm53ctl.kernels.numerics import FP32, FP64
-    from glm53ctl.kernels.reference import Reference
+    from glm53ctl.kernels.run_key import RunKey, check_run_key, layer_for
     from glm53ctl.kernels.spec import load_model
-    from glm53ctl.kernels.weights import Weights, load_weights, save_weights
 
+    # every check before the progress line and the heavy imports: a usage error costs no torch
     o = Output(as_json)
     spec = load_model(model)
     spec.check_tp(tp)
@@ -74,15 +71,32 @@ def run(
         if path is not None:
             check_writable(flag, path)
     token_ids = parse_ids(tokens) if tokens is not None else None
+    key = RunKey(kind, tp, rows, context, steps, seed, layer, token_ids)
+    check_run_key(key)
+    if layer is not None:
+        layer_for(spec, kind, layer)
+    for t in token_ids or ():
+        if not 0 <= t < spec.model.vocab_size:
+            raise UsageError(f"token id {t} is out of range [0, {spec.model.vocab_size})")
+    if backend is Backend.triton and precision is Precision.fp64:
+        raise UsageError("--precision applies to the reference backend")
+
+    import torch
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
+
+    from glm53ctl import __version__
+    from glm53ctl.kernels.harness import run_reference
+    from glm53ctl.kernels.numerics import FP32, FP64
+    from glm53ctl.kernels.reference import Reference
+    from glm53ctl.kernels.weights import Weights, load_weights, save_weights
+
     weights = load_weights(weights_file, spec, partial=True) if weights_file else Weights(spec, weights_seed)
     num = FP64 if precision is Precision.fp64 else FP32
-    key = RunKey(kind, tp, rows, context, steps, seed, layer, token_ids)
     what = f"{spec.name} {kind} TP{tp} rows {rows} context {context} steps {steps}"
-    o.log(f"run {what} ({backend.value}, {precision.value})")
+    o.log(f"run {what} ({backend.value}, {precision.value if backend is Backend.reference else KERNEL_PRECISION})")
     t0 = time.perf_counter()
     if backend is Backend.triton:
-        if precision is Precision.fp64:
-            raise UsageError("--precision applies to the reference backend")
         device = "cuda" if torch.cuda.is_available() else "cpu"
         if device == "cpu":
             # no GPU: the kernels run in Triton's interpreter (set before any kernel is defined)
@@ -90,6 +104,8 @@ def run(
         from glm53ctl.kernels.harness import run_triton
 
         tensors = run_triton(weights, key, device=device)
+        # the inputs as the reference run saves them (fp32), so two runs of one key compare input for input
+        tensors = {n: t.float() if n.startswith("inputs.") and t.is_floating_point() else t for n, t in tensors.items()}
     else:
         tensors = run_reference(Reference(weights, tp, num), key)
     seconds = time.perf_counter() - t0
@@ -106,16 +122,19 @@ def run(
         "tokens": "" if tokens is None else tokens,
         "weights": str(weights_file) if weights_file else f"seeded:{weights_seed}",
         "backend": backend.value,
-        "precision": precision.value,
+        # what the numbers were computed in: the reference's dtype, or the kernels' own
+        "precision": precision.value if backend is Backend.reference else KERNEL_PRECISION,
     }
+    from glm53ctl.files import write_atomic_with
+
     for path, write in (
-        (out, lambda: save_file({k: v.contiguous() for k, v in tensors.items()}, str(out), metadata=metadata)),
-        (save_weights_to, lambda: save_weights(save_weights_to, weights)),
+        (out, lambda tmp: save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata)),
+        (save_weights_to, lambda tmp: save_weights(tmp, weights)),
     ):
         if path is None:
             continue
         try:
-            write()
+            write_atomic_with(path, write)
         except (OSError, SafetensorError) as e:
             raise UsageError(f"cannot write {path}: {e}") from None
     summary = []
@@ -150,14 +169,11 @@ def run(
 
 def check_writable(flag: str, path: Path) -> None:
     """Refuse an output path before any work is done."""
+    from glm53ctl.files import check_replaceable
+
     if path.suffix != ".safetensors":
         raise UsageError(f"{flag} {path}: expected a .safetensors file")
-    if path.is_dir():
-        raise UsageError(f"{flag} {path}: is a folder")
-    if not path.parent.is_dir():
-        raise UsageError(f"{flag} {path}: folder {path.parent} does not exist")
-    if not os.access(path.parent, os.W_OK):
-        raise UsageError(f"{flag} {path}: folder {path.parent} is not writable")
+    check_replaceable(flag, path)
 
 
 def parse_ids(text: str) -> tuple[int, ...]:

@@ -1,4 +1,4 @@
-"""The registry of launch kinds: what every command reads to know a kind (DESIGN.md §2).
+"""The registry of launch kinds: what every command reads to know a kind (docs/design.md §2).
 
 One entry per kind: what it computes, its reference run (what `glm53ctl run` saves), the layer shape it runs
 (for layer kinds), its launch harness (its kernel, launch, table and reference outputs at a key; None until
@@ -25,7 +25,7 @@ _PKG = "glm53ctl.kernels"
 class Kind:
     name: str
     summary: str
-    reference: str  # "module:function" that runs the kind on the reference (kernels/harness.py)
+    reference_run: str  # "module:function": `glm53ctl run`'s reference run of the kind (kernels/harness.py)
     harness: str | None = None  # "module:Class" of its launch harness; None: no kernels yet
     layer: tuple[str, str] | None = None  # a layer kind's (attention, FFN) shape (kernels/spec.py)
     takes_tokens: bool = False  # its input is token ids (else the streams H)
@@ -48,7 +48,7 @@ class Kind:
 
     def run_reference(self, ref, key):
         """`glm53ctl run`'s reference run of this kind (kernels/harness.py)."""
-        return _load(self.reference)(ref, key)
+        return _load(self.reference_run)(ref, key)
 
 
 def _load(path: str):
@@ -73,7 +73,7 @@ KINDS = {
             "embed",
             "token ids -> H (vocab-parallel gather + all-reduce)",
             "harness:run_embed",
-            "kinds.embed.harness:EmbedKind",
+            "kinds.embed.harness:EmbedHarness",
             takes_tokens=True,
             **_facts(embed),
         ),
@@ -81,7 +81,7 @@ KINDS = {
             "dense",
             "one KDA layer with the dense MLP (layers 0-2)",
             "harness:run_layer",
-            "kinds.dense.harness:DenseKind",
+            "kinds.dense.harness:DenseHarness",
             layer=("kda", "dense"),
             **_facts(dense),
         ),
@@ -91,7 +91,7 @@ KINDS = {
             "tail",
             "mean of the streams, final norm, lm_head -> logits",
             "harness:run_tail",
-            "kinds.tail.harness:TailKind",
+            "kinds.tail.harness:TailHarness",
             **_facts(tail),
         ),
         Kind("model", "the whole decode step: embed, 45 layers, tail", "harness:run_model", takes_tokens=True),

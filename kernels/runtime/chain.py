@@ -1,4 +1,4 @@
-"""A chain of dependent no-op tasks on the runtime: measures the latency of one hand-off (DESIGN.md §8 floors)."""
+"""A chain of dependent no-op tasks on the runtime: measures the latency of one hand-off (docs/design.md §8 floors)."""
 
 from __future__ import annotations
 

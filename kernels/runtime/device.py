@@ -1,4 +1,4 @@
-"""Device side of the persistent launch runtime (DESIGN.md §3, §4): claim, wait, publish, finish.
+"""Device side of the persistent launch runtime (docs/design.md §3, §4): claim, wait, publish, finish.
 
 Every launch kind's kernel is a loop over `claim`; these helpers are inlined into it.
 

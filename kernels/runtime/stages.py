@@ -1,10 +1,12 @@
 """The separate-launches baseline, for any kind: the same task bodies as one launch per stage.
 
-A persistent launch must beat its own stages launched one after another (DESIGN.md §8). A stage is a set of
+A persistent launch must beat its own stages launched one after another (docs/design.md §8). A stage is a set of
 task types; its launch runs those tasks of the kind's table, waiting only on each other (the launch before it
 has ended, so every other producer is done), in the whole launch's buffers: the same bits, launch by launch.
-A kind's launch gets this by having `table`, `grid` and `runtime` attributes (every kind's launch has them);
-`stage_launch` copies it with a stage's table and a runtime of its own.
+A kind's launch gets this by having `table`, `grid` and `runtime` attributes (every kind's launch has them):
+`stage_launch` copies it with a stage's table and a runtime of its own, sharing every buffer. A launch with
+words that belong to one launch alone (dense's arrival words, tagged with its runtime's epochs) defines
+`stage(ttypes)` to give the copy its own.
 """
 
 from __future__ import annotations
@@ -47,12 +49,12 @@ def stage_launch(whole, ttypes):
 
 class SeparateLaunches:
     """A kind's launch as one launch per stage, in order: called like the launch, it returns what the last
-    stage's launch returns. `whole.stage(ttypes)` makes a stage (a kind may add per-launch words to
-    `stage_launch`'s copy)."""
+    stage's launch returns."""
 
     def __init__(self, whole, stages) -> None:
         self.whole = whole
-        self.stages = [whole.stage(s) for s in stages]
+        make = getattr(whole, "stage", None) or (lambda ttypes: stage_launch(whole, ttypes))
+        self.stages = [make(s) for s in stages]
 
     def __call__(self, *args, **kwargs):
         for s in self.stages:

@@ -42,6 +42,9 @@ def test_build_reports_resources_per_kernel(capsys, tmp_path):
         (["--tp", "3"], "--tp '3': expected values from 1, 2, 4, 8"),
         (["--rows", "x"], "--rows 'x': expected a comma-separated list"),
         (["--target", "hopper"], "--target 'hopper': expected sm_<capability>"),
+        # before: exit 1 with the compiler's internals (sm_999), or its PTX on stdout (sm_30)
+        (["--target", "sm_999"], "--target 'sm_999': not a target Triton builds for"),
+        (["--target", "sm_30"], "--target 'sm_30': not a target Triton builds for"),
         (["--against", "no-such-ref-xyz"], "no git ref 'no-such-ref-xyz'"),
     ],
 )

@@ -1,3 +1,4 @@
+import functools
 import subprocess
 import sys
 
@@ -26,7 +27,7 @@ def test_every_command_group_is_registered():
     from glm53ctl.cli import app
 
     group = typer.main.get_command(app)
-    assert sorted(group.commands) == ["bench", "build", "check", "configs", "fault", "run", "tune"]
+    assert sorted(group.commands) == ["bench", "build", "check", "compare", "configs", "fault", "prune", "run", "tune"]
     assert sorted(group.commands["configs"].commands) == ["diff", "migrate", "show", "validate"]
 
 
@@ -86,3 +87,70 @@ def test_readme_test_command_is_what_ci_runs():
     root = Path(__file__).resolve().parents[2]
     readme, ci = (root / "README.md").read_text(), (root / ".ci" / "run").read_text()
     assert "python -m pytest -q" in readme and ci.rstrip().endswith("python -m pytest -q")
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["nope"], "Error: No such command 'nope'."),
+        (["configs", "diff"], "Error: Missing argument 'A.json'."),
+        (
+            ["run", "--kind", "tail", "--out", "x.safetensors", "--backend", "cuda"],
+            "Error: Invalid value for '--backend'",
+        ),
+        (["check", "--bogus"], "Error: No such option: --bogus"),
+    ],
+)
+def test_usage_errors_speak_the_projects_style(capsys, args, message):
+    """Before: Typer's boxed panel for these, the project's `Error:`/`Hint:` for the others. One style now."""
+    code, out, err = invoke(capsys, *args)
+    assert code == 2 and out == ""
+    assert message in err and "Hint: `glm53ctl" in err and "╭" not in err and "Traceback" not in err
+
+
+def test_every_line_of_a_multi_line_error_says_error(capsys):
+    from glm53ctl.output import print_error
+
+    print_error("a.json: tp: bad\na.json: model: bad", "fix both")
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["Error: a.json: tp: bad", "Error: a.json: model: bad", "Hint: fix both"]
+
+
+@functools.cache
+def _all_help() -> dict[str, str]:
+    import typer
+
+    from glm53ctl.cli import app
+
+    group = typer.main.get_command(app)
+    paths = [[name] for name in group.commands]
+    paths += [["configs", name] for name in group.commands["configs"].commands]
+    return {
+        " ".join(p): subprocess.run([sys.executable, "-m", "glm53ctl", *p, "-h"], capture_output=True, text=True).stdout
+        for p in paths
+    }
+
+
+def test_help_reads_like_the_commands_usage():
+    """Before: `--json <bool>`, `configs diff ... {a} {b}`, `validate <list[Path]>`: Python's types in help."""
+    for path, text in _all_help().items():
+        assert text.startswith(f"Usage: glm53ctl {path}"), path
+        for junk in ("<bool>", "<str>", "<int>", "<float>", "<path>", "list[", "{a}", "{b}", "╭"):
+            assert junk not in text, (path, junk)
+    helps = _all_help()
+    assert "glm53ctl configs diff [OPTIONS] A.json B.json" in helps["configs diff"]
+    assert "glm53ctl configs validate [OPTIONS] [FILE...]" in helps["configs validate"]
+    assert "--backend reference|triton" in helps["run"] and "  --json " in helps["check"]
+
+
+def test_pending_commands_help_and_readme_agree():
+    """Before: `tune` and `bench` took any arguments and listed no options while the README documented some."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    helps = _all_help()
+    for name in PENDING:
+        row = next(line for line in readme.splitlines() if line.startswith(f"| `glm53ctl {name}"))
+        assert "--" not in row and "not built yet" in row, row
+        options = [line.split()[0] for line in helps[name].split("Options:")[1].splitlines() if line.strip()]
+        assert options == ["-h,"], options

@@ -150,3 +150,82 @@ def test_run_triton_backend_dense_saves_the_reference_layout(capsys, tmp_path):
     assert ta.keys() == tb.keys() and "writes.layers.0.kda.recurrent" in tb
     for k in ta:
         assert torch.allclose(ta[k].float(), tb[k].float(), rtol=2e-2, atol=2e-2), k
+
+
+@pytest.mark.parametrize("mode", [0o444, 0o000])
+def test_a_read_only_out_file_is_not_replaced(capsys, tmp_path, mode):
+    """Before: a read-only (or unreadable) --out was silently replaced (as root) or refused in Typer's words."""
+    out = tmp_path / "kept.safetensors"
+    out.write_bytes(b"keep me")
+    out.chmod(mode)
+    code, _, err = invoke(capsys, "run", "--kind", "embed", "--out", out)
+    out.chmod(0o644)
+    assert code == 2 and "the file is read-only; glm53ctl does not replace it" in err
+    assert out.read_bytes() == b"keep me"
+
+
+def test_written_files_honour_the_umask_and_keep_an_old_mode(capsys, tmp_path):
+    """Before: every file written was 0600, whatever the umask."""
+    import os
+
+    old = os.umask(0o022)
+    try:
+        new = tmp_path / "new.safetensors"
+        assert invoke(capsys, "run", "--kind", "embed", "--out", new)[0] == 0
+        assert new.stat().st_mode & 0o777 == 0o644
+        new.chmod(0o640)
+        assert invoke(capsys, "run", "--kind", "embed", "--out", new)[0] == 0
+        assert new.stat().st_mode & 0o777 == 0o640
+        assert not list(tmp_path.glob(".*.tmp"))  # no temp file left behind
+    finally:
+        os.umask(old)
+
+
+def test_bad_run_input_is_refused_before_torch_is_imported():
+    """Before: rows, kind, steps, ... were checked after the progress line and torch's import (7-12 s)."""
+    import subprocess
+    import sys
+
+    for args in (["--rows", "0"], ["--kind", "nope"], ["--steps", "0"], ["--context", "-1"], ["--layer", "5"]):
+        argv = ["run", "--kind", "dense", "--out", "x.safetensors", *args]
+        code = (
+            "import sys\nfrom glm53ctl.cli import run_cli\nc = run_cli(sys.argv[1:])\nprint(c, 'torch' in sys.modules)"
+        )
+        p = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120)
+        assert p.stdout.split() == ["2", "False"], (args, p.stdout, p.stderr)
+        assert p.stderr.startswith("Error:") and "run tiny" not in p.stderr, p.stderr
+
+
+def test_compare_two_runs_worst_first(capsys, tmp_path):
+    """`glm53ctl compare`: every tensor's bits, relative RMS error and largest difference, the worst first (a
+    user had to write Python to compare a reference run with a kernel run)."""
+    from safetensors.torch import save_file
+
+    a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    x = torch.randn(64, generator=torch.Generator().manual_seed(0))
+    save_file({"same": x, "close": x.clone(), "far": x.clone(), "gone": x.clone(), "ids": torch.arange(4)}, str(a))
+    save_file({"same": x, "close": x * (1 + 1e-4), "far": x * 1.1, "ids": torch.arange(4)}, str(b))
+    doc = invoke_json(capsys, "compare", a, b)
+    names = [t["tensor"] for t in doc["tensors"]]
+    assert names[:3] == ["gone", "far", "close"] and set(names[3:]) == {"ids", "same"}
+    rows = {t["tensor"]: t for t in doc["tensors"]}
+    assert rows["same"]["equal"] and not rows["close"]["equal"] and rows["gone"]["problem"] == "only in A"
+    assert abs(rows["far"]["rel_rms"] - 0.1) < 1e-6 and rows["close"]["rel_rms"] < 2e-4
+    assert doc["summary"] == "2 of 5 tensors bitwise equal"
+    code, _, err = invoke(capsys, "compare", a, b, "--bound", "1e-3")
+    assert code == 1 and "over the bound" in err + _
+    code, _, err = invoke(capsys, "compare", a, tmp_path / "nope.safetensors")
+    assert code == 2 and "no such file" in err
+
+
+def test_a_triton_run_records_the_kernels_precision_and_saves_inputs_as_the_reference_does(capsys, tmp_path):
+    """Before: `run --backend triton` recorded the reference's `fp32` and saved H in bf16 where the reference
+    run saves fp32, so the two runs' inputs compared as different."""
+    ref, tri = tmp_path / "ref.safetensors", tmp_path / "tri.safetensors"
+    assert invoke(capsys, "run", "--kind", "tail", "--out", ref)[0] == 0
+    doc = invoke_json(capsys, "run", "--kind", "tail", "--backend", "triton", "--out", tri)
+    assert doc["metadata"]["precision"] == "bf16 weights and hand-offs, fp32 sums"
+    a, b = load_file(str(ref)), load_file(str(tri))
+    assert a["inputs.H"].dtype == b["inputs.H"].dtype == torch.float32 and torch.equal(a["inputs.H"], b["inputs.H"])
+    rows = {t["tensor"]: t for t in invoke_json(capsys, "compare", ref, tri)["tensors"]}
+    assert rows["outputs.h_hat"]["dtypes"] == "float32 vs bfloat16" and rows["outputs.logits"]["rel_rms"] < 1e-2

@@ -66,7 +66,7 @@ def test_tiny_has_the_real_structure(tiny):
     assert [a for a, _ in tiny.layers][:4] == ["kda", "kda", "kda", "dsa"]
     # a context past index_width really drops pools in tests
     assert tiny.index_width < 64
-    # the scales of SPEC.md §11 traps 1 and 4 are distinguishable at this width
+    # the scales of docs/model.md §11 traps 1 and 4 are distinguishable at this width
     assert tiny.mla.qk_nope_head_dim != tiny.mla.kv_lora_rank
     assert tiny.indexer.head_dim != tiny.indexer.heads
 

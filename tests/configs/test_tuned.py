@@ -44,7 +44,7 @@ def doc(**over):
                         "delta": 0.01,
                         "samples": 30,
                     },
-                    "dropped": [{"knob": "box_lines", "value": 2, "reason": "0.4% faster, under delta 1%"}],
+                    "dropped": [{"knob": "box_words", "value": 16, "reason": "0.4% faster, under delta 1%"}],
                 }
             }
         },
@@ -97,7 +97,7 @@ def _bad(root, text):
         (lambda d: d["entries"]["dense"]["2"].update(knobz={}), r"tp4.json: entries.dense.2.knobz: unknown key"),
         (lambda d: d.update(revision="three"), r"tp4.json: revision: Input should be a valid integer"),
         (lambda d: d["provenance"].pop("git_sha"), r"tp4.json: provenance.git_sha: required key is missing"),
-        (lambda d: d["entries"].update(warp={}), r"tp4.json: entries.warp.\[key\]: Input should be 'embed'"),
+        (lambda d: d["entries"].update(warp={}), r"entries.warp.\[key\]: Value error, Input should be one of 'embed'"),
         (lambda d: d["entries"]["dense"].update({"9": {}}), r"tp4.json: entries.dense.9.\[key\]: Input should be less"),
         (lambda d: d["entries"]["dense"]["2"]["evidence"].update(ratio_ci=[1]), r"evidence.ratio_ci"),
         (lambda d: d.update(tp=2), r"tp4.json: tp: 2 does not match the file name 'tp4.json'"),
@@ -274,3 +274,36 @@ def test_config_dir_must_exist_and_models_fall_back(tmp_path, monkeypatch, capsy
 def test_show_tp_needs_model(capsys):
     code, _, err = invoke(capsys, "configs", "show", "--tp", "4")
     assert code == 2 and "--tp needs --model" in err
+
+
+@pytest.mark.parametrize(
+    "entries, model, message",
+    [
+        (
+            {"dense": {"2": {"knobs": {"warp_speed": 9}}}},
+            "tiny",
+            "entries.dense.2.knobs.warp_speed: 'warp_speed' is not",
+        ),
+        (
+            {"tail": {"1": {"knobs": {"gathers": "sideways"}}}},
+            "tiny",
+            "entries.tail.1.knobs.gathers: 'sideways' is not a",
+        ),
+        ({"dense": {"1": {"dropped": [{"knob": "nope", "value": 1, "reason": "r"}]}}}, "tiny", "dropped.0: 'nope'"),
+        ({}, "no_such_model", "model: unknown model 'no_such_model'"),
+    ],
+)
+def test_validate_refuses_knobs_and_models_the_registry_does_not_know(capsys, tmp_path, entries, model, message):
+    """A tuned file naming an unknown knob, a value outside a knob's values or an unknown model is invalid: the
+    error names the file and the key path, and `validate` exits 2 (before: "1 of 1 files valid")."""
+    path = write(tmp_path / "t.json", json.dumps(doc(entries=entries, model=model)))
+    code, out, err = invoke(capsys, "configs", "validate", path)
+    assert code == 2 and f"{path}: " in err and message in err, err
+    assert "files valid" not in out
+
+
+@pytest.mark.parametrize("tp", ["0", "3", "-1"])
+def test_configs_show_refuses_a_tp_it_does_not_know(capsys, tp):
+    """Before: `configs show --model tiny --tp 0` exited 0 and showed TP1."""
+    code, out, err = invoke(capsys, "configs", "show", "--model", "tiny", "--tp", tp)
+    assert code == 2 and out == "" and f"TP {tp} is not supported" in err

@@ -13,7 +13,7 @@ import os
 import pytest
 import torch
 
-from glm53ctl.kernels.checks import make_launch
+from glm53ctl.kernels.checks import make_harness
 from glm53ctl.kernels.kinds import kernel_kinds
 from glm53ctl.kernels.spec import load_model
 from glm53ctl.kernels.weights import Weights
@@ -42,7 +42,7 @@ def assert_same_bits(a: dict, b: dict, what: str) -> None:
 
 
 def _key(weights, kind: str, **knobs):
-    k = make_launch(weights, kind, TP, ROWS, knobs, "cuda")
+    k = make_harness(weights, kind, TP, ROWS, knobs, "cuda")
     x = k.inputs(seed=3)[0].to("cuda")
     return k, x, k.peer_partials(x)
 
@@ -55,11 +55,11 @@ def _clone(out: dict) -> dict:
 def test_graph_replay_gives_the_eager_bits(weights, kind):
     k, x, peers = _key(weights, kind)
     eager = _clone(k(x, peers, poison=True))
-    k(x, peers, check=False)  # warm: nothing is compiled or allocated first inside the capture
+    k(x, peers, poison=True, check=False)  # warm: nothing is compiled or allocated first inside the capture
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = k(x, peers, check=False)
+    with torch.cuda.graph(g):  # the poison too: every replay starts from NaN, so one that wrote nothing fails
+        out = k(x, peers, poison=True, check=False)
     epoch = k.launch.runtime.epoch
     for _ in range(3):
         g.replay()

@@ -1,4 +1,4 @@
-"""kernels/dsa/naive.py: decode steps against the prefill formulation, SPEC.md §11 traps 1-5, top-k ties, TP."""
+"""kernels/ops/dsa/naive.py: decode steps against the prefill formulation, docs/model.md §11 traps 1-5, top-k ties, TP."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def make_weights(spec: ModelSpec = SPEC) -> dict[str, torch.Tensor]:
 
 
 def shard(weights: dict[str, torch.Tensor], spec: ModelSpec, tp: int, rank: int) -> dict[str, torch.Tensor]:
-    """Rank `rank`'s share (SPEC.md §8): q_b, kv_b by head rows, o_proj by head columns; the rest replicated."""
+    """Rank `rank`'s share (docs/model.md §8): q_b, kv_b by head rows, o_proj by head columns; the rest replicated."""
     m = spec.mla
     H = m.heads // tp
     heads = slice(rank * H, (rank + 1) * H)
@@ -170,7 +170,7 @@ def test_sparse_mla_reads_only_selected():
         assert_close(f"hand row {r}", p @ latent[r, sel], ref[r], 1e-14)
 
 
-# ---- traps (SPEC.md §11) -----------------------------------------------------------------------
+# ---- traps (docs/model.md §11) -----------------------------------------------------------------------
 
 
 def test_trap1_mla_scale():

@@ -1,4 +1,4 @@
-"""The KDA attention reference (kernels/kda/naive.py) against SPEC.md §4: decode vs prefill, the §11 traps,
+"""The KDA attention reference (kernels/ops/kda/naive.py) against docs/model.md §4: decode vs prefill, the §11 traps,
 TP sharding (§8), and flash-linear-attention's naive_recurrent_kda."""
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def decode(xs, weights, spec, tp, num):
 
 
 def shard_kda(weights, spec: ModelSpec, tp: int, rank: int) -> dict[str, torch.Tensor]:
-    """Rank `rank`'s slice (SPEC.md §8): per-head rows, o_proj columns by head, f_a/g_a/o_norm replicated."""
+    """Rank `rank`'s slice (docs/model.md §8): per-head rows, o_proj columns by head, f_a/g_a/o_norm replicated."""
     Hl, K = spec.kda.heads // tp, spec.kda.head_dim
     h = slice(rank * Hl, (rank + 1) * Hl)
     c = slice(h.start * K, h.stop * K)
@@ -139,7 +139,7 @@ def test_kda_attention_does_not_mutate():
     assert new.conv.shape == state.conv.shape and new.recurrent.shape == state.recurrent.shape
 
 
-# ---- traps (SPEC.md §11, 6-8) ------------------------------------------------------------------
+# ---- traps (docs/model.md §11, 6-8) ------------------------------------------------------------------
 
 
 def test_delta_rule_decays_along_key_dim():
@@ -170,7 +170,7 @@ def test_delta_rule_output_uses_updated_state():
 
 def first_step(x, w, spec, variant="spec"):
     """Closed form of kda_attention's first step from a zero state (FP64): S = beta k v^T, o = beta (q.k) v.
-    `variant` names one SPEC.md §11 trap done wrong."""
+    `variant` names one docs/model.md §11 trap done wrong."""
     w = {n: t.double() for n, t in w.items()}
     x = x.double()
     K, eps = spec.kda.head_dim, spec.model.rms_norm_eps

@@ -55,17 +55,20 @@ def test_tables_compose_into_one_step():
     knobs = {**defaults("dense"), "grid": 4}
     t = TaskTable("step", peers=tp - 1)
     h = add_embed(t, spec.hidden, 64, tp, "box", partial_only=False)
-    ends = [len(t.tasks)]
+    parts = [(len(t.tasks), h)]  # (the part's first task, the tasks its input comes from)
     for _ in range(2):
         h = add_dense(t, Dims(spec, tp, knobs), rows, knobs, after=h)
-        ends.append(len(t.tasks))
-    logits = add_tail(t, rows, spec.shards(tp).vocab, tp, 64, "box", after=h)
+        parts.append((len(t.tasks), h))
+    logits = add_tail(t, rows, spec.shards(tp).vocab, tp, 64, "box", fold=True, after=h)
     assert logits and max(logits) == t.n_tasks - 1
     for s in t.sites:
         assert all(p < s.task for p in s.producers)
-    # each layer's first tasks wait on the previous part's outputs, and on nothing else
-    for start in ends:
-        first = t.sites_of(start)
-        assert first and {p for s in first for p in s.producers} <= set(range(start))
+    # each part's first task waits on exactly the tasks that made its input
+    for start, made_input in parts:
+        assert {p for s in t.sites_of(start) if s.producers[0] >= 0 for p in s.producers} == set(made_input)
+    # and no task of a part reads H before those tasks: the tail's folded lm_head waits on them early
+    lm_head = next(i for i in logits if t.type_name(i) == "lm_head")
+    early = {p for s in t.sites_of(lm_head) if not s.late for p in s.producers}
+    assert early == set(parts[-1][1])
     built = t.build("cpu")
     assert built["tasks"].numel() == 16 * t.n_tasks

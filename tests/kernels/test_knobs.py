@@ -1,6 +1,6 @@
 import pytest
 
-from glm53ctl.errors import UsageError
+from glm53ctl.errors import ConfigError, UsageError
 from glm53ctl.kernels.kinds import KINDS, kernel_kinds
 from glm53ctl.tuning.knobs import RUNTIME_KNOBS, check_knobs, defaults, kind_knobs, resolve_grid
 
@@ -20,6 +20,17 @@ def test_a_kind_declares_its_own_knobs_and_takes_runtime_knobs_by_name():
         own = [k.name for k in kind.knobs]
         assert len(own) == len(set(own)) and not set(own) & set(RUNTIME_KNOBS), name
     assert [k for k, v in KINDS.items() if v.has_kernels] == list(kernel_kinds()) == ["embed", "dense", "tail"]
+
+
+def test_the_defaults_are_the_measured_ones():
+    """Pinned: a default changes only with evidence in docs/perf (and this test changed in the same commit)."""
+    assert defaults("embed") == {"grid": 0, "warps": 4, "handoff": "box", "poll": 1, "chunk": 1024}
+    tail = {"grid": 0, "warps": 4, "handoff": "box", "poll": 1, "stages": 3, "block_n": 64, "block_k": 128}
+    assert defaults("tail") == tail | {"prefetch": 0, "gathers": "last", "split": "even", "norm": "fold"}
+    dense = {"grid": 0, "warps": 4, "handoff": "box", "poll": 0, "stages": 4, "block_n_in": 32, "block_n_gu": 32}
+    dense |= {"block_n_out": 32, "box_words": 32, "oproj_first": 0, "kda_split": 0, "chunk_cols": 128, "ksplit": 2}
+    dense |= {"ksplit_gu": 2, "ksplit_in": 1, "block_k": 128, "maxnreg": 0, "prefetch": 3, "ffn_mix": "auto"}
+    assert defaults("dense") == dense | {"norm": "auto"}
 
 
 def test_defaults_per_kind():
@@ -45,7 +56,7 @@ def test_launches_take_the_tuned_entry_of_their_key(tmp_path, monkeypatch):
     import json
     import shutil
 
-    from glm53ctl.kernels.checks import make_launch
+    from glm53ctl.kernels.checks import make_harness
     from glm53ctl.kernels.spec import load_model
     from glm53ctl.kernels.weights import Weights
     from glm53ctl.paths import config_root
@@ -58,11 +69,12 @@ def test_launches_take_the_tuned_entry_of_their_key(tmp_path, monkeypatch):
     (tmp_path / "tuned" / "tiny" / "tp4.json").write_text(json.dumps(d))
     monkeypatch.setenv("GLM53CTL_CONFIG_DIR", str(tmp_path))
     w = Weights(load_model("tiny"))
-    assert make_launch(w, "tail", 4, 2, {}, "cpu").knobs["block_n"] == 32
-    assert make_launch(w, "tail", 4, 2, {}, "cpu").knobs["handoff"] == "flag"
-    assert make_launch(w, "tail", 4, 1, {}, "cpu").knobs == {**defaults("tail"), "grid": 4}
-    assert make_launch(w, "tail", 4, 2, {"block_n": 64}, "cpu").knobs["block_n"] == 64
+    assert make_harness(w, "tail", 4, 2, {}, "cpu").knobs["block_n"] == 32
+    assert make_harness(w, "tail", 4, 2, {}, "cpu").knobs["handoff"] == "flag"
+    assert make_harness(w, "tail", 4, 1, {}, "cpu").knobs == {**defaults("tail"), "grid": 4}
+    assert make_harness(w, "tail", 4, 2, {"block_n": 64}, "cpu").knobs["block_n"] == 64
     d["entries"] = {"tail": {"2": {"knobs": {"chunk": 256}}}}
     (tmp_path / "tuned" / "tiny" / "tp4.json").write_text(json.dumps(d))
-    with pytest.raises(UsageError, match="knob 'chunk' does not apply to tail"):
-        make_launch(w, "tail", 4, 2, {}, "cpu")
+    # a tuned file naming another kind's knob is refused naming the file and the key path
+    with pytest.raises(ConfigError, match=r"tp4.json: entries.tail.2.knobs.chunk: 'chunk' is not a knob of tail"):
+        make_harness(w, "tail", 4, 2, {}, "cpu")

@@ -362,7 +362,7 @@ def test_graph_timers_in_a_b_b_a_rounds():
 @pytest.mark.gpu
 def test_copy_bandwidth_is_an_hbm_figure():
     tb_s = measure.copy_bandwidth(nbytes=2**30)
-    assert 1.0 < tb_s < 10.0  # H200: 4.26-4.30 TB/s (DESIGN.md §4)
+    assert 1.0 < tb_s < 10.0  # H200: 4.26-4.30 TB/s (docs/design.md §4)
 
 
 @pytest.mark.gpu

@@ -1,7 +1,7 @@
 """One key of `dense` with its peers, as `check`, `fault`, `run`, `build` and `bench` use it (kinds/__init__.py).
 
 A TP-T launch runs rank 0's shard; the peers' partials come first from partial launches of the same kernel
-on ranks 1..T-1's shards, in two phases, in same-GPU buffers (DESIGN.md §3).
+on ranks 1..T-1's shards, in two phases, in same-GPU buffers (docs/design.md §3).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class DensePeers:
     writes: list[tuple[torch.Tensor, torch.Tensor]]  # (conv, recurrent) of ranks 1..T-1
 
 
-class DenseKind(KindHarness):
+class DenseHarness(KindHarness):
     """The `dense` launch of one key with its peers. Rank 0 runs the whole layer; the other ranks' partials
     come from the same kernel on their shards in two phases, as the all-reduces need them: every rank's
     attention partial first, then each peer's FFN partial given all attention partials."""
@@ -49,6 +49,7 @@ class DenseKind(KindHarness):
     kind = "dense"
     input_name = "H"
     STAGES = STAGES
+    Launch = DenseLaunch
 
     def __init__(self, weights: Weights, tp: int, rows: int, knobs: dict | None, device, layer=None) -> None:
         super().__init__(weights, tp, rows, knobs, device)
@@ -125,25 +126,21 @@ class DenseKind(KindHarness):
     def run(cls, weights: Weights, key: RunKey, knobs: dict | None, device) -> dict[str, torch.Tensor]:
         """`run --backend triton`: run_reference's inputs (the same draws: the layer's state prefilled to each
         row's context, then H per step) through the launch, each step's state writes read by the next."""
-        return _run(cls, weights, key, knobs, device)
-
-
-def _run(cls, weights: Weights, key: RunKey, knobs: dict | None, device) -> dict[str, torch.Tensor]:
-    spec = weights.spec
-    k = cls(weights, key.tp, key.rows, knobs, device, layer=key.layer)
-    i = k.layer
-    inputs = Inputs(spec, key.seed, FP32)
-    contexts = row_contexts(key.context, key.rows, spec.indexer.kpool)
-    state = layer_state(Reference(weights), i, contexts, inputs, room(spec, max(contexts) + key.steps)).kda[i]
-    for _ in range(key.steps):
-        x = LayerInput(inputs.H(key.rows).to(torch.bfloat16), state)
-        out = k(x)
-        state = KdaState(out.pop("kda.conv").float().cpu(), out.pop("kda.recurrent").cpu())
-    pre = f"layers.{i}.kda."
-    return (
-        {"inputs.contexts": torch.tensor(contexts), "inputs.H": x.H, "inputs.layer": torch.tensor(i)}
-        | {"inputs.pos": torch.tensor(contexts) + key.steps - 1}
-        | {f"inputs.state.{pre}conv": x.state.conv, f"inputs.state.{pre}recurrent": x.state.recurrent}
-        | {f"outputs.{n}": t.cpu() for n, t in out.items()}
-        | {f"writes.{pre}conv": state.conv, f"writes.{pre}recurrent": state.recurrent}
-    )
+        spec = weights.spec
+        k = cls(weights, key.tp, key.rows, knobs, device, layer=key.layer)
+        i = k.layer
+        inputs = Inputs(spec, key.seed, FP32)
+        contexts = row_contexts(key.context, key.rows, spec.indexer.kpool)
+        state = layer_state(Reference(weights), i, contexts, inputs, room(spec, max(contexts) + key.steps)).kda[i]
+        for _ in range(key.steps):
+            x = LayerInput(inputs.H(key.rows).to(torch.bfloat16), state)
+            out = k(x)
+            state = KdaState(out.pop("kda.conv").float().cpu(), out.pop("kda.recurrent").cpu())
+        pre = f"layers.{i}.kda."
+        return (
+            {"inputs.contexts": torch.tensor(contexts), "inputs.H": x.H, "inputs.layer": torch.tensor(i)}
+            | {"inputs.pos": torch.tensor(contexts) + key.steps - 1}
+            | {f"inputs.state.{pre}conv": x.state.conv, f"inputs.state.{pre}recurrent": x.state.recurrent}
+            | {f"outputs.{n}": t.cpu() for n, t in out.items()}
+            | {f"writes.{pre}conv": state.conv, f"writes.{pre}recurrent": state.recurrent}
+        )

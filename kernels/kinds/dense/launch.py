@@ -51,20 +51,6 @@ def prepare_weights(w, spec, tp: int, device, fold: bool = False) -> dict[str, t
     return {k: v.to(device).contiguous() for k, v in out.items()}
 
 
-OUTPUTS = (
-    "attn.x_hat",
-    "attn.post",
-    "attn.comb",
-    "attn.out",
-    "attn.H",
-    "ffn.x_hat",
-    "ffn.post",
-    "ffn.comb",
-    "ffn.out",
-    "H",
-)
-
-
 class DenseLaunch:
     """One build key of `dense` for one rank: table and buffers laid out once; each call is one launch.
 

@@ -1,7 +1,7 @@
 """One key of `embed` with its peers, as `check`, `fault`, `run`, `build` and `bench` use it (kinds/__init__.py).
 
 A TP-T launch runs rank 0's shard; ranks 1..T-1's partials, which its all-reduce reads, come first from the
-same kernel in `partial_only` mode on those ranks' shards, in same-GPU buffers (DESIGN.md §3).
+same kernel in `partial_only` mode on those ranks' shards, in same-GPU buffers (docs/design.md §3).
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from glm53ctl.kernels.numerics import FP32
 from glm53ctl.kernels.weights import ROOT, Weights
 
 
-class EmbedKind(KindHarness):
+class EmbedHarness(KindHarness):
     kind = "embed"
     input_name = "tokens"
+    Launch = EmbedLaunch
     STAGES = ((EMBED_GATHER,), (EMBED_REDUCE,))
 
     def __init__(self, weights: Weights, tp: int, rows: int, knobs: dict | None, device, layer=None) -> None:
@@ -26,13 +27,6 @@ class EmbedKind(KindHarness):
         self.shards = [self.shard(f"{ROOT}embed_tokens.weight", r) for r in range(tp)]
         self.launch = EmbedLaunch(spec, tp, rows, self.knobs, device)
         self.peers = [EmbedLaunch(spec, tp, rows, self.knobs, device, partial_only=True) for _ in range(1, tp)]
-
-    @staticmethod
-    def build_launches(spec, tp: int, rows: int, knobs: dict) -> list[tuple[str, object]]:
-        out = [("launch", EmbedLaunch(spec, tp, rows, knobs, "cpu"))]
-        if tp > 1:
-            out.append(("peer", EmbedLaunch(spec, tp, rows, knobs, "cpu", partial_only=True)))
-        return out
 
     def peer_partials(self, x: torch.Tensor) -> torch.Tensor | None:
         """Ranks 1..T-1's partials [T-1, R, D] for the token ids x: what the all-reduce reads."""

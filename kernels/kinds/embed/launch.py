@@ -8,7 +8,6 @@ from glm53ctl.kernels.kinds.embed.kernel import embed_kernel
 from glm53ctl.kernels.kinds.embed.table import build_table
 from glm53ctl.kernels.ops.embed.naive import check_tokens
 from glm53ctl.kernels.runtime.launch import DEFAULT_BUDGET_NS, Runtime
-from glm53ctl.kernels.runtime.stages import stage_launch
 from glm53ctl.kernels.tlx import interpreting
 
 
@@ -78,10 +77,6 @@ class EmbedLaunch:
         if check:
             self.runtime.check()
         return self.partial.clone() if self.partial_only else H
-
-    def stage(self, ttypes):
-        """This launch as one stage of the separate-launches baseline (runtime/stages.py)."""
-        return stage_launch(self, ttypes)
 
     def placeholder_args(self) -> dict:
         """The kernel's arguments with stand-in tensors of the right dtypes (ahead-of-time builds)."""

@@ -1,7 +1,7 @@
 """One key of `tail` with its peers, as `check`, `fault`, `run`, `build` and `bench` use it (kinds/__init__.py).
 
 A TP-T launch runs rank 0's shard and gathers ranks 1..T-1's logits, made first by the same kernel in
-`partial_only` mode on those ranks' shards, in same-GPU buffers (DESIGN.md §3).
+`partial_only` mode on those ranks' shards, in same-GPU buffers (docs/design.md §3).
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from glm53ctl.kernels.numerics import FP32
 from glm53ctl.kernels.weights import ROOT, Weights
 
 
-class TailKind(KindHarness):
+class TailHarness(KindHarness):
     kind = "tail"
     input_name = "H"
+    Launch = TailLaunch
     STAGES = ((TAIL_NORM,), (TAIL_LM_HEAD, TAIL_GATHER))
 
     def __init__(self, weights: Weights, tp: int, rows: int, knobs: dict | None, device, layer=None) -> None:
@@ -27,13 +28,6 @@ class TailKind(KindHarness):
         self.launch = TailLaunch(spec, tp, rows, self.knobs, device)
         self.shards = [self.launch.prepare_lm_head(self.norm, self.shard("lm_head.weight", r)) for r in range(tp)]
         self.peers = [TailLaunch(spec, tp, rows, self.knobs, device, partial_only=True) for _ in range(1, tp)]
-
-    @staticmethod
-    def build_launches(spec, tp: int, rows: int, knobs: dict) -> list[tuple[str, object]]:
-        out = [("launch", TailLaunch(spec, tp, rows, knobs, "cpu"))]
-        if tp > 1:
-            out.append(("peer", TailLaunch(spec, tp, rows, knobs, "cpu", partial_only=True)))
-        return out
 
     def peer_partials(self, x: torch.Tensor) -> torch.Tensor | None:
         """Ranks 1..T-1's logits [T-1, R, V/T] for the streams x: what the gather reads."""

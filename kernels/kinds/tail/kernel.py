@@ -74,10 +74,8 @@ def tail_kernel(
                 o_n = tl.minimum(a0 + tl.arange(0, BLOCK_N), V_LOCAL - 1)
                 o_l = tl.arange(0, D * 2 // 128) * 64
                 prefetch_l2(lm_w + o_n[:, None].to(tl.int64) * D + o_l[None, :])
-        # a folded GEMV task waits after its stream (below); every other task before it starts
-        ok = task >= 0
-        if (ttype != TAIL_LM_HEAD) | (NORM_FOLD == 0):
-            ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, False)
+        # a task's early sites; a folded GEMV task's NORM sites are late: waited after its stream (below)
+        ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, False)
         if ok:
             if ttype == TAIL_NORM:
                 # ĥ[a0] (an output, and norm "task"'s GEMV rows) and its 1/RMS (norm "fold"'s GEMV scale)
@@ -93,7 +91,7 @@ def tail_kernel(
                     # claimed here and then dropped on a failed wait is harmless: the launch is aborted)
                     nxt = next_task(ctl, n_tasks, n_done + 1, n_programs, INTERPRET)
                     ahead = 1
-                    ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, False)
+                    ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, True)
                     # the mean of the streams, then the rows' 1/RMS (the norm weight is in lm_w)
                     acc = acc / HC * tl.load(rstd + o_m, mask=o_m < R, other=0.0)[:, None]
                 else:

@@ -8,7 +8,6 @@ from glm53ctl.kernels.kinds.tail.kernel import tail_kernel
 from glm53ctl.kernels.kinds.tail.table import GATHER_N, build_table
 from glm53ctl.kernels.ops.gemv.kernel import fold_norm, folds
 from glm53ctl.kernels.runtime.launch import DEFAULT_BUDGET_NS, Runtime
-from glm53ctl.kernels.runtime.stages import stage_launch
 from glm53ctl.kernels.tlx import interpreting
 
 
@@ -32,6 +31,7 @@ class TailLaunch:
             knobs["gathers"],
             knobs["split"],
             knobs["grid"],
+            folds(knobs["norm"], rows, spec.mhc.streams),
         )
         self.grid = knobs["grid"]
         self.runtime = Runtime(self.table, torch.device(device), max_programs=self.grid)
@@ -101,10 +101,6 @@ class TailLaunch:
         if check:
             self.runtime.check()
         return logits
-
-    def stage(self, ttypes):
-        """This launch as one stage of the separate-launches baseline (runtime/stages.py)."""
-        return stage_launch(self, ttypes)
 
     def placeholder_args(self) -> dict:
         """The kernel's arguments with stand-in tensors of the right dtypes (ahead-of-time builds)."""

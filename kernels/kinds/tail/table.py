@@ -32,10 +32,14 @@ def add_tail(
     gathers: str = "first",
     split: str = "tiles",
     grid: int = 1,
+    fold: bool = False,
     after: list[int] = (),
 ) -> list[int]:
-    """Append the tail's tasks to `t`; its NORM tasks wait on `after` (the tasks that produce H, when the
+    """Append the tail's tasks to `t`; the tasks that read H wait on `after` (the tasks that produce H, when the
     tail is part of a larger table). Returns the tasks that write logits.
+
+    fold (knob `norm`, `gemv.folds`): an LM_HEAD task streams H's stream rows before its NORM sites, which are
+    late (waited after the stream); it waits on `after` early, before the stream.
 
     gathers "first": programs copy the peers' logits while the rows are normalized; "last": the copies
     fill the programs that run out of GEMV tasks at the end.
@@ -69,7 +73,9 @@ def add_tail(
         add_gathers()
     for n0 in range(0, v_local, step):
         g = t.add(TAIL_LM_HEAD, n0, min(step, v_local - n0))
-        t.wait(g, norms, handoff)  # for ĥ before the stream, or (norm "fold") for 1/RMS after it
+        if fold and after:
+            t.wait(g, list(after), handoff)
+        t.wait(g, norms, handoff, late=fold)  # for ĥ before the stream, or (folded) for 1/RMS after it
         out.append(g)
     if gathers == "last":
         add_gathers()
@@ -85,7 +91,8 @@ def build_table(
     gathers: str = "first",
     split: str = "tiles",
     grid: int = 1,
+    fold: bool = False,
 ) -> TaskTable:
     t = TaskTable("tail", peers=tp - 1)
-    add_tail(t, rows, v_local, tp, block_n, handoff, gathers, split, grid)
+    add_tail(t, rows, v_local, tp, block_n, handoff, gathers, split, grid, fold)
     return t

@@ -1,4 +1,4 @@
-"""One DSA layer's attention part (SPEC.md §5): MLA projections, k-pool indexer + top-k, absorbed sparse MLA."""
+"""One DSA layer's attention part (docs/model.md §5): MLA projections, k-pool indexer + top-k, absorbed sparse MLA."""
 
 from glm53ctl.kernels.ops.dsa.naive import (
     DsaOut,

@@ -1,4 +1,4 @@
-"""PyTorch reference of one DSA layer's attention part (SPEC.md §5): MLA projections, the k-pool
+"""PyTorch reference of one DSA layer's attention part (docs/model.md §5): MLA projections, the k-pool
 lightning indexer with top-k pools plus the tail, absorbed sparse MLA, o_proj.
 
 `dsa_attention` is the decode step the kernels compute. `dsa_attention_prefill` is an independent,
@@ -35,7 +35,7 @@ def mla_scale(spec: ModelSpec) -> float:
 def mla_projections(
     x_hat: torch.Tensor, weights: Weights, spec: ModelSpec, num: Numerics
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x̂ [R, D] -> qr [R, q_lora], q [R, H_local, nope], c [R, kv_lora] (SPEC.md §5.1)."""
+    """x̂ [R, D] -> qr [R, q_lora], q [R, H_local, nope], c [R, kv_lora] (docs/model.md §5.1)."""
     eps = spec.model.rms_norm_eps
     x = num.c(x_hat)
     qr = rms_norm(linear(x, weights["q_a_proj.weight"]), num.c(weights["q_a_layernorm.weight"]), eps)
@@ -48,7 +48,7 @@ def mla_projections(
 def indexer_query(
     qr: torch.Tensor, x_hat: torch.Tensor, weights: Weights, spec: ModelSpec, num: Numerics
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """qr [R, q_lora], x̂ [R, D] -> qi [R, Hi, ih], head weights w [R, Hi] (SPEC.md §5.2)."""
+    """qr [R, q_lora], x̂ [R, D] -> qi [R, Hi, ih], head weights w [R, Hi] (docs/model.md §5.2)."""
     ix = spec.indexer
     qi = linear(num.c(qr), weights["indexer.wq_b.weight"]).unflatten(-1, (ix.heads, ix.head_dim))
     w = linear(num.c(x_hat), weights["indexer.weights_proj.weight"]) * ix.heads**-0.5
@@ -163,7 +163,7 @@ def dsa_attention(
     idx = select_token_rows(scores, n, spec)  # [R, W]
 
     q_lat = torch.einsum("rhd,hdc->rhc", q, W_UK)  # [R, H, kv_lora]
-    # SPEC.md §9 #9: the combined o_lat is handed on in bf16
+    # docs/model.md §9 #9: the combined o_lat is handed on in bf16
     o_lat = num.store(sparse_mla(q_lat, latent, idx, mla_scale(spec)))  # [R, H, kv_lora]
     o = num.store(torch.einsum("rhc,hvc->rhv", o_lat, W_UV).flatten(1))  # [R, H*v] o_proj reads it in bf16
     out = linear(o, weights["o_proj.weight"])  # [R, D]

@@ -1,6 +1,6 @@
-"""Embedding as Triton bodies (SPEC.md §7): a rank's vocab-parallel gather, and the all-reduce into the streams.
+"""Embedding as Triton bodies (docs/model.md §7): a rank's vocab-parallel gather, and the all-reduce into the streams.
 
-`embed_kind` runs them as tasks over column chunks; `gather` and `reduce_streams` below run the very same
+The `embed` kind runs them as tasks over column chunks; `gather` and `reduce_streams` below run the very same
 bodies as plain launches, one program per chunk: how the interpreter tests check them against `naive.py`.
 """
 

@@ -1,4 +1,4 @@
-"""Embedding, vocab-parallel (SPEC.md §7): each rank gathers its rows, zero elsewhere; the sum is the row."""
+"""Embedding, vocab-parallel (docs/model.md §7): each rank gathers its rows, zero elsewhere; the sum is the row."""
 
 from __future__ import annotations
 

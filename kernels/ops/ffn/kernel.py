@@ -1,4 +1,4 @@
-"""The clamped-SwiGLU activation as a Triton body (SPEC.md §6.1): act = silu(min(gate, L)) * clamp(up, -L, L)."""
+"""The clamped-SwiGLU activation as a Triton body (docs/model.md §6.1): act = silu(min(gate, L)) * clamp(up, -L, L)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The FFNs, exact: clamped-SwiGLU MLP (dense, routed and shared experts) and the router (SPEC.md §6)."""
+"""The FFNs, exact: clamped-SwiGLU MLP (dense, routed and shared experts) and the router (docs/model.md §6)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from glm53ctl.kernels.tlx import interpreting
 def mma(acc, b_x, b_w, INTERPRET: tl.constexpr):
     """acc + b_x @ b_w^T: b_x [M, BK] and b_w [BN, BK] bf16, acc [M, BN] fp32."""
     if INTERPRET:
-        # the interpreter's bf16 tl.dot returns garbage (DESIGN.md §4), and its fp32 one sums in an order that
+        # the interpreter's bf16 tl.dot returns garbage (docs/design.md §4), and its fp32 one sums in an order that
         # depends on the tile's shape; in fp64 the bf16 products sum exactly
         return acc + tl.dot(b_x.to(tl.float64), tl.trans(b_w.to(tl.float64))).to(tl.float32)
     else:

@@ -1,4 +1,4 @@
-"""The GEMV every kind streams its weights with: y = x @ w^T, bf16 operands, fp32 sums (SPEC.md: every linear)."""
+"""The GEMV every kind streams its weights with: y = x @ w^T, bf16 operands, fp32 sums (docs/model.md §9)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""KDA (Kimi Delta Attention) layer, attention part (SPEC.md §4)."""
+"""KDA (Kimi Delta Attention) layer, attention part (docs/model.md §4)."""
 
 from glm53ctl.kernels.ops.kda.naive import (
     delta_rule_step,

@@ -1,5 +1,5 @@
 """The KDA core as a Triton task body, one (row, head) each: short conv with its state, safe gate, L2 norms,
-the gated delta rule on the fp32 state, and the gated RMSNorm (SPEC.md §4).
+the gated delta rule on the fp32 state, and the gated RMSNorm (docs/model.md §4).
 
 The in-projections (u = q|k|v, b, f, og) come from GEMV tasks and o_proj follows; this body sits between
 them in the `dense` and `kda` launches (issue 7). `kda_core` runs it as a plain launch, one program per

@@ -1,4 +1,4 @@
-"""PyTorch reference of one KDA layer's attention part (SPEC.md §4): one decode step, and an independent
+"""PyTorch reference of one KDA layer's attention part (docs/model.md §4): one decode step, and an independent
 sequence form from a zero state (prefill).
 
 Functional: inputs are never mutated. Everything is computed in `num.dtype`; weights arrive bf16/fp32

@@ -1,4 +1,4 @@
-"""mHC as Triton bodies (SPEC.md §3): the gate (mix logits, hc_pre with Sinkhorn, the RMSNorm) and hc_post.
+"""mHC as Triton bodies (docs/model.md §3): the gate (mix logits, hc_pre with Sinkhorn, the RMSNorm) and hc_post.
 
 The layer kinds run these bodies as tasks over column chunks of a row: `mix_row` per chunk, `gate_scale`
 over the chunks' sums, then `gate_pre` (what the GEMV after the gate needs) and `gate_comb` (the Sinkhorn,
@@ -104,7 +104,7 @@ def gate_comb(mix, base, scale, comb, r, hc_eps, HC: tl.constexpr, ITERS: tl.con
 
 @triton.jit
 def hc_post_cols(a, H, post, comb, H_out, r, o_c, D: tl.constexpr, HC: tl.constexpr, INTERPRET: tl.constexpr):
-    """Row r over columns o_c: H_out[j] = post[j] * a + sum_i C[i, j] H[i] (C transposed, SPEC.md §3), stored
+    """Row r over columns o_c: H_out[j] = post[j] * a + sum_i C[i, j] H[i] (C transposed, docs/model.md §3), stored
     bf16; a: the layer's output over o_c (fp32, in registers)."""
     for j in tl.static_range(HC):
         acc = tl.load(post + r * HC + j) * a
@@ -160,6 +160,7 @@ def gate(H, fn, base, scale, norm_w, spec, chunk: int = 128):
     mix logits summed over column chunks of `chunk` (the layer kinds' knob chunk_cols)."""
     R, hc, D = H.shape
     assert H.dtype == torch.bfloat16 and H.is_contiguous() and hc == spec.mhc.streams == 4
+    assert D % min(chunk, D) == 0, "the mix logits are summed over whole chunks"
     assert fn.shape == ((2 + hc) * hc, hc * D) and fn.dtype == torch.float32 and fn.is_contiguous()
     x_hat = torch.empty(R, D, dtype=torch.bfloat16, device=H.device)
     post = torch.empty(R, hc, dtype=torch.float32, device=H.device)
@@ -188,6 +189,7 @@ def hc_post(a, H, post, comb, chunk: int = 128):
     """H_out [R, hc, D] bf16 from a [R, D], H [R, hc, D] bf16, post [R, hc], comb [R, hc, hc]."""
     R, hc, D = H.shape
     assert a.shape == (R, D) and H.dtype == torch.bfloat16 and H.is_contiguous()
+    assert D % min(chunk, D) == 0, "hc_post runs over whole chunks"
     H_out = torch.empty_like(H)
     hc_post_kernel[(R,)](
         a.contiguous(),

@@ -1,4 +1,4 @@
-"""mHC (manifold-constrained hyper-connections) and the RMSNorm gates, exact (SPEC.md §3)."""
+"""mHC (manifold-constrained hyper-connections) and the RMSNorm gates, exact (docs/model.md §3)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
-"""The tail as Triton bodies (SPEC.md §7): the final norm of the streams' mean, and lm_head over H's stream
+"""The tail as Triton bodies (docs/model.md §7): the final norm of the streams' mean, and lm_head over H's stream
 rows with the norm weight folded into its weights.
 
 The `tail` kind runs them as tasks; `final_norm` below runs the norm body as a plain launch, one program
-per row, for the interpreter tests against `naive.py` (lm_head itself is the gemv op's body).
+per row, for the interpreter tests against `naive.py`. `lm_head_folded` is the gemv op's tile over H's stream
+rows, their sum in stream order after it.
 """
 
 from __future__ import annotations

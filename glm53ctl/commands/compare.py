@@ -1,0 +1,103 @@
+"""`glm53ctl compare A B`: two saved runs (`glm53ctl run --out`), tensor by tensor, the worst first."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from glm53ctl.commands import Command
+from glm53ctl.errors import CheckFailed, UsageError
+from glm53ctl.output import Output
+
+
+def register(app: typer.Typer) -> None:
+    app.command(name="compare", cls=Command)(compare)
+
+
+def _load(path: Path) -> dict:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    if not path.is_file():
+        raise UsageError(f"{path}: no such file")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as e:
+        raise UsageError(f"{path}: not a safetensors file ({e})") from None
+
+
+def compare_tensors(a: dict, b: dict) -> list[dict]:
+    """Per tensor name: bitwise equality, B's relative RMS error against A, the largest difference; the worst
+    first (missing or mismatched tensors, then NaN, then by relative error)."""
+    import torch
+
+    from glm53ctl.kernels.numerics import bits, rel_rms
+
+    rows = []
+    for name in sorted(set(a) | set(b)):
+        ta, tb = a.get(name), b.get(name)
+        row = {"tensor": name, "equal": False, "rel_rms": None, "max_abs": None, "problem": None}
+        if ta is None or tb is None:
+            row["problem"] = f"only in {'B' if ta is None else 'A'}"
+        elif ta.shape != tb.shape:
+            row["problem"] = f"shape {tuple(ta.shape)} vs {tuple(tb.shape)}"
+        else:
+            # bits only within a dtype; values across them (a reference's fp32 against a kernel's bf16 store)
+            row["equal"] = ta.dtype == tb.dtype and bool(torch.equal(bits(ta), bits(tb)))
+            if ta.dtype != tb.dtype:
+                row["dtypes"] = f"{ta.dtype} vs {tb.dtype}".replace("torch.", "")
+            if ta.is_floating_point():
+                row["rel_rms"] = float(rel_rms(ta, tb)) if ta.numel() else 0.0
+                d = (ta.double() - tb.double()).abs()
+                row["max_abs"] = float(d.nan_to_num(float("inf")).max()) if d.numel() else 0.0
+                if torch.isnan(tb).sum() != torch.isnan(ta).sum():
+                    row["problem"] = f"NaN in {'B' if torch.isnan(tb).any() else 'A'}"
+            else:
+                row["rel_rms"] = 0.0 if row["equal"] else float("inf")
+                row["max_abs"] = float((ta.long() - tb.long()).abs().max()) if ta.numel() else 0.0
+        rows.append(row)
+
+    def badness(r: dict) -> tuple:
+        return (r["problem"] is not None, r["rel_rms"] if r["rel_rms"] is not None else float("inf"))
+
+    return sorted(rows, key=badness, reverse=True)
+
+
+def compare(
+    a: Annotated[Path, typer.Argument(help="The run to compare against (the reference's, say).", metavar="A")],
+    b: Annotated[Path, typer.Argument(help="The run to compare (the kernels', say).", metavar="B")],
+    bound: Annotated[
+        float | None, typer.Option("--bound", help="Exit 1 if a tensor's relative RMS error passes this.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Every tensor, as JSON on stdout.")] = False,
+) -> None:
+    """Every tensor of two saved runs: bitwise equal or not, B's relative RMS error against A, the largest
+    difference; the worst first."""
+    o = Output(as_json)
+    rows = compare_tensors(_load(a), _load(b))
+    equal = sum(r["equal"] for r in rows)
+    summary = f"{equal} of {len(rows)} tensors bitwise equal"
+    over = [r for r in rows if r["problem"] or (bound is not None and not r["rel_rms"] <= bound)]
+    if bound is not None:
+        summary += f"; {len(over)} over the bound {bound:g} or mismatched"
+    o.json({"a": str(a), "b": str(b), "summary": summary, "tensors": rows})
+    fmt = lambda v: "" if v is None else f"{v:.2e}"  # noqa: E731
+    o.table(
+        f"{b} against {a}",
+        ["tensor", "bitwise", "rel RMS", "max |diff|", "problem"],
+        [
+            (
+                r["tensor"],
+                r.get("dtypes") or ("equal" if r["equal"] else "differs"),
+                fmt(r["rel_rms"]),
+                fmt(r["max_abs"]),
+                r["problem"] or "",
+            )
+            for r in rows
+        ],
+    )
+    o.text(summary)
+    if bound is not None and over:
+        raise CheckFailed(summary)
