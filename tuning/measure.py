@@ -46,7 +46,8 @@ from glm53ctl.errors import Glm53Error
 L2_BYTES = 60 * 2**20
 # the floor of the keep threshold: δ = max(1%, 2 × the spread of a same-against-same run) (docs/design.md §8)
 MIN_DELTA = 0.01
-# the Triton copy (benchmarks/runtime_gpu.py up to git f418783 had it): 4.08-4.11 TB/s on the H200, 16K blocks or 4 warps no faster (2026-12-01)
+# the Triton copy (benchmarks/runtime_gpu.py up to git f418783 had it): 4.08-4.11 TB/s on the H200, 16K blocks
+# or 4 warps no faster (2026-12-01)
 COPY_BLOCK, COPY_WARPS = 8192, 8
 # the sources whose content says "the same code was timed" (code_digest)
 CODE_FOLDERS = ("kernels", "tuning")

@@ -1,4 +1,5 @@
-"""kernels/ops/dsa/naive.py: decode steps against the prefill formulation, docs/model.md §11 traps 1-5, top-k ties, TP."""
+"""kernels/ops/dsa/naive.py: decode steps against the prefill formulation, docs/model.md §11 traps 1-5, top-k
+ties, TP."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The tail (docs/model.md §7): mean of the streams (trap 11: no learned head), final RMSNorm, vocab-parallel lm_head."""
+"""The tail (docs/model.md §7): mean of the streams (trap 11: no learned head), final RMSNorm, vocab-parallel
+lm_head."""
 
 from __future__ import annotations
 
