@@ -238,7 +238,11 @@ def _per_key(fn, weights, keys, jobs: int, *args):
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from concurrent.futures.process import BrokenProcessPool
 
-    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as ex:
+    from glm53ctl.worktree import finder_code, this_tree
+
+    # workers import this tree's glm53ctl, whatever is installed (a ref's tree runs its own check this way)
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(jobs, mp_context=spawn, initializer=exec, initargs=(finder_code(this_tree()), {})) as ex:
         futures = {ex.submit(fn, weights.spec.name, k, t, r, *args): i for i, (k, t, r) in enumerate(keys)}
         for f in as_completed(futures):
             i = futures[f]
