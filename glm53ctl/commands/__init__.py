@@ -28,9 +28,10 @@ class Command(TyperCommand):
 
 def _value_name(option) -> str:
     """What an option's value is called in help: its choices, FILE for a path, else its flag's name."""
-    desc = option.type_descriptor
-    if desc.is_choice and desc.choices:
-        return "|".join(str(getattr(c, "value", c)) for c in desc.choices)
-    if desc.is_path:
+    desc = getattr(option, "type_descriptor", None)  # Typer 0.2x; before, Click's own type
+    choices = (desc.choices if desc.is_choice else None) if desc else getattr(option.type, "choices", None)
+    if choices:
+        return "|".join(str(getattr(c, "value", c)) for c in choices)
+    if (desc.is_path if desc else type(option.type).__name__ == "Path"):
         return "FILE"
     return max(option.opts, key=len).lstrip("-").replace("-", "_").upper()
