@@ -6,7 +6,7 @@ import triton
 import triton.language as tl
 
 from glm53ctl.kernels.kinds.task_types import EMBED_GATHER
-from glm53ctl.kernels.ops.embed.kernel import gather_chunk, reduce_chunk
+from glm53ctl.kernels.ops.embed.kernel import gather_row, reduce_row
 from glm53ctl.kernels.runtime.device import (
     finish,
     launch_epoch,
@@ -60,10 +60,11 @@ def embed_kernel(
         ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, False)
         if ok:
             o_d = d0 + tl.arange(0, CHUNK)
-            if ttype == EMBED_GATHER:
-                gather_chunk(tokens, table, partial, R, vocab_offset, o_d, D, V_LOCAL)
-            else:
-                reduce_chunk(partial, peer_partials, H, R, o_d, D, HC, TP)
+            for r in range(R):
+                if ttype == EMBED_GATHER:
+                    gather_row(tokens, table, partial, r, vocab_offset, o_d, D, V_LOCAL)
+                else:
+                    reduce_row(partial, peer_partials, H, r, R, o_d, D, HC, TP)
             publish(rt, row, task, epoch, INTERPRET)
         n_done += 1
         task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET, ok)

@@ -12,38 +12,40 @@ import triton.language as tl
 
 
 @triton.jit
-def gather_chunk(tokens, table, partial, R, vocab_offset, o_d, D: tl.constexpr, V_LOCAL: tl.constexpr):
-    """Columns o_d of this rank's partial [R, D] fp32: its table rows for the tokens it owns, zero elsewhere."""
-    for r in range(R):
-        local = tl.load(tokens + r) - vocab_offset
-        mine = (local >= 0) & (local < V_LOCAL)
-        e_row = tl.where(mine, local, 0).to(tl.int64)
-        b_e = tl.load(table + e_row * D + o_d, mask=(o_d < D) & mine, other=0.0).to(tl.float32)
-        tl.store(partial + r * D + o_d, b_e, mask=o_d < D)
+def gather_row(tokens, table, partial, r, vocab_offset, o_d, D: tl.constexpr, V_LOCAL: tl.constexpr):
+    """Row r over columns o_d of this rank's partial [R, D] fp32: its table row for the token, if it owns it."""
+    local = tl.load(tokens + r) - vocab_offset
+    mine = (local >= 0) & (local < V_LOCAL)
+    e_row = tl.where(mine, local, 0).to(tl.int64)
+    b_e = tl.load(table + e_row * D + o_d, mask=(o_d < D) & mine, other=0.0).to(tl.float32)
+    tl.store(partial + r * D + o_d, b_e, mask=o_d < D)
 
 
 @triton.jit
-def reduce_chunk(partial, peer_partials, H, R, o_d, D: tl.constexpr, HC: tl.constexpr, TP: tl.constexpr):
-    """Columns o_d of H [R, HC, D] bf16: the ranks' partials summed in rank order (this rank's, then the
-    peers' [TP - 1, R, D], as the reference), the same row in every stream."""
-    for r in range(R):
-        b_s = tl.load(partial + r * D + o_d, mask=o_d < D, other=0.0)
-        for p in range(TP - 1):
-            b_s += tl.load(peer_partials + (p * R + r) * D + o_d, mask=o_d < D, other=0.0)
-        for j in range(HC):
-            tl.store(H + (r * HC + j) * D + o_d, b_s.to(tl.bfloat16), mask=o_d < D)
+def reduce_row(partial, peer_partials, H, r, R, o_d, D: tl.constexpr, HC: tl.constexpr, TP: tl.constexpr):
+    """Row r over columns o_d of H [R, HC, D] bf16: the ranks' partials summed in rank order (this rank's, then
+    the peers' [TP - 1, R, D], as the reference), the same row in every stream."""
+    b_s = tl.load(partial + r * D + o_d, mask=o_d < D, other=0.0)
+    for p in range(TP - 1):
+        b_s += tl.load(peer_partials + (p * R + r) * D + o_d, mask=o_d < D, other=0.0)
+    for j in range(HC):
+        tl.store(H + (r * HC + j) * D + o_d, b_s.to(tl.bfloat16), mask=o_d < D)
 
 
 @triton.jit
 def gather_kernel(tokens, table, partial, R, vocab_offset, D: tl.constexpr, V_LOCAL: tl.constexpr, CHUNK: tl.constexpr):
-    gather_chunk(tokens, table, partial, R, vocab_offset, tl.program_id(0) * CHUNK + tl.arange(0, CHUNK), D, V_LOCAL)
+    o_d = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
+    for r in range(R):
+        gather_row(tokens, table, partial, r, vocab_offset, o_d, D, V_LOCAL)
 
 
 @triton.jit
 def reduce_kernel(
     partial, peer_partials, H, R, D: tl.constexpr, HC: tl.constexpr, TP: tl.constexpr, CHUNK: tl.constexpr
 ):
-    reduce_chunk(partial, peer_partials, H, R, tl.program_id(0) * CHUNK + tl.arange(0, CHUNK), D, HC, TP)
+    o_d = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
+    for r in range(R):
+        reduce_row(partial, peer_partials, H, r, R, o_d, D, HC, TP)
 
 
 def gather(tokens: torch.Tensor, table: torch.Tensor, rank: int, chunk: int = 256) -> torch.Tensor:
@@ -72,4 +74,4 @@ def reduce_streams(partials: torch.Tensor, streams: int, chunk: int = 256) -> to
     return H
 
 
-__all__ = ["gather", "gather_chunk", "reduce_chunk", "reduce_streams"]
+__all__ = ["gather", "gather_row", "reduce_row", "reduce_streams"]
