@@ -86,7 +86,7 @@ def test_against_names_exactly_the_keys_whose_code_changed(tmp_path):
     _git(repo, "init", "-q")
     _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "add", "-A")
     _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
-    kernel = repo / "kernels" / "embed" / "kernel.py"
+    kernel = repo / "kernels" / "ops" / "embed" / "kernel.py"
     src = kernel.read_text()
     old = "b_e = tl.load(table + e_row * D + o_d, mask=(o_d < D) & mine, other=0.0).to(tl.float32)"
     assert old in src
@@ -132,8 +132,10 @@ def test_compile_error_names_the_key_and_the_compiler_message(tmp_path):
     shutil.copytree(ROOT / "kernels", repo / "kernels")
     shutil.copytree(ROOT / "tuning", repo / "tuning")
     shutil.copytree(ROOT / "configs", repo / "configs")
-    kernel = repo / "kernels" / "embed" / "kernel.py"
-    kernel.write_text(kernel.read_text().replace("o_d = d0 + tl.arange(0, CHUNK)", "o_d = d0 + tl.arange(0, 3)"))
+    kernel = repo / "kernels" / "kinds" / "embed" / "kernel.py"
+    old = "o_d = d0 + tl.arange(0, CHUNK)"
+    assert old in kernel.read_text()
+    kernel.write_text(kernel.read_text().replace(old, "o_d = d0 + tl.arange(0, 3)"))
     args = [
         "build",
         "--model",
