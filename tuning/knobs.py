@@ -58,7 +58,8 @@ def kind_knobs(kind: str) -> dict[str, Knob]:
     from glm53ctl.kernels.kinds import get_kind
 
     k = get_kind(kind)
-    shared = {n: replace(RUNTIME_KNOBS[n], default=k.knob_defaults.get(n, RUNTIME_KNOBS[n].default)) for n in k.runtime}
+    shared = {n: RUNTIME_KNOBS[n] for n in k.runtime}
+    shared = {n: replace(knob, default=k.runtime_defaults.get(n, knob.default)) for n, knob in shared.items()}
     return shared | {knob.name: knob for knob in k.knobs}
 
 

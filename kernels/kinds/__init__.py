@@ -5,7 +5,7 @@ One entry per kind: what it computes, its reference run (what `glm53ctl run` sav
 the kind has kernels), its accuracy bounds, and its knobs (its own, and the runtime's it takes, with its own
 defaults). How a kind's knobs become compile-time constants is its launch's `constexprs()`.
 
-Adding a kind is a folder `kernels/kinds/<kind>/` (facts in `__init__.py`: KNOBS, RUNTIME, KNOB_DEFAULTS,
+Adding a kind is a folder `kernels/kinds/<kind>/` (facts in `__init__.py`: KNOBS, RUNTIME, RUNTIME_DEFAULTS,
 BOUNDS; then `table.py`, `kernel.py`, `launch.py`, `harness.py`) and one line below. Nothing outside this
 module asks `if kind == ...`. Importing it costs no torch: harnesses and references load when first used.
 """
@@ -32,7 +32,7 @@ class Kind:
     bounds: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
     knobs: tuple = ()  # its own knobs (tuning.knobs.Knob)
     runtime: tuple[str, ...] = ()  # the runtime's knobs it takes (tuning.knobs.RUNTIME_KNOBS)
-    knob_defaults: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
+    runtime_defaults: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
 
     @property
     def has_kernels(self) -> bool:
@@ -61,7 +61,7 @@ def _facts(module) -> dict:
     return {
         "knobs": module.KNOBS,
         "runtime": module.RUNTIME,
-        "knob_defaults": MappingProxyType(module.KNOB_DEFAULTS),
+        "runtime_defaults": MappingProxyType(module.RUNTIME_DEFAULTS),
         "bounds": MappingProxyType(module.BOUNDS),
     }
 

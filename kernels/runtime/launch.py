@@ -108,3 +108,36 @@ class Runtime:
     def epoch(self) -> int:
         """The epoch of the last finished launch (tests: it advances by one per launch)."""
         return int(self.ctl[0])
+
+
+class PersistentLaunch:
+    """What every kind's launch class shares (it sets `kernel`, `table`, `grid`, `runtime` and `knobs`): the
+    runtime's kernel arguments and constexprs, the compile options of the knobs every kind takes, and one
+    launch with the host side of the guard after it."""
+
+    def runtime_args(self, stuck_site: int, budget_ns: int) -> dict:
+        return self.runtime.args() | {
+            "n_tasks": self.table.n_tasks,
+            "n_peers": self.table.peers,
+            "n_programs": self.grid,
+            "stuck_site": stuck_site,
+            "budget_ns": budget_ns,
+        }
+
+    def runtime_constexprs(self) -> dict:
+        from glm53ctl.kernels.tlx import interpreting
+
+        return {"INTERPRET": interpreting(), "POLL": self.knobs["poll"], "THREADS": 32 * self.knobs["warps"]}
+
+    def options(self) -> dict:
+        """Compile options from the knobs: warps, and the K loop's pipelining depth where the kind takes it."""
+        opts = {"num_warps": self.knobs["warps"]}
+        if "stages" in self.knobs:
+            opts["num_stages"] = self.knobs["stages"]
+        return opts
+
+    def launch(self, args: dict, check: bool) -> None:
+        """One launch over the grid; with `check`, raise LaunchFault if a guarded wait timed out."""
+        self.kernel[(self.grid,)](**args, **self.constexprs(), **self.options())
+        if check:
+            self.runtime.check()

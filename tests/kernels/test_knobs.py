@@ -16,7 +16,7 @@ def test_every_knob_default_is_one_of_its_values():
 def test_a_kind_declares_its_own_knobs_and_takes_runtime_knobs_by_name():
     """A kind's knobs are declared in its folder; the runtime's once; no name declared twice for a kind."""
     for name, kind in KINDS.items():
-        assert set(kind.runtime) <= set(RUNTIME_KNOBS) and set(kind.knob_defaults) <= set(kind.runtime), name
+        assert set(kind.runtime) <= set(RUNTIME_KNOBS) and set(kind.runtime_defaults) <= set(kind.runtime), name
         own = [k.name for k in kind.knobs]
         assert len(own) == len(set(own)) and not set(own) & set(RUNTIME_KNOBS), name
     assert [k for k, v in KINDS.items() if v.has_kernels] == list(kernel_kinds()) == ["embed", "dense", "tail"]

@@ -115,7 +115,7 @@ KNOBS = (
 RUNTIME = ("grid", "warps", "handoff", "poll", "stages")
 # poll 0 on the H200, once a wait read its clock and abort word every 8th round only: faster at all 5 keys
 # traced, 1-3%
-KNOB_DEFAULTS = {"poll": 0}
+RUNTIME_DEFAULTS = {"poll": 0}
 # relative RMS bounds per output: the attention gate reads the inputs and is fp32 math (1e-5); everything after
 # the in-projection carries its bf16 GEMVs' rounding (measured 1e-3 to 5e-3 on tiny; bounds with margin)
 BOUNDS = {

@@ -10,9 +10,8 @@ from glm53ctl.kernels.kinds.dense.table import Dims, build_table, kda_parts, mix
 from glm53ctl.kernels.kinds.dense.tasks import PR
 from glm53ctl.kernels.ops.gemv.kernel import fold_norm, folds
 from glm53ctl.kernels.ops.kda.kernel import SCRATCH
-from glm53ctl.kernels.runtime.launch import DEFAULT_BUDGET_NS, Runtime
+from glm53ctl.kernels.runtime.launch import DEFAULT_BUDGET_NS, PersistentLaunch, Runtime
 from glm53ctl.kernels.runtime.stages import stage_launch
-from glm53ctl.kernels.tlx import interpreting
 
 
 def prepare_weights(w, spec, tp: int, device, fold: bool = False) -> dict[str, torch.Tensor]:
@@ -51,7 +50,7 @@ def prepare_weights(w, spec, tp: int, device, fold: bool = False) -> dict[str, t
     return {k: v.to(device).contiguous() for k, v in out.items()}
 
 
-class DenseLaunch:
+class DenseLaunch(PersistentLaunch):
     """One build key of `dense` for one rank: table and buffers laid out once; each call is one launch.
 
     mode "full" (rank 0 of a TP launch, or TP1): every output; the peers' partials are read from
@@ -143,7 +142,7 @@ class DenseLaunch:
     def kernel_args(self, H, w, conv_in, S_in, stuck_site=-1, budget_ns=DEFAULT_BUDGET_NS) -> dict:
         o = self.out
         return (
-            self.runtime.args()
+            self.runtime_args(stuck_site, budget_ns)
             | {"H": H, **w, "conv_in": conv_in, "S_in": S_in, "conv_out": self.conv_out, "S_out": self.S_out}
             | self.buf
             | {
@@ -163,11 +162,6 @@ class DenseLaunch:
                 "hc_eps": self.spec.mhc.eps,
                 "norm_eps": self.spec.model.rms_norm_eps,
                 "lower_bound": self.spec.kda.gate_lower_bound,
-                "n_tasks": self.table.n_tasks,
-                "n_peers": self.table.peers,
-                "n_programs": self.grid,
-                "stuck_site": stuck_site,
-                "budget_ns": budget_ns,
             }
         )
 
@@ -175,30 +169,31 @@ class DenseLaunch:
         d = self.d
         names = ("D", "HC", "HL", "K", "W", "RG", "I", "T", "CH", "NCH", "KS_O", "KS_F", "KS_GU", "KS_IN")
         names += ("BN", "BN_GU", "BN_O")
-        return {n: getattr(d, n) for n in names} | {
-            "ITERS": d.iters,
-            "BK_D": d.BK_D,
-            "BK_R": d.BK_R,
-            "BK_O": d.BK_O,
-            "BK_I": d.BK_I,
-            "BK_GU": d.BK_GU,
-            "BK_IN": d.BK_IN,
-            "LIMIT": self.spec.moe.swiglu_limit,
-            "INTERPRET": interpreting(),
-            "POLL": self.knobs["poll"],
-            "THREADS": 32 * self.knobs["warps"],
-            "OPROJ_FIRST": bool(self.knobs["oproj_first"]),
-            "PREFETCH": self.knobs["prefetch"],
-            "FOLD": folds(self.knobs["norm"], self.rows, d.HC),
-            # a folded GEMV's rows are H's R * HC stream rows, padded to a `tl.dot` tile
-            "M": 16 if not folds(self.knobs["norm"], self.rows, d.HC) or self.rows * d.HC <= 16 else 32,
-            "TRACE": self.tracing,
-            "NV": kda_parts(self.knobs["kda_split"], d.HL, self.rows, self.knobs["grid"]),
-            "MIX_TASK": mix_tasks(self.knobs, self.rows, d.HC),
-        }
+        return (
+            self.runtime_constexprs()
+            | {n: getattr(d, n) for n in names}
+            | {
+                "ITERS": d.iters,
+                "BK_D": d.BK_D,
+                "BK_R": d.BK_R,
+                "BK_O": d.BK_O,
+                "BK_I": d.BK_I,
+                "BK_GU": d.BK_GU,
+                "BK_IN": d.BK_IN,
+                "LIMIT": self.spec.moe.swiglu_limit,
+                "OPROJ_FIRST": bool(self.knobs["oproj_first"]),
+                "PREFETCH": self.knobs["prefetch"],
+                "FOLD": folds(self.knobs["norm"], self.rows, d.HC),
+                # a folded GEMV's rows are H's R * HC stream rows, padded to a `tl.dot` tile
+                "M": 16 if not folds(self.knobs["norm"], self.rows, d.HC) or self.rows * d.HC <= 16 else 32,
+                "TRACE": self.tracing,
+                "NV": kda_parts(self.knobs["kda_split"], d.HL, self.rows, self.knobs["grid"]),
+                "MIX_TASK": mix_tasks(self.knobs, self.rows, d.HC),
+            }
+        )
 
     def options(self) -> dict:
-        opts = {"num_warps": self.knobs["warps"], "num_stages": self.knobs["stages"]}
+        opts = super().options()
         if self.knobs["maxnreg"]:  # a cap for ptxas: fewer registers, more programs resident per SM
             opts["maxnreg"] = self.knobs["maxnreg"]
         return opts
@@ -211,9 +206,7 @@ class DenseLaunch:
         # double-buffered: a KDA head's part 0 shifts the conv state while its other parts may still read it
         assert conv_in.data_ptr() != self.conv_out.data_ptr() and S_in.data_ptr() != self.S_out.data_ptr()
         args = self.kernel_args(H, w, conv_in, S_in, stuck_site, budget_ns or DEFAULT_BUDGET_NS)
-        dense_kernel[(self.grid,)](**args, **self.constexprs(), **self.options())
-        if check:
-            self.runtime.check()
+        self.launch(args, check)
         return self.out
 
     def placeholder_args(self) -> dict:

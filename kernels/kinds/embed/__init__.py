@@ -8,6 +8,6 @@ from glm53ctl.tuning.knobs import Knob
 
 KNOBS = (Knob("chunk", (256, 512, 1024), 1024, "schedule", "hidden-dim columns per embed task"),)
 RUNTIME = ("grid", "warps", "handoff", "poll")
-KNOB_DEFAULTS = {}
+RUNTIME_DEFAULTS = {}
 # a gather and a sum with one non-zero rank: exact
 BOUNDS = {"H": 0.0}

@@ -7,11 +7,10 @@ import torch
 from glm53ctl.kernels.kinds.embed.kernel import embed_kernel
 from glm53ctl.kernels.kinds.embed.table import build_table
 from glm53ctl.kernels.ops.embed.naive import check_tokens
-from glm53ctl.kernels.runtime.launch import DEFAULT_BUDGET_NS, Runtime
-from glm53ctl.kernels.tlx import interpreting
+from glm53ctl.kernels.runtime.launch import DEFAULT_BUDGET_NS, PersistentLaunch, Runtime
 
 
-class EmbedLaunch:
+class EmbedLaunch(PersistentLaunch):
     """One build key of `embed` (rank 0 of TP `tp`, or with partial_only a rank's partial alone)."""
 
     kernel = embed_kernel
@@ -27,7 +26,7 @@ class EmbedLaunch:
         self.partial = torch.zeros(rows, self.D, dtype=torch.float32, device=device)
 
     def kernel_args(self, tokens, table, peer_partials, H, rank=0, stuck_site=-1, budget_ns=DEFAULT_BUDGET_NS):
-        return self.runtime.args() | {
+        return self.runtime_args(stuck_site, budget_ns) | {
             "tokens": tokens,
             "table": table,
             "partial": self.partial,
@@ -35,27 +34,16 @@ class EmbedLaunch:
             "H": H,
             "R": self.rows,
             "vocab_offset": rank * self.v_local,
-            "n_tasks": self.table.n_tasks,
-            "n_peers": self.table.peers,
-            "n_programs": self.grid,
-            "stuck_site": stuck_site,
-            "budget_ns": budget_ns,
         }
 
     def constexprs(self) -> dict:
-        return {
+        return self.runtime_constexprs() | {
             "D": self.D,
             "HC": self.spec.mhc.streams,
             "V_LOCAL": self.v_local,
             "TP": 1 if self.partial_only else self.tp,
             "CHUNK": self.chunk,
-            "INTERPRET": interpreting(),
-            "POLL": self.knobs["poll"],
-            "THREADS": 32 * self.knobs["warps"],
         }
-
-    def options(self) -> dict:
-        return {"num_warps": self.knobs["warps"]}
 
     def __call__(self, tokens, table, peer_partials=None, rank=0, out=None, stuck_site=-1, budget_ns=None, check=True):
         """H [R, hc, D] bf16 (or with partial_only, this rank's fp32 partial [R, D])."""
@@ -73,9 +61,7 @@ class EmbedLaunch:
         )
         peers = peer_partials if peer_partials is not None else self.partial
         args = self.kernel_args(tokens, table, peers, H, rank, stuck_site, budget_ns or DEFAULT_BUDGET_NS)
-        embed_kernel[(self.grid,)](**args, **self.constexprs(), **self.options())
-        if check:
-            self.runtime.check()
+        self.launch(args, check)
         return self.partial.clone() if self.partial_only else H
 
     def placeholder_args(self) -> dict:

@@ -43,6 +43,6 @@ KNOBS = (
     ),
 )
 RUNTIME = ("grid", "warps", "handoff", "poll", "stages")
-KNOB_DEFAULTS = {"stages": 3}
+RUNTIME_DEFAULTS = {"stages": 3}
 # a GEMV over bf16 inputs with fp32 accumulation: a few bf16 roundings (about 2^-9 each)
 BOUNDS = {"h_hat": 1e-2, "logits": 1e-2}

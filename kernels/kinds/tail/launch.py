@@ -7,11 +7,10 @@ import torch
 from glm53ctl.kernels.kinds.tail.kernel import tail_kernel
 from glm53ctl.kernels.kinds.tail.table import GATHER_N, build_table
 from glm53ctl.kernels.ops.gemv.kernel import fold_norm, folds
-from glm53ctl.kernels.runtime.launch import DEFAULT_BUDGET_NS, Runtime
-from glm53ctl.kernels.tlx import interpreting
+from glm53ctl.kernels.runtime.launch import DEFAULT_BUDGET_NS, PersistentLaunch, Runtime
 
 
-class TailLaunch:
+class TailLaunch(PersistentLaunch):
     """One build key of `tail`: the table and buffers are laid out once; each call is one launch.
 
     tp > 1 runs rank 0's shard and gathers the peers' logits from `peer_logits` [tp-1, R, V/tp]."""
@@ -49,7 +48,7 @@ class TailLaunch:
         return self.v_local * (1 if self.partial_only else self.tp)
 
     def kernel_args(self, H, norm_w, lm_w, logits, peer_logits, stuck_site=-1, budget_ns=DEFAULT_BUDGET_NS) -> dict:
-        return self.runtime.args() | {
+        return self.runtime_args(stuck_site, budget_ns) | {
             "H": H,
             "norm_w": norm_w,
             "h_hat": self.h_hat,
@@ -59,33 +58,22 @@ class TailLaunch:
             "peer_logits": peer_logits,
             "R": self.rows,
             "eps": self.spec.model.rms_norm_eps,
-            "n_tasks": self.table.n_tasks,
-            "n_peers": self.table.peers,
-            "n_programs": self.grid,
-            "stuck_site": stuck_site,
-            "budget_ns": budget_ns,
         }
 
     def constexprs(self) -> dict:
-        return {
+        return self.runtime_constexprs() | {
             "D": self.D,
             "HC": self.spec.mhc.streams,
             "V_LOCAL": self.v_local,
             "V": self.width,
             "BLOCK_N": self.knobs["block_n"],
             "BLOCK_K": min(self.knobs["block_k"], self.D),
-            "INTERPRET": interpreting(),
-            "POLL": self.knobs["poll"],
-            "THREADS": 32 * self.knobs["warps"],
             "PREFETCH": self.knobs["prefetch"],
             "GATHER_COLS": GATHER_N,
             "NORM_FOLD": folds(self.knobs["norm"], self.rows, self.spec.mhc.streams),
             # the folded GEMV's rows are H's R * HC stream rows, padded to a `tl.dot` tile
             "M": 16 if self.rows * self.spec.mhc.streams <= 16 else 32,
         }
-
-    def options(self) -> dict:
-        return {"num_warps": self.knobs["warps"], "num_stages": self.knobs["stages"]}
 
     def __call__(self, H, norm_w, lm_w, peer_logits=None, out=None, stuck_site=-1, budget_ns=None, check=True):
         R, D = self.rows, self.D
@@ -97,9 +85,7 @@ class TailLaunch:
             peer_logits = H  # never read
         logits = out if out is not None else torch.empty(R, self.width, dtype=torch.float32, device=H.device)
         args = self.kernel_args(H, norm_w, lm_w, logits, peer_logits, stuck_site, budget_ns or DEFAULT_BUDGET_NS)
-        tail_kernel[(self.grid,)](**args, **self.constexprs(), **self.options())
-        if check:
-            self.runtime.check()
+        self.launch(args, check)
         return logits
 
     def placeholder_args(self) -> dict:
