@@ -154,3 +154,19 @@ def test_pending_commands_help_and_readme_agree():
         assert "--" not in row and "not built yet" in row, row
         options = [line.split()[0] for line in helps[name].split("Options:")[1].splitlines() if line.strip()]
         assert options == ["-h,"], options
+
+
+def test_every_package_folder_is_in_pyproject():
+    """CI installs editable, which finds any folder; a wheel holds only the listed packages."""
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    setup = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(setup["packages"])
+    on_disk = set()
+    for name, folder in setup["package-dir"].items():
+        for init in (root / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(root / folder).parts
+            on_disk.add(".".join((name, *rel)))
+    assert listed == on_disk, listed ^ on_disk
