@@ -26,16 +26,24 @@ class Output:
         # piped: wide enough that a table never cuts a path (the data itself)
         self.out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 400)
 
-    def table(self, title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]], key: str | None = None) -> None:
-        """A rich table; under --json the caller emits the document itself (see `json`)."""
+    def table(
+        self,
+        title: str,
+        columns: Sequence[str],
+        rows: Iterable[Sequence[Any]],
+        key: str | None = None,
+        width: int | None = None,
+    ) -> None:
+        """A rich table; under --json the caller emits the document itself (see `json`). `width`: at most so many
+        columns, long cells wrapped (else as wide as the rows)."""
         if self.as_json:
             return
         t = Table(title=escape(title), title_justify="left", header_style="bold")
         for c in columns:
-            t.add_column(c)
+            t.add_column(c, overflow="fold")
         for r in rows:
             t.add_row(*("" if v is None else escape(str(v)) for v in r))
-        self.out.print(t)
+        self.out.print(t, width=width)
 
     def text(self, line: str) -> None:
         if not self.as_json:

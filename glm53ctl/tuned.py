@@ -212,11 +212,20 @@ def _check_knobs(path: Path, cfg: TunedConfig) -> None:
                 if knob is None:
                     expect = ", ".join(known) or "none yet"
                     raise ConfigError(f"{where}.{at}: {name!r} is not a knob of {kind} (its knobs: {expect})")
-                if name != "grid" and value not in knob.values:
-                    raise ConfigError(
-                        f"{where}.{at}: {value!r} is not a value of {name} (expected one of "
-                        f"{', '.join(map(str, knob.values))})"
+                if not _is_value(knob, value):
+                    expect = (
+                        "a program count of 1 or more, or 0 (per device)"
+                        if name == "grid"
+                        else (f"one of {', '.join(map(str, knob.values))}")
                     )
+                    raise ConfigError(f"{where}.{at}: {value!r} is not a value of {name} (expected {expect})")
+
+
+def _is_value(knob, value) -> bool:
+    """One of the knob's values, and of its type (True is not the 1 of an int knob); grid any count >= 0."""
+    if knob.name == "grid":
+        return type(value) is int and value >= 0
+    return any(type(value) is type(v) and value == v for v in knob.values)
 
 
 def _check_location(path: Path, cfg: TunedConfig) -> None:

@@ -53,8 +53,10 @@ class KernelRecord:
     cached: bool = False
 
 
-# what Triton 3.6 builds for: NVIDIA GPUs of capability 8.0 and newer that its wheel's ptxas (CUDA 12.8) knows
-TARGETS = (80, 86, 87, 89, 90, 100, 101, 120)
+# what this build reports on: Triton 3.6 builds for NVIDIA GPUs of capability 8.0 and newer, and its wheel's ptxas
+# (CUDA 12.8), which gives the resources, reads the PTX it makes for these; for 10.0 and newer Triton uses another
+# ptxas and a newer PTX version that this one refuses
+TARGETS = (80, 86, 87, 89, 90)
 
 
 def parse_target(target: str) -> int:
@@ -258,8 +260,9 @@ def build(keys: list[BuildKey], target: int, out: Path, jobs: int, progress=None
             "spill_bytes": sum(r["spill_stores"] + r["spill_loads"] for r in kernels),
         },
     }
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    from glm53ctl.tuned import write_atomic
+
+    write_atomic(out / "manifest.json", json.dumps(manifest, indent=2) + "\n")
     return manifest
 
 

@@ -160,7 +160,11 @@ def fault_key(
 
 
 def _hang(key: str, site: int, wall_s: float) -> None:
-    print(f"Error: {key}: site {site} stuck: the launch did not return within {wall_s:g} s (a hang)", flush=True)
+    import sys
+
+    # stderr: under --json stdout carries the document alone
+    print(f"Error: {key}: site {site} stuck: the launch did not return within {wall_s:g} s (a hang)", file=sys.stderr)
+    sys.stderr.flush()
     os._exit(1)
 
 

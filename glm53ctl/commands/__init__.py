@@ -32,6 +32,6 @@ def _value_name(option) -> str:
     choices = (desc.choices if desc.is_choice else None) if desc else getattr(option.type, "choices", None)
     if choices:
         return "|".join(str(getattr(c, "value", c)) for c in choices)
-    if desc.is_path if desc else type(option.type).__name__ == "Path":
+    if desc.is_path if desc else any(c.__name__ == "Path" for c in type(option.type).__mro__):
         return "FILE"
     return max(option.opts, key=len).lstrip("-").replace("-", "_").upper()

@@ -49,6 +49,7 @@ def build(
     as_json: Annotated[bool, typer.Option("--json", help="The manifest (or comparison) as JSON.")] = False,
 ) -> None:
     """Compile every kernel per build key ahead of time; registers, spills, shared memory, stack, code hash."""
+    from glm53ctl.files import check_replaceable
     from glm53ctl.kernels.build import BuildKey, parse_target
     from glm53ctl.kernels.build import build as run_build
     from glm53ctl.kernels.kinds import kernel_kinds
@@ -56,6 +57,10 @@ def build(
 
     o = Output(as_json)
     arch = parse_target(target)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: is a file; the build folder holds manifest.json and its cache")
+    if (out / "manifest.json").exists():
+        check_replaceable("--out", out / "manifest.json")
     if jobs < 1:
         raise UsageError(f"--jobs {jobs}: expected at least 1")
     # a model by name or by the path of its .toml; every one must load

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -97,11 +98,11 @@ def check(
         equal = sum(r["bitwise_equal"] for r in results)
         summary = f"{equal} of {len(results)} configs bitwise equal to {against}; {summary}"
     o.json({"device": device, "model": weights.spec.name, "seed": seed, "summary": summary, "keys": results})
-    columns = ["key", "worst output: error (bound)", "margin", "grids", "repeats", "written"]
     o.table(
         f"check {weights.spec.name} on {device}",
-        columns + (["vs " + against] if ref_dir else []) + ["result"],
+        TABLE_COLUMNS + (["vs ref"] if ref_dir else []) + ["result"],
         [_table_row(r, ref_dir is not None, verbose) for r in results],
+        width=TABLE_WIDTH,
     )
     o.text(summary)
     if passed < len(results):
@@ -171,7 +172,14 @@ def _worst(row: dict) -> str:
     errors, bounds = row["errors"], row["bounds"]
     if not errors:
         return ""
-    name = max(errors, key=lambda n: errors[n] / bounds[n] if bounds[n] else (0.0 if errors[n] == 0 else 1e30))
+
+    def how_bad(n: str) -> float:
+        e = errors[n]
+        if e != e:  # NaN: the worst of all
+            return math.inf
+        return e / bounds[n] if bounds[n] else (0.0 if e == 0 else math.inf)
+
+    name = max(errors, key=how_bad)
     return f"{name} {errors[name]:.1e} ({bounds[name]:g})"
 
 
@@ -185,22 +193,34 @@ def _margin(errors: dict, bounds: dict) -> str:
     return "exact" if worst == 0 else f"{1 / worst:.1f}x"
 
 
+# what the table shows of a key, in at most 100 columns (a failure's text wrapped); the record: --json, every
+# output's error: -v
+TABLE_COLUMNS = ["key", "worst output (bound)", "margin", "bits, writes"]
+TABLE_WIDTH = 100
+
+
+def _short(text: str, width: int = 36) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
 def _table_row(r: dict, against: bool, verbose: bool) -> tuple:
-    """One key in the table: the worst output and its margin to the bound (every output with -v)."""
+    """One key in the table: the worst output and its margin to the bound (every output with -v); whether
+    grids and repeated launches gave the same bits and every output element was written; the first problem."""
     errors, bounds = r["errors"], r["bounds"]
     if verbose:
         worst = ", ".join(f"{n} {e:.1e} ({bounds[n]:g})" for n, e in errors.items())
     else:
         worst = _worst(r)
+    broken = [w for w, ok in (("grids differ", r["grids_equal"]), ("repeats differ", r["repeats_equal"])) if not ok]
+    if not r["invariants"].get("every output element written", False):
+        broken.append("unwritten")
     return (
         r["key"],
         worst,
         _margin(errors, bounds),
-        "equal" if r["grids_equal"] else "DIFFER",
-        "equal" if r["repeats_equal"] else "DIFFER",
-        "yes" if r["invariants"]["every output element written"] else "NO",
-        *(["equal" if r["bitwise_equal"] else "; ".join(r["against"][:2])] if against else []),
-        "ok" if r["ok"] else "FAIL: " + "; ".join(r["problems"][:2]),
+        ", ".join(broken) or "same, all",
+        *([("equal" if r["bitwise_equal"] else _short(r["against"][0]))] if against else []),
+        "ok" if r["ok"] else "FAIL: " + (_short(r["problems"][0]) if verbose is False else "; ".join(r["problems"])),
     )
 
 
@@ -342,8 +362,8 @@ def fault(
     """Stick each guarded wait on purpose: LaunchFault names it, nothing hangs, the retry is bitwise clean."""
     if site is not None and all_sites:
         raise UsageError("--site and --all exclude each other")
-    if budget_ms <= 0 or wall_s <= 0:
-        raise UsageError("--budget-ms and --wall-s must be positive")
+    if not (0 < budget_ms < 1e6 and 0 < wall_s < 1e6):  # NaN and inf fail too
+        raise UsageError("--budget-ms and --wall-s must be positive and finite (under 10^6)")
     o = Output(as_json)
     device, weights, keys = _setup(model, kind, tp, rows, all_keys)  # first: it may select the interpreter
     sites = {key: _site_count(weights.spec, *key, device) for key in keys}  # the tables alone: no launch

@@ -3,6 +3,7 @@ compile cache), so the cache folder does not grow without end."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 from typing import Annotated
@@ -17,6 +18,23 @@ def register(app: typer.Typer) -> None:
     app.command(name="prune", cls=Command)(prune)
 
 
+def _is_compile_cache(path: Path) -> bool:
+    """build's cache: a folder of <sha256>.json records and nothing else."""
+    return path.is_dir() and all(re.fullmatch(r"[0-9a-f]{64}\.json", f.name) for f in path.iterdir())
+
+
+def _forget_worktrees() -> None:
+    """`git worktree prune` in the repository, so it forgets the removed worktrees (none to do outside one)."""
+    from glm53ctl.errors import UsageError
+    from glm53ctl.worktree import git, repo_root
+
+    try:
+        root = repo_root()
+    except UsageError:
+        return
+    git(root, "worktree", "prune")
+
+
 def _size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
 
@@ -28,19 +46,21 @@ def prune(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be removed; remove nothing.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="What was removed, as JSON on stdout.")] = False,
 ) -> None:
-    """Remove the worktrees that --against checked out and the compile cache of build."""
+    """Remove what --against and build keep in the cache folder: the worktrees of other refs, their builds, and
+    build's compile cache; nothing else there."""
     o = Output(as_json)
-    items = sorted((cache / "worktrees").glob("*")) if (cache / "worktrees").is_dir() else []
-    if (cache / "cache").is_dir():
+    # what glm53ctl made there, and only that: worktrees it checked out (each has git's .git file), the builds of
+    # other refs (`build --against`), and the compile cache
+    trees = sorted(p for p in (cache / "worktrees").glob("*") if (p / ".git").is_file())
+    items = trees + sorted(p for p in (cache / "ref").glob("*") if (p / "manifest.json").is_file())
+    if _is_compile_cache(cache / "cache"):
         items.append(cache / "cache")
     removed = [{"path": str(p), "bytes": _size(p)} for p in items]
     if not dry_run:
         for p in items:
             shutil.rmtree(p)
-        if any(p.parent.name == "worktrees" for p in items):
-            from glm53ctl.worktree import git, repo_root
-
-            git(repo_root(), "worktree", "prune")  # forget the removed worktrees in the repository too
+        if trees:
+            _forget_worktrees()
     freed = sum(r["bytes"] for r in removed)
     o.json({"cache": str(cache), "dry_run": dry_run, "removed": removed, "bytes": freed})
     verb = "would remove" if dry_run else "removed"

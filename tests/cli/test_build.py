@@ -53,6 +53,20 @@ def test_build_bad_input(capsys, tmp_path, args, message):
     assert code == 2 and message in err and "Traceback" not in err
 
 
+def test_build_out_must_be_a_folder_and_a_read_only_manifest_is_kept(capsys, tmp_path):
+    """Before: --out on a file compiled first, then failed with a traceback; a read-only manifest was replaced."""
+    f = tmp_path / "file"
+    f.write_text("x")
+    code, _, err = invoke(capsys, "build", "--model", "tiny", "--kind", "embed", "--tp", "1", "--out", f)
+    assert code == 2 and "is a file" in err and "Traceback" not in err
+    (tmp_path / "b").mkdir()
+    manifest = tmp_path / "b" / "manifest.json"
+    manifest.write_text("{}")
+    manifest.chmod(0o444)
+    code, _, err = invoke(capsys, "build", "--model", "tiny", "--kind", "embed", "--tp", "1", "--out", tmp_path / "b")
+    assert code == 2 and "read-only" in err and manifest.read_text() == "{}"
+
+
 def test_build_without_ptxas_is_a_clear_error(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("TRITON_PTXAS_PATH", str(tmp_path / "ptxas"))
     code, _, err = invoke(

@@ -77,6 +77,9 @@ def test_fault_one_site_and_bad_input(capsys):
     assert code == 2 and "--site 99: tiny/embed/tp1/r1 has sites 0..0" in err
     code, _, err = invoke(capsys, "fault", "--site", "0", "--all")
     assert code == 2 and "exclude each other" in err
+    for bad in ("nan", "inf", "0"):  # before: nan and inf raised a traceback with exit 1
+        code, _, err = invoke(capsys, "fault", "--budget-ms", bad, "--kind", "embed", "--tp", "1", "--rows", "1")
+        assert code == 2 and "must be positive and finite" in err and "Traceback" not in err
     code, _, err = invoke(capsys, "check", "--against", "no-such-ref-xyz", "--kind", "embed", "--tp", "1")
     assert code == 2 and "no git ref 'no-such-ref-xyz'" in err
 
@@ -177,26 +180,36 @@ def test_a_ref_child_never_falls_back_to_the_installed_tree(tmp_path):
 
 def test_against_leaves_no_temporary_folder_and_prune_removes_the_worktrees(capsys, tmp_path, monkeypatch):
     """Before: every `check --against` left a glm53ctl-against-* folder in the temp dir, and worktrees piled up
-    in build/worktrees with no way to remove them but by hand."""
+    in build/worktrees with no way to remove them but by hand. prune removes what glm53ctl made, nothing else."""
     import tempfile
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
     cache = tmp_path / "cache"
-    code, _, err = invoke(
-        capsys, "check", "--kind", "embed", "--tp", "1", "--rows", "1", "--against", "HEAD", "--cache", cache
-    )
-    assert code == 0, err
-    assert not list((tmp_path / "tmp").iterdir())
-    (tree,) = (cache / "worktrees").iterdir()
-    listed = subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True).stdout
-    assert str(tree.resolve()) in listed
-    code, out, _ = invoke(capsys, "prune", "--cache", cache, "--dry-run")
-    assert code == 0 and "would remove" in out and tree.exists()
-    doc = invoke_json(capsys, "prune", "--cache", cache)
-    assert [r["path"] for r in doc["removed"]] == [str(tree)] and not tree.exists()
-    listed = subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True).stdout
-    assert str(tree.resolve()) not in listed
+    try:
+        code, _, err = invoke(
+            capsys, "check", "--kind", "embed", "--tp", "1", "--rows", "1", "--against", "HEAD", "--cache", cache
+        )
+        assert code == 0, err
+        assert not list((tmp_path / "tmp").iterdir())
+        (tree,) = (cache / "worktrees").iterdir()
+        listed = subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True).stdout
+        assert str(tree.resolve()) in listed
+        (cache / "worktrees" / "notes.txt").write_text("mine")  # not glm53ctl's: kept
+        (cache / "cache").mkdir()
+        (cache / "cache" / ("a" * 64 + ".json")).write_text("{}")
+        code, out, _ = invoke(capsys, "prune", "--cache", cache, "--dry-run")
+        assert code == 0 and "would remove" in out and tree.exists()
+        doc = invoke_json(capsys, "prune", "--cache", cache)
+        assert [r["path"] for r in doc["removed"]] == [str(tree), str(cache / "cache")] and not tree.exists()
+        assert (cache / "worktrees" / "notes.txt").read_text() == "mine"
+        listed = subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True).stdout
+        assert str(tree.resolve()) not in listed
+    finally:  # never leave a worktree registered in the developer's checkout
+        for left in (cache / "worktrees").glob("*"):
+            if (left / ".git").is_file():
+                subprocess.run(["git", "worktree", "remove", "--force", str(left)], cwd=ROOT, capture_output=True)
+        subprocess.run(["git", "worktree", "prune"], cwd=ROOT, capture_output=True)
 
 
 def test_fault_refuses_a_site_out_of_range_before_any_launch(capsys):
@@ -221,3 +234,32 @@ def test_check_prints_progress_per_key_and_a_table_that_fits_100_columns(capsys)
     assert "attn.x_hat" not in out  # the worst output only; every one with -v or --json
     code, out, err = invoke(capsys, "check", "--kind", "embed", "--tp", "1", "--rows", "1", "--json")
     assert code == 0 and "[1/1, 0:" in err and json.loads(out)["keys"][0]["errors"] == {"H": 0.0}
+
+
+def test_a_table_row_fits_100_columns_at_the_widest_key_with_against():
+    """glm53_flash's longest key, its longest output name, the --against column, and a failing one."""
+    from rich.console import Console
+
+    from glm53ctl.commands.check import TABLE_COLUMNS, TABLE_WIDTH, _table_row
+
+    ok = {"key": "glm53_flash/dense/tp8/r8", "errors": {"kda.recurrent": 1.9e-3, "H": 3e-3}, "grids_equal": True}
+    ok |= {"bounds": {"kda.recurrent": 1e-2, "H": 1e-2}, "repeats_equal": True, "ok": True, "problems": []}
+    ok |= {"invariants": {"every output element written": True}, "bitwise_equal": True, "against": []}
+    bad = ok | {
+        "ok": False,
+        "bitwise_equal": False,
+        "problems": ["attn.out: relative RMS error 0.5 over its bound 0.02"],
+    }
+    bad["against"] = ["kda.recurrent[0, 3, 17, 101]: 0.0123 vs 0.0124"]
+    from glm53ctl.output import Output
+
+    o = Output()
+    o.out = Console(width=400, record=True)  # as on a pipe: as wide as it likes
+    o.table(
+        "check",
+        [*TABLE_COLUMNS, "vs ref", "result"],
+        [_table_row(r, True, False) for r in (ok, bad)],
+        width=TABLE_WIDTH,
+    )
+    text = o.out.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 100 and "FAIL" in text and "equal" in text

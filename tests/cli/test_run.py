@@ -1,3 +1,5 @@
+import json
+
 import pytest
 import torch
 from safetensors import safe_open
@@ -205,17 +207,25 @@ def test_compare_two_runs_worst_first(capsys, tmp_path):
     x = torch.randn(64, generator=torch.Generator().manual_seed(0))
     save_file({"same": x, "close": x.clone(), "far": x.clone(), "gone": x.clone(), "ids": torch.arange(4)}, str(a))
     save_file({"same": x, "close": x * (1 + 1e-4), "far": x * 1.1, "ids": torch.arange(4)}, str(b))
-    doc = invoke_json(capsys, "compare", a, b)
+    code, out, _ = invoke(capsys, "compare", a, b, "--json")
+    assert code == 1  # "gone" is in A only: the runs do not hold the same tensors
+    doc = json.loads(out)
     names = [t["tensor"] for t in doc["tensors"]]
     assert names[:3] == ["gone", "far", "close"] and set(names[3:]) == {"ids", "same"}
     rows = {t["tensor"]: t for t in doc["tensors"]}
     assert rows["same"]["equal"] and not rows["close"]["equal"] and rows["gone"]["problem"] == "only in A"
     assert abs(rows["far"]["rel_rms"] - 0.1) < 1e-6 and rows["close"]["rel_rms"] < 2e-4
-    assert doc["summary"] == "2 of 5 tensors bitwise equal"
+    assert doc["summary"] == "2 of 5 tensors bitwise equal; 1 mismatched"
     code, _, err = invoke(capsys, "compare", a, b, "--bound", "1e-3")
     assert code == 1 and "over the bound" in err + _
     code, _, err = invoke(capsys, "compare", a, tmp_path / "nope.safetensors")
     assert code == 2 and "no such file" in err
+    # NaN where the other has it too is equal; an int tensor of another width compares by value
+    nan = torch.tensor([1.0, float("nan")])
+    save_file({"n": nan, "i": torch.arange(3, dtype=torch.int32)}, str(a))
+    save_file({"n": nan.clone(), "i": torch.arange(3)}, str(b))
+    rows = {t["tensor"]: t for t in invoke_json(capsys, "compare", a, b, "--bound", "1e-3")["tensors"]}
+    assert rows["n"]["equal"] and rows["n"]["rel_rms"] == 0 and rows["i"]["rel_rms"] == 0 and not rows["i"]["equal"]
 
 
 def test_a_triton_run_records_the_kernels_precision_and_saves_inputs_as_the_reference_does(capsys, tmp_path):

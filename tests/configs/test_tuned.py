@@ -35,7 +35,7 @@ def doc(**over):
         "entries": {
             "dense": {
                 "2": {
-                    "knobs": {"oproj_first": True, "grid": 132},
+                    "knobs": {"oproj_first": 1, "grid": 132},
                     "evidence": {
                         "default_us": 40.0,
                         "chosen_us": 38.0,
@@ -172,7 +172,7 @@ def test_show_lists_models_and_tuned_files(root, capsys):
     assert {m["name"] for m in d["models"]} == {"tiny", "glm53_flash"}
     assert d["tuned"][0]["revision"] == 3 and d["tuned"][0]["tp"] == 4
     d = invoke_json(capsys, "configs", "show", "--model", "tiny", "--tp", "4")
-    assert d["tuned"][0]["knobs"] == "grid=132, oproj_first=True"
+    assert d["tuned"][0]["knobs"] == "grid=132, oproj_first=1"
     assert {"part": "kda", "tensor": "q_proj.weight", "shape": [32, 128]} in d["shards"]
     code, out, _ = invoke(capsys, "configs", "show")
     assert code == 0 and "tiny" in out
@@ -291,6 +291,9 @@ def test_show_tp_needs_model(capsys):
         ),
         ({"dense": {"1": {"dropped": [{"knob": "nope", "value": 1, "reason": "r"}]}}}, "tiny", "dropped.0: 'nope'"),
         ({}, "no_such_model", "model: unknown model 'no_such_model'"),
+        ({"tail": {"1": {"knobs": {"grid": "abc"}}}}, "tiny", "knobs.grid: 'abc' is not a value of grid"),
+        ({"tail": {"1": {"knobs": {"grid": -7}}}}, "tiny", "knobs.grid: -7 is not a value of grid"),
+        ({"tail": {"1": {"knobs": {"poll": True}}}}, "tiny", "knobs.poll: True is not a value of poll"),
     ],
 )
 def test_validate_refuses_knobs_and_models_the_registry_does_not_know(capsys, tmp_path, entries, model, message):
