@@ -37,22 +37,26 @@ AllKeysOpt = Annotated[
 
 def _setup(model, kind, tp, rows, all_keys: bool = False):
     """Device (a GPU, else Triton's interpreter), weights, and the selected keys: on a GPU, or with --all-keys,
-    every TP x rows key; on a CPU, unless --tp or --rows says otherwise, the registry's CPU key set."""
+    every TP x rows key; on a CPU, unless --tp or --rows says otherwise, the registry's CPU key set. The options
+    are checked before torch is imported: a usage error costs no seconds."""
+    from glm53ctl.kernels.kinds import CPU_KEYS, kernel_kinds
+    from glm53ctl.kernels.spec import ROWS, TP_WIDTHS, load_model
+
+    kinds = parse_list("--kind", kind, kernel_kinds())
+    tps = parse_list("--tp", tp, TP_WIDTHS, int)
+    rowss = parse_list("--rows", rows, ROWS, int)
+    if model is not None:
+        load_model(model)
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"  # before any kernel module is imported
-    from glm53ctl.kernels.kinds import CPU_KEYS, kernel_kinds
-    from glm53ctl.kernels.spec import ROWS, TP_WIDTHS, load_model
     from glm53ctl.kernels.weights import Weights
 
     spec = load_model(model or ("glm53_flash" if device == "cuda" else "tiny"))
-    kinds = parse_list("--kind", kind, kernel_kinds())
-    tps = parse_list("--tp", tp, TP_WIDTHS, int)
     for t in tps:
         spec.check_tp(t)
-    rowss = parse_list("--rows", rows, ROWS, int)
     if device == "cpu" and not all_keys and tp is None and rows is None:
         pairs = list(CPU_KEYS)
     else:

@@ -4,6 +4,7 @@ import dataclasses
 import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -263,3 +264,10 @@ def test_a_table_row_fits_100_columns_at_the_widest_key_with_against():
     )
     text = o.out.export_text()
     assert max(len(line) for line in text.splitlines()) <= 100 and "FAIL" in text and "equal" in text
+
+
+@pytest.mark.parametrize("args", [["check", "--tp", "0"], ["fault", "--rows", "3"], ["check", "--kind", "kda"]])
+def test_check_and_fault_refuse_bad_keys_before_torch_is_imported(args):
+    code = "import sys\nfrom glm53ctl.cli import run_cli\nc = run_cli(sys.argv[1:])\nprint(c, 'torch' in sys.modules)"
+    p = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
+    assert p.stdout.split() == ["2", "False"] and p.stderr.startswith("Error:"), (p.stdout, p.stderr)
