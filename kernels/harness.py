@@ -162,7 +162,7 @@ class KindHarness:
     """One build key of a kind on one device, with what its TP peers contribute: the interface every kind's
     harness has (the registry's `harness`), and what `check`, `fault`, `run`, `build` and `bench` use.
 
-    A harness has: `launch` (rank 0's launch: its `table`, `runtime`, `grid`, `kernel`, `stage(ttypes)`),
+    A harness has: `launch` (rank 0's launch: its `table`, `runtime`, `grid`, `kernel`; a `PersistentLaunch`),
     `inputs(seed, steps, tokens)` (seeded inputs per step), `peer_partials(x)` (the other ranks' share, made
     first on the same device), `__call__(x, peers, poison, **guard)` (every output, and the writes of a kind
     with state), `writes()` (hand-off buffers compared bit for bit too), `reference(x)` (the reference's
