@@ -23,6 +23,12 @@ def check_replaceable(flag: str, path: Path) -> None:
             f"{flag} {path}: the file is read-only; glm53ctl does not replace it",
             hint="remove it or make it writable first, or pass another path",
         )
+    if path.exists() and path.stat().st_mode & 0o444 == 0:  # the new file would keep the mode: unreadable too
+        raise UsageError(
+            f"{flag} {path}: the file is not readable; glm53ctl keeps a replaced file's mode, so it does not "
+            "replace it",
+            hint="remove it or make it readable first, or pass another path",
+        )
 
 
 def new_file_mode(path: Path) -> int:

@@ -67,7 +67,8 @@ def print_error(message: str, hint: str | None = None) -> None:
 
 
 def print_warning(message: str) -> None:
-    err_console.print(f"[yellow]Warning:[/yellow] {escape(message)}")
+    for line in message.splitlines() or [""]:
+        err_console.print(f"[yellow]Warning:[/yellow] {escape(line)}")
 
 
 class Progress:
