@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 
 from glm53ctl import __version__
-from glm53ctl.commands import build, check, compare, configs, pending, prune, run
+from glm53ctl.commands import bench, build, check, compare, configs, prune, run, tune
 from glm53ctl.errors import EXIT_USAGE, Glm53Error
 from glm53ctl.output import print_error
 
@@ -49,7 +49,8 @@ run.register(app)
 build.register(app)
 check.register(app)
 compare.register(app)
-pending.register(app)
+bench.register(app)
+tune.register(app)
 prune.register(app)
 
 

@@ -134,7 +134,11 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 def read_document(path: Path) -> dict[str, Any]:
     from glm53ctl.paths import read_text
 
-    text = read_text(path)
+    return read_document_text(path, read_text(path))
+
+
+def read_document_text(path: Path, text: str) -> dict[str, Any]:
+    """A tuned file's JSON text as a document (errors name `path`)."""
     try:
         doc = json.loads(text, object_pairs_hook=_no_duplicates)
     except json.JSONDecodeError as e:

@@ -9,6 +9,9 @@ Which function runs which kind is the kind registry's (kernels/kinds/__init__.py
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 
 from glm53ctl.kernels.kinds import get_kind
@@ -158,6 +161,36 @@ def run_triton(weights, key: RunKey, knobs: dict | None = None, device="cpu") ->
     return get_kind(key.kind).load_harness().run(weights, key, knobs, device)
 
 
+def nbytes(*tensors: torch.Tensor) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def bf16_numerics() -> Numerics:
+    """The stock-PyTorch baselines' numerics: every op in bf16, as a serving stack without fused kernels runs."""
+    return Numerics(torch.bfloat16, torch.bfloat16)
+
+
+@dataclass
+class Timed:
+    """What `bench` times of one key (tuning/bench.py): one launch reading one copy of what it streams.
+
+    `call(copy)` runs the launch on one copy; `copies(n)` makes n copies (the first the harness's own), which
+    the timing rotates over so that each launch streams them from HBM, not from the L2; `stream_bytes` is what
+    one launch reads of a copy (it sets how many copies that takes); `nbytes` every byte a launch moves
+    (weights, states read and written, inputs, the peers' partials, outputs): the floor's bytes."""
+
+    call: Callable[[dict], object]
+    copies: Callable[[int], list[dict]]
+    stream_bytes: int
+    nbytes: int
+    what: str  # what rotates, in words (bench's output says it)
+
+
+def cloned(first: dict[str, torch.Tensor]) -> Callable[[int], list[dict]]:
+    """copies(n) for weights: the harness's own, then clones."""
+    return lambda n: [first] + [{k: t.clone() for k, t in first.items()} for _ in range(n - 1)]
+
+
 class KindHarness:
     """One build key of a kind on one device, with what its TP peers contribute: the interface every kind's
     harness has (the registry's `harness`), and what `check`, `fault`, `run`, `build` and `bench` use.
@@ -168,7 +201,9 @@ class KindHarness:
     with state), `writes()` (hand-off buffers compared bit for bit too), `reference(x)` (the reference's
     outputs at this TP width), `build_launches(spec, tp, rows, knobs)` (every launch object of a key, for
     ahead-of-time builds), `run(weights, key, knobs, device)` (`run --backend triton`), and `STAGES` (its
-    task types grouped into the separate launches of the baseline)."""
+    task types grouped into the separate launches of the baseline); for `bench`, `timed(x, peers)` (rank 0's
+    launch as it is timed) and `stock(x, peers)` (rank 0's share of the same math as stock PyTorch ops in bf16,
+    the `torch` and `compile` baselines)."""
 
     kind: str
     input_name: str  # what run saves as inputs.<name>
@@ -201,15 +236,23 @@ class KindHarness:
     def reference_model(self) -> Reference:
         return Reference(self.weights, self.tp)
 
-    def separate(self) -> KindHarness:
-        """This key as the separate-launches baseline: the same task bodies, one launch per stage."""
+    def separate(self, pdl: bool = False) -> KindHarness:
+        """This key as the separate-launches baseline: the same task bodies, one launch per stage; with `pdl`,
+        chained by programmatic dependent launch (each stage launch asks for its first weights, then waits for
+        the launch before it to end, and lets the next one start as it starts)."""
         import copy
 
         from glm53ctl.kernels.runtime.stages import SeparateLaunches
 
         h = copy.copy(self)
-        h.launch = SeparateLaunches(self.launch, self.STAGES)
+        h.launch = SeparateLaunches(self.launch, self.STAGES, pdl=pdl)
         return h
+
+    def timed(self, x, peers) -> Timed:
+        raise NotImplementedError(f"{self.kind}: no timed launch")
+
+    def stock(self, x, peers) -> Timed:
+        raise NotImplementedError(f"{self.kind}: no stock PyTorch baseline")
 
     @classmethod
     def run(cls, weights, key: RunKey, knobs: dict | None, device) -> Tensors:

@@ -116,3 +116,32 @@ def knobs_for(model: str, kind: str, tp: int, rows: int, overrides: dict | None 
     knobs = {**knobs, **(overrides or {})}
     check_knobs(kind, knobs)
     return knobs
+
+
+def parse_knobs(text: str | None, kind: str) -> dict:
+    """`--knobs name=value,...` as a kind's typed knob values ("4" is the int 4 where the knob's values are
+    ints); an unknown knob or value is a usage error naming what the kind takes."""
+    from glm53ctl.errors import UsageError
+
+    if not text:
+        return {}
+    known = kind_knobs(kind)
+    out = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        name, eq, raw = part.partition("=")
+        name, raw = name.strip(), raw.strip()
+        if not eq or not name or not raw:
+            raise UsageError(f"--knobs {text!r}: expected name=value pairs, comma-separated (e.g. oproj_first=1)")
+        k = known.get(name)
+        if k is None:
+            raise UsageError(f"knob {name!r} does not apply to {kind}", hint=f"{kind} knobs: {', '.join(known)}")
+        if name == "grid":
+            if not raw.isdigit():
+                raise UsageError(f"knob grid={raw!r}: expected a program count (0: three per SM)")
+            out[name] = int(raw)
+            continue
+        match = [v for v in k.values if str(v) == raw]
+        if not match:
+            raise UsageError(f"knob {name}={raw!r}: expected one of {', '.join(map(str, k.values))}")
+        out[name] = match[0]
+    return out

@@ -82,6 +82,17 @@ def launch_epoch(ctl, INTERPRET: tl.constexpr):
 
 
 @triton.jit
+def pdl_enter(INTERPRET: tl.constexpr):
+    """A launch chained by programmatic dependent launch (the separate-pdl baseline): the next launch may start
+    now (it asks L2 for its first weights, then waits here in turn), and this one waits until the launch before
+    it has ended and its writes are visible. Before this call a program reads nothing another launch writes
+    (its task table and weights only: with every launch starting early, any launch before may still run)."""
+    if not INTERPRET:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+
+
+@triton.jit
 def stamp(trace, task, slot, INTERPRET: tl.constexpr):
     """A task's trace record [5] (runtime/trace.py): the %globaltimer (ns) at `slot` (0 claimed, 1 inputs
     ready, 2 published, 4 its own work done before its late waits), and the program at slot 3. The interpreter

@@ -113,7 +113,11 @@ class Runtime:
 class PersistentLaunch:
     """What every kind's launch class shares (it sets `kernel`, `table`, `grid`, `runtime` and `knobs`): the
     runtime's kernel arguments and constexprs, the compile options of the knobs every kind takes, and one
-    launch with the host side of the guard after it."""
+    launch with the host side of the guard after it. `pdl`: launched chained to the launch before it by
+    programmatic dependent launch (a stage of the separate-pdl baseline; its kernel calls `pdl_enter` first);
+    the interpreter has no such launch and ignores it."""
+
+    pdl = False
 
     def runtime_args(self, stuck_site: int, budget_ns: int) -> dict:
         return self.runtime.args() | {
@@ -127,7 +131,12 @@ class PersistentLaunch:
     def runtime_constexprs(self) -> dict:
         from glm53ctl.kernels.tlx import interpreting
 
-        return {"INTERPRET": interpreting(), "POLL": self.knobs["poll"], "THREADS": 32 * self.knobs["warps"]}
+        return {
+            "INTERPRET": interpreting(),
+            "POLL": self.knobs["poll"],
+            "THREADS": 32 * self.knobs["warps"],
+            "PDL": self.pdl and not interpreting(),
+        }
 
     def options(self) -> dict:
         """Compile options from the knobs: warps, and the K loop's pipelining depth where the kind takes it."""
@@ -138,6 +147,8 @@ class PersistentLaunch:
 
     def launch(self, args: dict, check: bool) -> None:
         """One launch over the grid; with `check`, raise LaunchFault if a guarded wait timed out."""
-        self.kernel[(self.grid,)](**args, **self.constexprs(), **self.options())
+        constexprs = self.constexprs()
+        chained = {"launch_pdl": True} if constexprs["PDL"] else {}
+        self.kernel[(self.grid,)](**args, **constexprs, **self.options(), **chained)
         if check:
             self.runtime.check()

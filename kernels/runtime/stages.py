@@ -49,12 +49,16 @@ def stage_launch(whole, ttypes):
 
 class SeparateLaunches:
     """A kind's launch as one launch per stage, in order: called like the launch, it returns what the last
-    stage's launch returns."""
+    stage's launch returns. `pdl`: each stage launch chained to the one before by programmatic dependent launch
+    (the separate-pdl baseline): it starts while the launch before it ends, asks L2 for its first task's
+    weights, then waits for that launch's writes (runtime/device.py pdl_enter)."""
 
-    def __init__(self, whole, stages) -> None:
+    def __init__(self, whole, stages, pdl: bool = False) -> None:
         self.whole = whole
         make = getattr(whole, "stage", None) or (lambda ttypes: stage_launch(whole, ttypes))
         self.stages = [make(s) for s in stages]
+        for s in self.stages:
+            s.pdl = pdl
 
     def __call__(self, *args, **kwargs):
         for s in self.stages:

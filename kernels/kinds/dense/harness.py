@@ -10,7 +10,18 @@ from dataclasses import dataclass
 
 import torch
 
-from glm53ctl.kernels.harness import Inputs, KindHarness, RunKey, layer_for, layer_state, row_contexts
+from glm53ctl.kernels.harness import (
+    Inputs,
+    KindHarness,
+    RunKey,
+    Timed,
+    bf16_numerics,
+    cloned,
+    layer_for,
+    layer_state,
+    nbytes,
+    row_contexts,
+)
 from glm53ctl.kernels.kinds.dense.launch import DenseLaunch, prepare_weights
 from glm53ctl.kernels.kinds.dense.table import STAGES
 from glm53ctl.kernels.numerics import FP32
@@ -116,6 +127,57 @@ class DenseHarness(KindHarness):
         )
         out, new = self.reference_model().layer(i, x.H.float(), state)
         return out | {"kda.conv": new.kda[i].conv, "kda.recurrent": new.kda[i].recurrent}
+
+    def timed(self, x: LayerInput, peers: DensePeers | None) -> Timed:
+        """Rank 0's launch on copies of its weights; it moves every weight it reads, the KDA states read and
+        written, H, the peers' partials (attention and FFN) and its outputs."""
+        x = x.to(self.device)
+        launch = self.launch
+        if peers is not None:
+            launch.set_peers(peers.parts_a, peers.parts_f)
+        conv, S = self.rank_state(x, 0)
+        w = self.w[0]
+        moved = nbytes(*w.values()) + 2 * nbytes(conv, S) + nbytes(x.H) + nbytes(*launch.out.values())
+        moved += 2 * (self.tp - 1) * self.rows * self.spec.hidden * 4
+        call = lambda c: launch(x.H, c, conv, S, check=False)
+        return Timed(call, cloned(w), nbytes(*w.values()), moved, "rank 0's layer weights")
+
+    def stock(self, x: LayerInput, peers: DensePeers | None) -> Timed:
+        """Rank 0's share of the layer as stock PyTorch ops in bf16 (the reference's ops), the peers' partials
+        given: the `torch` and `compile` baselines."""
+        from glm53ctl.kernels.ops.ffn.naive import swiglu_mlp
+        from glm53ctl.kernels.ops.kda.naive import kda_attention
+        from glm53ctl.kernels.ops.mhc.naive import gate, hc_post
+
+        spec, num = self.spec, bf16_numerics()
+        x = x.to(self.device)
+        H = x.H
+        conv, S = (t.to(torch.bfloat16) for t in self.rank_state(x, 0))
+        parts_a = list(peers.parts_a[1:].to(torch.bfloat16)) if peers is not None else []
+        parts_f = list(peers.parts_f[1:].to(torch.bfloat16)) if peers is not None else []
+        w0 = {n: t.to(self.device) for n, t in self.weights.layer(self.layer, 0, self.tp).items()}
+        attn_w = lambda w: {n.removeprefix("self_attn."): t for n, t in w.items() if n.startswith("self_attn.")}
+
+        def call(w):
+            xh, post, comb = gate(
+                H, w["hc_attn_fn"], w["hc_attn_base"], w["hc_attn_scale"], w["input_layernorm.weight"], spec, num
+            )
+            a, _ = kda_attention(xh, attn_w(w), KdaState(conv, S), spec, num)
+            for p in parts_a:
+                a = a + p
+            H1 = hc_post(a, H, post, comb, num)
+            norm = w["post_attention_layernorm.weight"]
+            xh, post, comb = gate(H1, w["hc_ffn_fn"], w["hc_ffn_base"], w["hc_ffn_scale"], norm, spec, num)
+            limit = spec.moe.swiglu_limit
+            m = swiglu_mlp(
+                xh, w["mlp.gate_proj.weight"], w["mlp.up_proj.weight"], w["mlp.down_proj.weight"], limit, num
+            )
+            for p in parts_f:
+                m = m + p
+            return hc_post(m, H1, post, comb, num)
+
+        moved = self.timed(x, peers).nbytes
+        return Timed(call, cloned(w0), nbytes(*w0.values()), moved, "rank 0's layer weights")
 
     def inputs(self, seed: int, steps: int = 1, tokens=None) -> list[LayerInput]:
         """Seeded H and a random layer state per step (fresh draws: every row at its own state)."""

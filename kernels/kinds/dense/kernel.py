@@ -42,6 +42,7 @@ from glm53ctl.kernels.runtime.device import (
     finish,
     launch_epoch,
     next_task,
+    pdl_enter,
     publish,
     runtime_buffers,
     stamp,
@@ -160,6 +161,7 @@ def dense_kernel(
     TRACE: tl.constexpr,
     NV: tl.constexpr,
     MIX_TASK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     P: tl.constexpr = HL * K
     NIN: tl.constexpr = 2 * RG + HL + 3 * P
@@ -167,6 +169,42 @@ def dense_kernel(
     PK: tl.constexpr = P // KS_O
     IK: tl.constexpr = I // KS_F
     rt = runtime_buffers(ctl, flags, boxes, errs, tasks, wait_kind, wait_index, wait_count, pub_slot)
+    if PDL:  # a stage of separate-pdl: ask for this program's first weights while the launch before ends
+        first = task_row(rt, tl.minimum(tl.program_id(0), n_tasks - 1))
+        prefetch(
+            ttype=first[0],
+            a0=first[1],
+            a1=first[2],
+            a2=first[3],
+            w_fb=w_fb,
+            w_gb=w_gb,
+            fn_f=fn_f,
+            w_in=w_in,
+            w_gate=w_gate,
+            w_up=w_up,
+            w_o=w_o,
+            w_down=w_down,
+            S_in=S_in,
+            D=D,
+            HL=HL,
+            K=K,
+            RG=RG,
+            I=I,
+            P=P,
+            PK=PK,
+            IK=IK,
+            BN=BN,
+            BN_GU=BN_GU,
+            BN_O=BN_O,
+            HC=HC,
+            CH=CH,
+            NV=NV,
+            KS_IN=KS_IN,
+            KS_GU=KS_GU,
+            WHICH=1,
+            MIX_TASK=MIX_TASK,
+        )
+        pdl_enter(INTERPRET)
     epoch = launch_epoch(ctl, INTERPRET)
     n_done = 0
     # oproj_first: the KDA head whose states this program still has to write back

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from glm53ctl.kernels.harness import Inputs, KindHarness
+from glm53ctl.kernels.harness import Inputs, KindHarness, Timed, bf16_numerics, nbytes
 from glm53ctl.kernels.kinds.embed.launch import EmbedLaunch
 from glm53ctl.kernels.kinds.task_types import EMBED_GATHER, EMBED_REDUCE
 from glm53ctl.kernels.numerics import FP32
@@ -47,6 +47,41 @@ class EmbedHarness(KindHarness):
     def writes(self) -> dict[str, torch.Tensor]:
         """Its hand-off buffer: the fp32 partial."""
         return {"partial": self.launch.partial.cpu().clone()}
+
+    def token_sets(self, n: int) -> list[dict]:
+        """n sets of token ids, every one in rank 0's rows of the table (so its launch gathers every row), the
+        first the harness's own draw: what bench rotates, since one launch reads only R rows of the table."""
+        gen = torch.Generator().manual_seed(n)
+        v_local = self.shards[0].shape[0]
+        sets = [torch.randint(0, v_local, (self.rows,), generator=gen) for _ in range(n)]
+        return [{"tokens": t.to(self.device)} for t in sets]
+
+    def timed(self, x: torch.Tensor, peers: torch.Tensor | None) -> Timed:
+        """Rank 0's launch over sets of token ids its shard holds; it moves R rows of the table, the peers'
+        partials, its own partial (written and read) and H."""
+        launch, table = self.launch, self.shards[0]
+        R, D, hc = self.rows, self.spec.hidden, self.spec.mhc.streams
+        out = torch.empty(R, hc, D, dtype=torch.bfloat16, device=self.device)
+        call = lambda c: launch(c["tokens"], table, peers, out=out, check=False)
+        row_bytes = R * D * table.element_size()
+        moved = row_bytes + 2 * R * D * 4 + nbytes(out) + (nbytes(peers) if peers is not None else 0)
+        return Timed(call, self.token_sets, row_bytes, moved, "token ids (each set gathers R other rows)")
+
+    def stock(self, x: torch.Tensor, peers: torch.Tensor | None) -> Timed:
+        """Rank 0's embedding as stock PyTorch ops in bf16, the peers' partials added."""
+        from glm53ctl.kernels.ops.embed.naive import embed_partial, streams
+
+        num, table, hc = bf16_numerics(), self.shards[0], self.spec.mhc.streams
+        others = list(peers.unbind(0)) if peers is not None else []
+
+        def call(c):
+            h = embed_partial(c["tokens"], table, 0, num)
+            for p in others:
+                h = h + p.to(h.dtype)
+            return streams(h, hc, num)
+
+        t = self.timed(x, peers)
+        return Timed(call, self.token_sets, t.stream_bytes, t.nbytes, t.what)
 
     def inputs(self, seed: int, steps: int = 1, tokens: tuple[int, ...] | None = None) -> list[torch.Tensor]:
         gen = Inputs(self.spec, seed, FP32)

@@ -11,6 +11,7 @@ from glm53ctl.kernels.runtime.device import (
     finish,
     launch_epoch,
     next_task,
+    pdl_enter,
     publish,
     runtime_buffers,
     task_row,
@@ -49,8 +50,11 @@ def embed_kernel(
     INTERPRET: tl.constexpr,
     POLL: tl.constexpr,
     THREADS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     rt = runtime_buffers(ctl, flags, boxes, errs, tasks, wait_kind, wait_index, wait_count, pub_slot)
+    if PDL:  # a stage of separate-pdl: the token ids are the launch's input, so nothing to ask for first
+        pdl_enter(INTERPRET)
     epoch = launch_epoch(ctl, INTERPRET)
     n_done = 0
     task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from glm53ctl.kernels.harness import Inputs, KindHarness
+from glm53ctl.kernels.harness import Inputs, KindHarness, Timed, bf16_numerics, cloned, nbytes
 from glm53ctl.kernels.kinds.tail.launch import TailLaunch
 from glm53ctl.kernels.kinds.task_types import TAIL_GATHER, TAIL_LM_HEAD, TAIL_NORM
 from glm53ctl.kernels.numerics import FP32
@@ -45,6 +45,29 @@ class TailHarness(KindHarness):
             logits = torch.full((self.rows, self.launch.width), float("nan"), device=self.device)
         logits = self.launch(x, self.norm, self.shards[0], peers, out=logits, **guard)
         return {"h_hat": self.launch.h_hat[: self.rows].clone(), "logits": logits}
+
+    def timed(self, x: torch.Tensor, peers: torch.Tensor | None) -> Timed:
+        """Rank 0's launch on copies of its lm_head shard; it moves the shard, H, the norm weight, the peers'
+        logits and the logits it writes."""
+        x, launch = x.to(self.device), self.launch
+        out = torch.empty(self.rows, launch.width, dtype=torch.float32, device=self.device)
+        call = lambda c: launch(x, self.norm, c["lm_head"], peers, out=out, check=False)
+        moved = nbytes(self.shards[0], x, self.norm, out) + (nbytes(peers) if peers is not None else 0)
+        return Timed(call, cloned({"lm_head": self.shards[0]}), nbytes(self.shards[0]), moved, "rank 0's lm_head")
+
+    def stock(self, x: torch.Tensor, peers: torch.Tensor | None) -> Timed:
+        """Rank 0's tail as stock PyTorch ops in bf16, the peers' logits gathered."""
+        from glm53ctl.kernels.ops.tail.naive import final_norm, logits_shard
+
+        x, num, eps = x.to(self.device), bf16_numerics(), self.spec.model.rms_norm_eps
+        others = list(peers.unbind(0)) if peers is not None else []
+
+        def call(w):
+            h_hat = final_norm(x, self.norm, eps, num)
+            return torch.cat([logits_shard(h_hat, w["lm_head"], num).float(), *others], dim=-1)
+
+        lm = self.shard("lm_head.weight", 0)
+        return Timed(call, cloned({"lm_head": lm}), nbytes(lm), self.timed(x, peers).nbytes, "rank 0's lm_head")
 
     def inputs(self, seed: int, steps: int = 1, tokens=None) -> list[torch.Tensor]:
         gen = Inputs(self.spec, seed, FP32)

@@ -12,6 +12,7 @@ from glm53ctl.kernels.runtime.device import (
     finish,
     launch_epoch,
     next_task,
+    pdl_enter,
     prefetch_l2,
     publish,
     runtime_buffers,
@@ -58,8 +59,16 @@ def tail_kernel(
     GATHER_COLS: tl.constexpr,
     NORM_FOLD: tl.constexpr,
     M: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     rt = runtime_buffers(ctl, flags, boxes, errs, tasks, wait_kind, wait_index, wait_count, pub_slot)
+    if PDL:  # a stage of separate-pdl: ask for this program's first weights while the launch before ends
+        first = task_row(rt, tl.minimum(tl.program_id(0), n_tasks - 1))
+        if first[0] == TAIL_LM_HEAD:
+            o_n = tl.minimum(first[1] + tl.arange(0, BLOCK_N), V_LOCAL - 1)
+            o_l = tl.arange(0, D * 2 // 128) * 64
+            prefetch_l2(lm_w + o_n[:, None].to(tl.int64) * D + o_l[None, :])
+        pdl_enter(INTERPRET)
     epoch = launch_epoch(ctl, INTERPRET)
     n_done = 0
     task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET)

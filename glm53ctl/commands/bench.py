@@ -1,0 +1,253 @@
+"""`glm53ctl bench`: µs per launch against the copy-bandwidth floor, beside baselines and another git ref
+(docs/design.md §8; tuning/bench.py measures)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from glm53ctl.commands import Command
+from glm53ctl.commands.build import parse_list
+from glm53ctl.errors import CheckFailed, UsageError
+from glm53ctl.output import Output, Progress, err_console
+
+BASELINES = ("separate", "separate-pdl", "torch", "compile", "defaults")
+
+
+def register(app: typer.Typer) -> None:
+    app.command(name="bench", cls=Command)(bench)
+
+
+def bench(
+    model: Annotated[str, typer.Option("--model", "-m", help="Model.")] = "glm53_flash",
+    kind: Annotated[str | None, typer.Option("--kind", "-k", help="Kinds (default: every kind with kernels).")] = None,
+    tp: Annotated[str | None, typer.Option("--tp", help="TP widths, e.g. 4,8 (default: 1,2,4,8).")] = None,
+    rows: Annotated[str | None, typer.Option("--rows", help="Rows, e.g. 1,8 (default: 1,2,4,8).")] = None,
+    knobs: Annotated[
+        str | None,
+        typer.Option("--knobs", metavar="K=V,...", help="Time this knob set (over the tuned file and defaults)."),
+    ] = None,
+    baseline: Annotated[
+        str | None,
+        typer.Option(
+            "--baseline",
+            metavar="B,...",
+            help="Timed beside the launch in alternating rounds: separate (one launch per stage), separate-pdl "
+            "(the same chained by programmatic dependent launch), torch (stock ops in bf16, CUDA graph), compile "
+            "(torch.compile, CUDA graph), defaults (the registry's knobs, not the tuned file's).",
+        ),
+    ] = None,
+    against: Annotated[
+        str | None,
+        typer.Option("--against", metavar="REF", help="A git ref (or a tree's folder): its launches, A B B A."),
+    ] = None,
+    cache: Annotated[Path, typer.Option("--cache", metavar="DIR", help="Where --against keeps worktrees.")] = Path(
+        "build"
+    ),
+    trace: Annotated[
+        bool, typer.Option("--trace", help="Where a launch's time goes: task types, stages, path.")
+    ] = False,
+    rounds: Annotated[int, typer.Option("--rounds", min=3, help="Graph replays (and A B B A rounds) per figure.")] = 15,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the inputs.")] = 0,
+    save: Annotated[
+        Path | None, typer.Option("--save", metavar="DIR", help="Write the raw JSON, with the environment, here.")
+    ] = None,
+    markdown: Annotated[
+        bool, typer.Option("--markdown", help="A markdown table on stdout (for a pull request).")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Results as JSON on stdout.")] = False,
+) -> None:
+    """Time launches: µs per launch, bytes moved, the floor at the copy bandwidth and % of it; beside baselines
+    and another git ref. Needs a GPU. Exits 1 when --against REF is faster beyond the noise."""
+    from glm53ctl.kernels.kinds import kernel_kinds
+    from glm53ctl.kernels.spec import ROWS, TP_WIDTHS, load_model
+    from glm53ctl.tuning.knobs import check_knobs, parse_knobs
+
+    if as_json and markdown:
+        raise UsageError("--json and --markdown: choose one")
+    kinds = parse_list("--kind", kind, kernel_kinds())
+    tps = parse_list("--tp", tp, TP_WIDTHS, int)
+    rowss = parse_list("--rows", rows, ROWS, int)
+    baselines = parse_list("--baseline", baseline, BASELINES) if baseline is not None else []
+    spec = load_model(model)
+    for t in tps:
+        spec.check_tp(t)
+    overrides = {k: parse_knobs(knobs, k) for k in kinds}
+    for k, v in overrides.items():
+        check_knobs(k, v)
+    if save is not None and save.exists() and not save.is_dir():
+        raise UsageError(f"--save {save}: not a folder")
+    command = "glm53ctl " + shlex.join(sys.argv[1:]) if sys.argv[0].endswith("glm53ctl") else shlex.join(sys.argv)
+    ref_sha = _resolve_ref(against) if against is not None else None
+
+    from glm53ctl.tuning.bench import environment_ok
+
+    environment_ok()  # exit 2 without a GPU, before anything is built
+    from glm53ctl.kernels.weights import Weights
+    from glm53ctl.tuning import measure
+    from glm53ctl.tuning.bench import bench_key
+
+    ref_tree = _checkout(against, cache) if against is not None else None
+    err_console.print(f"bench {model}: warming clocks, measuring the copy bandwidth")
+    measure.warm_clocks()
+    bw = measure.copy_bandwidth()
+    err_console.print(f"  copy bandwidth {bw:.3f} TB/s")
+    weights = Weights(spec, seed=0, device="cuda")
+    keys = [(k, t, r) for k in kinds for t in tps for r in rowss]
+    progress = Progress(len(keys))
+    results = []
+    for k, t, r in keys:
+        row = bench_key(weights, k, t, r, overrides[k], baselines, rounds, seed, bw, trace)
+        if ref_tree is not None:
+            from glm53ctl.kernels.checks import key_name, key_seed
+            from glm53ctl.worktree import this_tree
+
+            s = key_seed(seed, key_name(model, k, t, r))
+            row["against"] = _against(this_tree(), ref_tree, model, k, t, r, overrides[k], s, rounds)
+        results.append(row)
+        err_console.print(progress.line(_summary_line(row)))
+    env = measure.environment(command)
+    doc = {
+        "environment": env,
+        "code_digest": measure.code_digest(),
+        "model": model,
+        "copy_tb_s": bw,
+        "rounds": rounds,
+        "against": {"ref": against, "sha": ref_sha} if against else None,
+        "keys": results,
+    }
+    if save is not None:
+        _save(save, doc)
+    o = Output(as_json)
+    o.json(doc)
+    if markdown:
+        sys.stdout.write(to_markdown(doc))
+    else:
+        cols, table = _table(results, baselines, against)
+        o.table(f"bench {model} on {env['gpu_name']} (copy {bw:.2f} TB/s)", cols, table)
+    if trace and not as_json:
+        for r in results:
+            sys.stdout.write(
+                f"\n{r['kind']} TP{r['tp']} r{r['rows']}: traced launch\n" + format_trace(r["trace"]) + "\n"
+            )
+    slower = [r for r in results if r.get("against", {}).get("verdict") == "slower"]
+    if slower:
+        names = ", ".join(f"{r['kind']} TP{r['tp']} r{r['rows']}" for r in slower)
+        raise CheckFailed(f"{against} is faster beyond the noise at {len(slower)} of {len(results)} keys: {names}")
+
+
+def _resolve_ref(against: str) -> str:
+    """The ref's commit (a usage error, exit 2, for a ref git does not know), or the folder given."""
+    from glm53ctl.worktree import repo_root, resolve
+
+    if "/" in against or against.startswith("."):
+        if not (Path(against) / "glm53ctl" / "__init__.py").is_file():
+            raise UsageError(f"--against {against}: not a glm53ctl tree (no glm53ctl/__init__.py)")
+        return f"tree {Path(against).name}"
+    return resolve(against, repo_root())
+
+
+def _checkout(against: str, cache: Path) -> Path:
+    from glm53ctl.worktree import checkout
+
+    tree, _ = checkout(against, cache)
+    return tree
+
+
+def _against(this: Path, ref: Path, model, kind, tp, rows, knobs, seed, rounds) -> dict:
+    from glm53ctl.tuning.ab import against
+
+    return against(this, ref, model, kind, tp, rows, knobs, seed, rounds)
+
+
+def _summary_line(r: dict) -> str:
+    line = f"{r['kind']} TP{r['tp']} r{r['rows']}: {r['us']:.1f} us"
+    if "pct_copy" in r:
+        line += f", {r['pct_copy']:.1f}% of copy BW (floor {r['floor_us']:.1f} us)"
+    for name, b in r["baselines"].items():
+        line += f"; {name} {b['us']:.1f} us ({b['ratio']:.2f}x)"
+    if "against" in r:
+        a = r["against"]
+        line += f"; ref {a['ref_us']:.1f} us, this/ref {a['ratio']:.4f} ({a['verdict']})"
+    return line
+
+
+def _table(results: list[dict], baselines: list[str], against: str | None):
+    cols = ["key", "µs", "floor µs", "% copy", "MB"] + [f"{b} µs (×)" for b in baselines]
+    if against:
+        cols += [f"{against} µs", "this/ref [95% CI]", "δ", "verdict"]
+    rows = []
+    for r in results:
+        row = [f"{r['kind']} TP{r['tp']} r{r['rows']}", f"{r['us']:.1f}", f"{r.get('floor_us', 0):.1f}"]
+        row += [f"{r.get('pct_copy', 0):.1f}", f"{r['bytes'] / 1e6:.1f}"]
+        for b in baselines:
+            v = r["baselines"][b]
+            bits = "" if v.get("bitwise_equal", True) else " NOT BITWISE"
+            row.append(f"{v['us']:.1f} ({v['ratio']:.2f}×){bits}")
+        if against:
+            a = r["against"]
+            lo, hi = a["ratio_ci"]
+            row += [f"{a['ref_us']:.1f}", f"{a['ratio']:.4f} [{lo:.4f}, {hi:.4f}]", f"{a['delta']:.3f}", a["verdict"]]
+        rows.append(row)
+    return cols, rows
+
+
+def to_markdown(doc: dict) -> str:
+    """The results as a markdown table with the environment, for a pull request or docs/perf/."""
+    e = doc["environment"]
+    results = doc["keys"]
+    baselines = list(results[0]["baselines"]) if results else []
+    against = doc["against"]["ref"] if doc.get("against") else None
+    cols, rows = _table(results, baselines, against)
+    lines = [
+        f"`{e['command']}`",
+        "",
+        f"{e['gpu_name']} (sm {e['gpu_capability']}), driver {e['driver']}, CUDA {e['cuda']}, torch {e['torch']}, "
+        f"Triton {e['triton']}; git {e['git_sha'][:12]}{' (dirty)' if e['git_dirty'] else ''}, code digest "
+        f"`{doc['code_digest']}`; {e['date']}. Copy bandwidth {doc['copy_tb_s']:.3f} TB/s in the same run. "
+        f"Ratios: baseline / launch (above 1: the launch is faster)"
+        + ("; this / ref (below 1: this tree is faster)." if against else "."),
+        "",
+        "| " + " | ".join(cols) + " |",
+        "|" + "---|" * len(cols),
+    ]
+    lines += ["| " + " | ".join(map(str, r)) + " |" for r in rows]
+    rot = sorted({f"{r['kind']}: {r['copies']} copies of {r['rotates']}" for r in results})
+    lines += ["", "Rotated past the L2: " + "; ".join(rot) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def format_trace(t: dict) -> str:
+    """A traced launch: per stage, then per task type and the critical path (runtime/trace.py)."""
+    from glm53ctl.kernels.runtime.trace import format_summary
+
+    lines = [
+        "| stage | tasks | first claim µs | last publish µs | mean wait µs | mean work µs |",
+        "|---|---|---|---|---|---|",
+    ]
+    for s in t["stages"]:
+        lines.append(
+            f"| {s['stage']} | {s['tasks']} | {s['first_claim']:.1f} | {s['last_done']:.1f} | {s['wait']:.1f} | "
+            f"{s['work']:.1f} |"
+        )
+    return "\n".join(lines) + "\n" + format_summary(t)
+
+
+def _save(folder: Path, doc: dict) -> None:
+    from glm53ctl.files import write_atomic_with
+
+    folder.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H%M%S")
+    path = folder / f"bench-{doc['model']}-{stamp}.json"
+
+    def write(tmp: Path) -> None:
+        tmp.write_text(json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n")
+
+    write_atomic_with(path, write)
+    err_console.print(f"saved {path}")

@@ -1,0 +1,198 @@
+"""`glm53ctl tune`: Optuna studies over each key's knobs, and the keep rule (docs/design.md §8; tuning/tune.py)."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from glm53ctl.commands import Command
+from glm53ctl.commands.build import parse_list
+from glm53ctl.errors import UsageError
+from glm53ctl.output import Output, err_console, print_warning
+
+
+def register(app: typer.Typer) -> None:
+    app.command(name="tune", cls=Command)(tune)
+
+
+def tune(
+    tp: Annotated[str, typer.Option("--tp", help="TP widths, e.g. 4 or 1,2,4,8.")],
+    rows: Annotated[str, typer.Option("--rows", help="Rows, e.g. 2 or 1,2,8.")],
+    kind: Annotated[str | None, typer.Option("--kind", "-k", help="Kinds (default: every kind with kernels).")] = None,
+    model: Annotated[str, typer.Option("--model", "-m", help="Model.")] = "glm53_flash",
+    trials: Annotated[int, typer.Option("--trials", min=1, help="Finished trials per study (all runs together).")] = 30,
+    space: Annotated[
+        str | None, typer.Option("--space", metavar="KNOB,...", help="Search only these knobs (default: all).")
+    ] = None,
+    storage: Annotated[
+        str | None,
+        typer.Option(
+            "--storage",
+            metavar="URL",
+            help="Optuna storage: a database URL (sqlite:///f.db, postgresql://...) or a journal file (*.log); "
+            "default sqlite:///build/tune/studies.db.",
+        ),
+    ] = None,
+    study: Annotated[
+        str | None, typer.Option("--study", metavar="NAME", help="Study name (default: per key, space and code).")
+    ] = None,
+    search_only: Annotated[
+        bool, typer.Option("--search-only", help="A worker: add trials to the shared study, decide nothing.")
+    ] = False,
+    top: Annotated[int, typer.Option("--top", min=1, help="Best trials re-measured against the default.")] = 3,
+    rounds: Annotated[int, typer.Option("--rounds", min=3, help="A B B A rounds per comparison.")] = 15,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the sampler and of the inputs.")] = 0,
+    write: Annotated[
+        bool, typer.Option("--write", help="Write configs/tuned/<model>/tp<T>.json and a CHANGELOG line.")
+    ] = False,
+    plots: Annotated[
+        Path | None, typer.Option("--plots", metavar="DIR", help="The study's history and knob importances (PNG).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Results as JSON on stdout.")] = False,
+) -> None:
+    """Search each key's knobs with Optuna; keep a knob only where it measures faster (docs/knobs.md)."""
+    from glm53ctl.kernels.kinds import kernel_kinds
+    from glm53ctl.kernels.spec import ROWS, TP_WIDTHS, load_model
+    from glm53ctl.tuning.knobs import kind_knobs
+
+    kinds = parse_list("--kind", kind, kernel_kinds())
+    tps = parse_list("--tp", tp, TP_WIDTHS, int)
+    rowss = parse_list("--rows", rows, ROWS, int)
+    spec = load_model(model)
+    for t in tps:
+        spec.check_tp(t)
+    names = [n.strip() for n in space.split(",") if n.strip()] if space else None
+    from glm53ctl.tuning.tune import space_of
+
+    spaces = {k: space_of(kind_knobs(k), names) for k in kinds}
+    if study and len(kinds) * len(tps) * len(rowss) > 1:
+        raise UsageError("--study names one study: give one --kind, --tp and --rows with it")
+    if write and search_only:
+        raise UsageError("--write and --search-only: a worker decides nothing, so writes nothing")
+    if plots is not None and plots.exists() and not plots.is_dir():
+        raise UsageError(f"--plots {plots}: not a folder")
+    url = storage or "sqlite:///build/tune/studies.db"
+    command = "glm53ctl " + shlex.join(sys.argv[1:]) if sys.argv[0].endswith("glm53ctl") else shlex.join(sys.argv)
+
+    from glm53ctl.tuning import measure
+    from glm53ctl.tuning import tune as tuning
+    from glm53ctl.tuning.bench import environment_ok, gpu_count
+
+    if url.startswith("sqlite:///"):
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    if plots is not None and not gpu_count():  # the studies a GPU ran, plotted here from their storage
+        code = measure.code_digest()
+        keys = [(k, t, r) for k in kinds for t in tps for r in rowss]
+        for k, t, r in keys:
+            name = study or tuning.study_name(model, k, t, r, spaces[k], code)
+            _plots(_load_study(tuning.storage_of(url), name, url), plots)
+        return
+    environment_ok()
+    from glm53ctl.kernels.weights import Weights
+
+    store = tuning.storage_of(url)
+    measure.warm_clocks()
+    weights = Weights(spec, seed=0, device="cuda")
+    code = measure.code_digest()
+    results = []
+    for k in kinds:
+        for t in tps:
+            for r in rowss:
+                where = f"at TP{t} rows {r}"
+                name = study or tuning.study_name(model, k, t, r, spaces[k], code)
+                err_console.print(f"tune {k} TP{t} rows {r}: study {name} ({url})")
+                ev = tuning.GpuEvaluator(weights, k, t, r, seed)
+                s = tuning.search(ev, ev.default, spaces[k], store, name, trials, seed, on_trial=_progress(trials))
+                if plots is not None:
+                    _plots(s, plots)
+                if search_only:
+                    continue
+                res = tuning.decide(ev, s, ev.default, spaces[k], top, rounds, where)
+                for d in res.decisions:
+                    err_console.print(f"  {d.reason}")
+                results.append({"kind": k, "tp": t, "rows": r, "storage": url} | res.to_json())
+                del ev
+    if search_only:
+        return
+    env = measure.environment(command, study=study, seed=seed)
+    if write:
+        from glm53ctl.tuning.write import write_results
+
+        for path in write_results(model, results, env):
+            err_console.print(f"wrote {path}")
+    o = Output(as_json)
+    o.json({"environment": env, "code_digest": code, "model": model, "keys": results})
+    o.table(
+        f"tune {model}",
+        ["key", "trials", "default µs", "kept", "µs", "ratio [95% CI]", "dropped"],
+        [_row(r) for r in results],
+    )
+
+
+def _row(r: dict) -> list:
+    e = r["evidence"]
+    kept = ", ".join(f"{n}={v}" for n, v in r["kept"].items()) or "defaults"
+    ratio = f"{e['ratio']:.4f} [{e['ratio_ci'][0]:.4f}, {e['ratio_ci'][1]:.4f}]" if e else "-"
+    dropped = "; ".join(d["reason"] for d in r["decisions"] if not d["kept"]) or "-"
+    t = r["trials"]
+    trials = f"{t['complete']} timed, {t['rejected']} rejected, {t['same_launch']} same launch"
+    default_us = f"{r['default_us']:.1f}" if r["default_us"] else "-"
+    us = f"{e['chosen_us']:.1f}" if e else default_us
+    return [f"{r['kind']} TP{r['tp']} r{r['rows']}", trials, default_us, kept, us, ratio, dropped]
+
+
+def _progress(trials: int):
+    def report(study, trial) -> None:
+        from optuna.trial import TrialState
+
+        what = f"{trial.value:.1f} us" if trial.state == TrialState.COMPLETE else trial.user_attrs.get("rejected", "")
+        if "same_as" in trial.user_attrs:
+            what += f" (the launch of trial {trial.user_attrs['same_as']})"
+        try:
+            best = f"best {study.best_value:.1f} us (trial {study.best_trial.number})"
+        except ValueError:
+            best = "no trial timed yet"
+        params = ", ".join(f"{n}={v}" for n, v in trial.params.items())
+        err_console.print(f"  trial {trial.number + 1}/{trials} [{params}]: {what}; {best}")
+
+    return report
+
+
+def _load_study(store, name: str, url: str):
+    import optuna
+
+    try:
+        return optuna.load_study(study_name=name, storage=store)
+    except KeyError:
+        names = ", ".join(optuna.get_all_study_names(store)) or "none"
+        raise UsageError(f"no study {name!r} in {url}", hint=f"its studies: {names} (--study NAME picks one)") from None
+
+
+def _plots(study, folder: Path) -> None:
+    """The study's history and the knobs' importances as PNG files (matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        from optuna.visualization import matplotlib as plot
+    except ImportError:
+        raise UsageError("--plots needs matplotlib", hint="pip install matplotlib") from None
+    import warnings
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # optuna marks its matplotlib plots experimental
+        for what, draw in (("history", plot.plot_optimization_history), ("importances", plot.plot_param_importances)):
+            try:
+                ax = draw(study)
+            except (ValueError, RuntimeError) as e:  # importances need two knobs and trials that vary them
+                print_warning(f"--plots: no {what} plot for {study.study_name}: {e}")
+                continue
+            path = folder / f"{study.study_name}-{what}.png"
+            ax.figure.savefig(path, dpi=110, bbox_inches="tight")
+            matplotlib.pyplot.close(ax.figure)
+            err_console.print(f"plotted {path}")

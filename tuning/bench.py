@@ -1,0 +1,179 @@
+"""`glm53ctl bench`: µs per launch of a key against the copy-bandwidth floor, beside its baselines and another
+tree (docs/design.md §8). Built on tuning/measure.py; a kind is benched through its harness (`timed`, `stock`:
+kernels/harness.py), so a kind added to the registry is benched with no change here.
+
+- µs per launch: a CUDA graph of launches over rotated copies of what a launch streams (each copy comes back
+  only after more than twice the L2 has streamed), replayed; the median over rounds.
+- The floor: every byte the launch moves over the copy bandwidth measured in the same run.
+- Baselines, each timed in alternating rounds with the launch (A B B A), the ratio baseline / launch with its
+  bootstrap interval: `separate` (the same task bodies, one launch per stage), `separate-pdl` (the same chained
+  by programmatic dependent launch), `torch` (rank 0's share of the math as stock PyTorch ops in bf16, in a
+  CUDA graph), `compile` (the same through `torch.compile`, then a CUDA graph), `defaults` (the launch with the
+  registry's knob defaults, not the tuned file's).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import replace
+
+import torch
+
+from glm53ctl.kernels.checks import key_name, key_seed, make_harness
+from glm53ctl.tuning import measure
+
+BASELINES = ("separate", "separate-pdl", "torch", "compile", "defaults")
+# at least this many launches per graph replay, so a replay's own cost stays small beside them
+MIN_LAUNCHES = 40
+
+
+def timer_for(t, min_launches: int = MIN_LAUNCHES):
+    """A timer (µs per launch, one graph replay a call) of a harness's `Timed`, and how many copies it rotates."""
+    n = measure.rotations(t.stream_bytes)
+    copies = t.copies(n)
+
+    def launches() -> None:
+        for c in copies:
+            t.call(c)
+
+    replay = measure.graph_timer(launches, inner=max(1, math.ceil(min_launches / n)))
+    return (lambda: replay() / n), n
+
+
+def variant(k, x, peers, which: str):
+    """The `Timed` of one baseline of harness k (the launch itself for "launch")."""
+    if which == "launch":
+        return k.timed(x, peers)
+    if which == "separate":
+        return k.separate().timed(x, peers)
+    if which == "separate-pdl":
+        return k.separate(pdl=True).timed(x, peers)
+    if which == "torch":
+        return k.stock(x, peers)
+    if which == "compile":
+        t = k.stock(x, peers)
+        return replace(t, call=torch.compile(t.call, dynamic=False))
+    raise ValueError(f"unknown baseline {which!r}")
+
+
+def _same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
+
+
+def bench_key(
+    weights,
+    kind: str,
+    tp: int,
+    rows: int,
+    knobs: dict | None,
+    baselines=(),
+    rounds: int = 15,
+    seed: int = 0,
+    copy_tb_s: float | None = None,
+    trace: bool = False,
+) -> dict:
+    """One key's launch: µs (median of `rounds` graph replays), bytes, floor and % of the copy bandwidth, and
+    each baseline timed in alternating rounds with it (ratio baseline / launch: above 1, the launch is faster).
+    The separate launches are checked bit for bit against the launch first."""
+    from glm53ctl.tuning.knobs import defaults
+
+    k = make_harness(weights, kind, tp, rows, knobs, "cuda")
+    x = k.inputs(key_seed(seed, key_name(weights.spec.name, kind, tp, rows)))[0]
+    peers = k.peer_partials(x)
+    out = k(x, peers)  # compiles; the peers' partials in place
+    out = {n: t.clone() for n, t in out.items()}
+    main = k.timed(x, peers)
+    launch_timer, copies = timer_for(main)
+    rounds_us = [launch_timer() for _ in range(rounds)]
+    us = sorted(rounds_us)[len(rounds_us) // 2]
+    row = {
+        "kind": kind,
+        "tp": tp,
+        "rows": rows,
+        "knobs": k.knobs,
+        "tasks": k.launch.table.n_tasks,
+        "us": us,
+        "rounds_us": rounds_us,
+        "bytes": main.nbytes,
+        "copies": copies,
+        "rotates": main.what,
+    }
+    if copy_tb_s:
+        row["floor_us"] = measure.floor_us(main.nbytes, copy_tb_s)
+        row["pct_copy"] = 100 * row["floor_us"] / us
+    row["baselines"] = {}
+    for which in baselines:
+        if which == "defaults":
+            kb = make_harness(weights, kind, tp, rows, defaults(kind), "cuda")
+            kb(x, peers)
+            t = kb.timed(x, peers)
+            extra = {"knobs_equal": kb.knobs == k.knobs}
+        else:
+            kb, extra = k, {}
+            if which.startswith("separate"):
+                sep = k.separate(pdl=which == "separate-pdl")
+                extra = {"bitwise_equal": _same(out, {n: t.clone() for n, t in sep(x, peers).items()})}
+            t = variant(k, x, peers, which)
+        base_timer, _ = timer_for(t)
+        r = measure.ratio(*measure.ab_rounds(launch_timer, base_timer, rounds))
+        row["baselines"][which] = {"us": r["b_us"], "ratio": r["ratio"], "ratio_ci": r["ratio_ci"]} | extra
+        del t, kb
+    if trace:
+        row["trace"] = trace_key(k, x, peers)
+    return row
+
+
+def trace_key(k, x, peers) -> dict:
+    """Where one launch's time goes (runtime/trace.py): per task type and per stage (the separate launches'
+    grouping) the first claim, last publish, mean wait and work, and the critical path. Needs a launch with a
+    traced build (`tracing`)."""
+    from glm53ctl.errors import UsageError
+    from glm53ctl.kernels.runtime.trace import summarize
+
+    launch = k.launch
+    if not hasattr(launch, "tracing"):
+        raise UsageError(f"{k.kind} has no traced build yet", hint="--trace works for kinds whose launch has one")
+    launch.tracing = True
+    try:
+        k(x, peers)
+        k(x, peers)  # the first traced launch compiles
+        s = summarize(launch.table, launch.buf["trace"])
+    finally:
+        launch.tracing = False
+    from glm53ctl.kernels.kinds.task_types import TYPE_NAMES
+
+    stages = []
+    for group in k.STAGES:
+        names = [TYPE_NAMES[int(t)] for t in group]
+        parts = [s["types"][n] for n in names if n in s["types"]]
+        if parts:
+            stages.append(
+                {
+                    "stage": "+".join(names),
+                    "tasks": sum(p["n"] for p in parts),
+                    "first_claim": min(p["first_claim"] for p in parts),
+                    "last_done": max(p["last_done"] for p in parts),
+                    "wait": sum(p["wait"] * p["n"] for p in parts) / sum(p["n"] for p in parts),
+                    "work": sum(p["work"] * p["n"] for p in parts) / sum(p["n"] for p in parts),
+                }
+            )
+    return s | {"stages": stages}
+
+
+def verdict_exit(this_vs_ref: dict, delta: float) -> bool:
+    """True where this tree is slower than REF beyond the noise: `bench --against` then exits 1."""
+    return measure.verdict(this_vs_ref["ratio_ci"], delta) == "slower"
+
+
+def gpu_count() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def environment_ok() -> None:
+    """bench and tune time on a GPU: without one, a clear error (exit 2)."""
+    if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
+        raise measure.NeedsGPU(
+            f"timing needs a CUDA GPU; torch {torch.__version__} sees none",
+            hint="run bench and tune on a GPU machine (the interpreter's times mean nothing)",
+        )
