@@ -128,12 +128,11 @@ def trace_key(k, x, peers) -> dict:
     """Where one launch's time goes (runtime/trace.py): per task type and per stage (the separate launches'
     grouping) the first claim, last publish, mean wait and work, and the critical path. Needs a launch with a
     traced build (`tracing`)."""
-    from glm53ctl.errors import UsageError
     from glm53ctl.kernels.runtime.trace import summarize
 
     launch = k.launch
     if not hasattr(launch, "tracing"):
-        raise UsageError(f"{k.kind} has no traced build yet", hint="--trace works for kinds whose launch has one")
+        return None  # no traced build of this kind yet (bench says so)
     launch.tracing = True
     try:
         k(x, peers)
@@ -159,6 +158,57 @@ def trace_key(k, x, peers) -> dict:
                 }
             )
     return s | {"stages": stages}
+
+
+def _compile(job: tuple) -> str:
+    """One key's kernels compiled into Triton's cache (and Inductor's, for baselines that use torch.compile), in
+    a worker process: the launch's (and its peers') at these knobs, then each baseline run once."""
+    model, kind, tp, rows, knobs, baselines = job
+    from glm53ctl.kernels.kinds import get_kind
+    from glm53ctl.kernels.spec import load_model
+    from glm53ctl.tuning.knobs import defaults, resolve_grid
+
+    spec = load_model(model)
+    full = resolve_grid(defaults(kind) | knobs, "cuda")
+    for _, la in get_kind(kind).load_harness().build_launches(spec, tp, rows, full):
+        args = {n: (v.to("cuda") if isinstance(v, torch.Tensor) else v) for n, v in la.placeholder_args().items()}
+        la.kernel.warmup(**args, **la.constexprs(), **la.options(), grid=(la.grid,))
+    others = [b for b in baselines if b != "defaults"]
+    if others:
+        from glm53ctl.kernels.weights import Weights
+
+        k = make_harness(Weights(spec, seed=0, device="cuda"), kind, tp, rows, full, "cuda")
+        x = k.inputs(0)[0]
+        peers = k.peer_partials(x)
+        for b in others:
+            t = variant(k, x, peers, b)
+            t.call(t.copies(1)[0])
+    torch.cuda.synchronize()
+    return f"{kind} TP{tp} r{rows}"
+
+
+def precompile(jobs: list[tuple], workers: int, log=None) -> None:
+    """Compile many keys' kernels at once, in `workers` processes sharing Triton's (and Inductor's) on-disk
+    caches, before anything is timed: a launch compiles in seconds to tens of seconds, serially the larger
+    part of a tune or a bench. jobs: (model, kind, tp, rows, knobs, baselines)."""
+    import multiprocessing
+    import time
+    from concurrent.futures import ProcessPoolExecutor
+
+    jobs = list(dict.fromkeys(jobs))  # hashable: knobs and baselines as tuples
+    if workers <= 1 or len(jobs) <= 1:
+        return
+    start = time.monotonic()
+    ctx = multiprocessing.get_context("spawn")  # CUDA in each worker
+    with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=ctx) as pool:
+        list(pool.map(_compile, [(m, k, t, r, dict(kn), b) for m, k, t, r, kn, b in jobs]))
+    if log:
+        log(f"  compiled {len(jobs)} launches in {time.monotonic() - start:.0f} s ({workers} processes)")
+
+
+def compile_workers() -> int:
+    """Compile processes: the cores but two (one for the timing process, one for the system)."""
+    return max(1, (os.cpu_count() or 2) - 2)
 
 
 def verdict_exit(this_vs_ref: dict, delta: float) -> bool:

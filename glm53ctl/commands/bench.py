@@ -58,6 +58,9 @@ def bench(
     save: Annotated[
         Path | None, typer.Option("--save", metavar="DIR", help="Write the raw JSON, with the environment, here.")
     ] = None,
+    jobs_: Annotated[
+        int, typer.Option("--jobs", "-j", help="Processes compiling the keys first (default: the cores but two).")
+    ] = 0,
     markdown: Annotated[
         bool, typer.Option("--markdown", help="A markdown table on stdout (for a pull request).")
     ] = False,
@@ -83,7 +86,7 @@ def bench(
         check_knobs(k, v)
     if save is not None and save.exists() and not save.is_dir():
         raise UsageError(f"--save {save}: not a folder")
-    command = "glm53ctl " + shlex.join(sys.argv[1:]) if sys.argv[0].endswith("glm53ctl") else shlex.join(sys.argv)
+    command = "glm53ctl " + shlex.join(sys.argv[1:])  # as typed, whether run as glm53ctl or python -m glm53ctl
     ref_sha = _resolve_ref(against) if against is not None else None
 
     from glm53ctl.tuning.bench import environment_ok
@@ -100,6 +103,16 @@ def bench(
     err_console.print(f"  copy bandwidth {bw:.3f} TB/s")
     weights = Weights(spec, seed=0, device="cuda")
     keys = [(k, t, r) for k in kinds for t in tps for r in rowss]
+    from glm53ctl.tuning.bench import compile_workers, precompile
+    from glm53ctl.tuning.knobs import defaults
+
+    jobs = []
+    for k, t, r in keys:
+        knobs_now = _knobs_in_force(model, k, t, r, overrides[k])
+        jobs.append((model, k, t, r, tuple(sorted(knobs_now.items())), tuple(baselines)))
+        if "defaults" in baselines:
+            jobs.append((model, k, t, r, tuple(sorted(defaults(k).items())), ()))
+    precompile(jobs, jobs_ or compile_workers(), err_console.print)
     progress = Progress(len(keys))
     results = []
     for k, t, r in keys:
@@ -133,6 +146,9 @@ def bench(
         o.table(f"bench {model} on {env['gpu_name']} (copy {bw:.2f} TB/s)", cols, table)
     if trace and not as_json:
         for r in results:
+            if r["trace"] is None:
+                sys.stdout.write(f"\n{r['kind']}: no traced build of this kind yet\n")
+                continue
             sys.stdout.write(
                 f"\n{r['kind']} TP{r['tp']} r{r['rows']}: traced launch\n" + format_trace(r["trace"]) + "\n"
             )
@@ -140,6 +156,12 @@ def bench(
     if slower:
         names = ", ".join(f"{r['kind']} TP{r['tp']} r{r['rows']}" for r in slower)
         raise CheckFailed(f"{against} is faster beyond the noise at {len(slower)} of {len(results)} keys: {names}")
+
+
+def _knobs_in_force(model: str, kind: str, tp: int, rows: int, overrides: dict) -> dict:
+    from glm53ctl.tuning.knobs import knobs_for
+
+    return knobs_for(model, kind, tp, rows, overrides)
 
 
 def _resolve_ref(against: str) -> str:

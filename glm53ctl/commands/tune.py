@@ -52,6 +52,9 @@ def tune(
     plots: Annotated[
         Path | None, typer.Option("--plots", metavar="DIR", help="The study's history and knob importances (PNG).")
     ] = None,
+    jobs: Annotated[
+        int, typer.Option("--jobs", "-j", help="Processes compiling a small space's points first (default: cores - 2).")
+    ] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Results as JSON on stdout.")] = False,
 ) -> None:
     """Search each key's knobs with Optuna; keep a knob only where it measures faster (docs/knobs.md)."""
@@ -76,7 +79,7 @@ def tune(
     if plots is not None and plots.exists() and not plots.is_dir():
         raise UsageError(f"--plots {plots}: not a folder")
     url = storage or "sqlite:///build/tune/studies.db"
-    command = "glm53ctl " + shlex.join(sys.argv[1:]) if sys.argv[0].endswith("glm53ctl") else shlex.join(sys.argv)
+    command = "glm53ctl " + shlex.join(sys.argv[1:])  # as typed, whether run as glm53ctl or python -m glm53ctl
 
     from glm53ctl.tuning import measure
     from glm53ctl.tuning import tune as tuning
@@ -95,6 +98,7 @@ def tune(
     from glm53ctl.kernels.weights import Weights
 
     store = tuning.storage_of(url)
+    _precompile(model, kinds, tps, rowss, spaces, trials, jobs)
     measure.warm_clocks()
     weights = Weights(spec, seed=0, device="cuda")
     code = measure.code_digest()
@@ -131,6 +135,26 @@ def tune(
         ["key", "trials", "default µs", "kept", "µs", "ratio [95% CI]", "dropped"],
         [_row(r) for r in results],
     )
+
+
+def _precompile(model, kinds, tps, rowss, spaces, trials: int, jobs: int) -> None:
+    """Where a key's space is small enough to be searched whole, every point's kernels compiled first, in
+    parallel (tuning/bench.py precompile); a TPE search compiles as it goes."""
+    import itertools
+    import math
+
+    from glm53ctl.tuning.bench import compile_workers, precompile
+    from glm53ctl.tuning.knobs import defaults
+
+    todo = []
+    for k in kinds:
+        space = spaces[k]
+        if math.prod(len(v) for v in space.values()) > trials:
+            continue
+        for point in itertools.product(*space.values()):
+            knobs = defaults(k) | dict(zip(space, point, strict=True))
+            todo += [(model, k, t, r, tuple(sorted(knobs.items())), ()) for t in tps for r in rowss]
+    precompile(todo, jobs or compile_workers(), err_console.print)
 
 
 def _row(r: dict) -> list:

@@ -1,0 +1,111 @@
+"""What `glm53ctl bench` times, checked on a CPU under the interpreter: each kind's timed launch and its stock
+PyTorch baseline compute what the launch computes, the bytes add up, and copies are distinct buffers. (The
+timing itself needs a GPU: tests/gpu and `glm53ctl bench` there.)"""
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from glm53ctl.kernels.checks import make_harness  # noqa: E402
+from glm53ctl.kernels.kinds import kernel_kinds  # noqa: E402
+from glm53ctl.kernels.numerics import rel_rms  # noqa: E402
+from glm53ctl.kernels.spec import load_model  # noqa: E402
+from glm53ctl.kernels.weights import Weights  # noqa: E402
+
+pytestmark = pytest.mark.interpreter
+
+# the output the stock baseline returns, per kind: what it is compared with
+LAST = {"embed": "H", "dense": "H", "tail": "logits"}
+
+
+@pytest.fixture(scope="module")
+def weights():
+    return Weights(load_model("tiny"), seed=0)
+
+
+@pytest.mark.parametrize("kind", kernel_kinds())
+def test_timed_and_stock_compute_the_launch(weights, kind):
+    k = make_harness(weights, kind, 2, 2, {}, "cpu")
+    x = k.inputs(seed=3)[0]
+    peers = k.peer_partials(x)
+    t = k.timed(x, peers)
+    assert 0 < t.stream_bytes <= t.nbytes
+    copies = t.copies(3)
+    assert len(copies) == 3 and copies[0].keys() == copies[1].keys()
+    for name in copies[0]:
+        assert copies[0][name].data_ptr() != copies[1][name].data_ptr()
+    # the first copy is the harness's own: the timed launch gives the launch's outputs
+    want = {n: v.clone() for n, v in k(x, peers).items()}
+    got = t.call(copies[0])
+    if kind != "embed":  # embed rotates token sets: its copies are other inputs
+        got = got if isinstance(got, torch.Tensor) else got[LAST[kind]]
+        assert torch.equal(got, want[LAST[kind]])
+    # rank 0's share as stock bf16 PyTorch: the same math within bf16 rounding
+    s = k.stock(x, peers)
+    if kind == "embed":
+        c = {"tokens": x}
+        assert rel_rms(want["H"].float(), s.call(c).float()) == 0.0
+    else:
+        assert rel_rms(want[LAST[kind]].float(), s.call(s.copies(1)[0]).float()) < 3e-2
+    assert s.nbytes == t.nbytes
+
+
+@pytest.mark.parametrize("kind", kernel_kinds())
+def test_separate_pdl_gives_the_launch_bits(weights, kind):
+    """The PDL-chained stage launches run the same task bodies (the interpreter has no PDL and ignores it): the
+    same bits as the launch."""
+    k = make_harness(weights, kind, 2, 2, {}, "cpu")
+    x = k.inputs(seed=4)[0]
+    peers = k.peer_partials(x)
+    want = {n: v.clone() for n, v in k(x, peers, poison=True).items()}
+    sep = k.separate(pdl=True)
+    assert all(s.pdl for s in sep.launch.stages)
+    got = sep(x, peers, poison=True)
+    assert all(torch.equal(want[n], got[n]) for n in want)
+
+
+def test_knobs_parse_to_typed_values():
+    from glm53ctl.errors import UsageError
+    from glm53ctl.tuning.knobs import parse_knobs
+
+    assert parse_knobs("oproj_first=1, box_words=16,norm=fold,grid=132", "dense") == {
+        "oproj_first": 1,
+        "box_words": 16,
+        "norm": "fold",
+        "grid": 132,
+    }
+    for bad, says in (("oproj_first", "name=value"), ("x=1", "does not apply"), ("norm=maybe", "expected one of")):
+        with pytest.raises(UsageError, match=says):
+            parse_knobs(bad, "dense")
+
+
+def test_markdown_names_the_environment_and_every_key():
+    from glm53ctl.commands.bench import to_markdown
+    from glm53ctl.tuning import measure
+
+    row = {
+        "kind": "dense",
+        "tp": 4,
+        "rows": 1,
+        "us": 75.0,
+        "floor_us": 35.0,
+        "pct_copy": 46.7,
+        "bytes": 150e6,
+        "copies": 2,
+        "rotates": "rank 0's layer weights",
+        "baselines": {"separate": {"us": 105.0, "ratio": 1.4, "ratio_ci": (1.39, 1.41), "bitwise_equal": True}},
+    }
+    doc = {
+        "environment": measure.environment("glm53ctl bench --kind dense --tp 4 --rows 1 --baseline separate"),
+        "code_digest": "0123456789abcdef",
+        "copy_tb_s": 4.29,
+        "keys": [row],
+        "against": None,
+    }
+    md = to_markdown(doc)
+    assert "`glm53ctl bench --kind dense --tp 4 --rows 1 --baseline separate`" in md
+    assert "| dense TP4 r1 | 75.0 | 35.0 | 46.7 | 150.0 | 105.0 (1.40×) |" in md
+    assert "2 copies of rank 0's layer weights" in md
