@@ -308,18 +308,18 @@ class GpuEvaluator:
     """One key's launches on the GPU: harnesses per knob set (kept while in use), the default's outputs and the
     reference's, computed once on one seeded input."""
 
-    def __init__(self, weights, kind: str, tp: int, rows: int, seed: int = 0) -> None:
+    def __init__(self, weights, kind: str, tp: int, rows: int, seed: int = 0, device: str = "cuda") -> None:
         from glm53ctl.kernels.checks import key_name, key_seed
         from glm53ctl.kernels.kinds import get_kind
         from glm53ctl.tuning.knobs import defaults, kind_knobs
 
-        self.weights, self.kind, self.tp, self.rows = weights, kind, tp, rows
+        self.weights, self.kind, self.tp, self.rows, self.device = weights, kind, tp, rows, device
         self.entry = get_kind(kind)
         self.knobs = kind_knobs(kind)
         self.default = defaults(kind)
         self.harnesses: dict[str, Any] = {}
         k = self._harness(self.default)
-        self.x = k.inputs(key_seed(seed, key_name(weights.spec.name, kind, tp, rows)))[0]
+        self.x = k.inputs(key_seed(seed, key_name(weights.spec.name, kind, tp, rows)))[0].to(k.device)
         self.default_out = self._outputs(k)
         self.ref = k.reference(self.x)
         self.bounds = dict(self.entry.bounds)
@@ -329,7 +329,7 @@ class GpuEvaluator:
         if ident not in self.harnesses:
             from glm53ctl.kernels.checks import make_harness
 
-            self.harnesses[ident] = make_harness(self.weights, self.kind, self.tp, self.rows, knobs, "cuda")
+            self.harnesses[ident] = make_harness(self.weights, self.kind, self.tp, self.rows, knobs, self.device)
         return self.harnesses[ident]
 
     def _outputs(self, k) -> dict:
@@ -339,7 +339,7 @@ class GpuEvaluator:
         from glm53ctl.tuning.knobs import resolve_grid
 
         launches = self.entry.load_harness().build_launches(
-            self.weights.spec, self.tp, self.rows, resolve_grid(knobs, "cuda")
+            self.weights.spec, self.tp, self.rows, resolve_grid(knobs, self.device)
         )
         return launch_identity([la for _, la in launches])
 
@@ -377,7 +377,8 @@ class GpuEvaluator:
         ident = self.identity(knobs)
         if ident != self.identity(self.default):
             self.harnesses.pop(ident, None)
-            torch.cuda.empty_cache()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
 
 
 def launch_identity(launches) -> str:

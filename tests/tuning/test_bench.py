@@ -109,3 +109,19 @@ def test_markdown_names_the_environment_and_every_key():
     assert "`glm53ctl bench --kind dense --tp 4 --rows 1 --baseline separate`" in md
     assert "| dense TP4 r1 | 75.0 | 35.0 | 46.7 | 150.0 | 105.0 (1.40×) |" in md
     assert "2 copies of rank 0's layer weights" in md
+
+
+def test_a_trial_is_checked_as_its_knobs_class_asks(weights):
+    """tune's evaluator on the interpreter: a schedule knob must keep every bit (oproj_first does), a numeric
+    knob must stay within the reference bounds (block_k does); a launch that changes a bit under a schedule knob
+    is rejected with the outputs named."""
+    from glm53ctl.tuning.tune import GpuEvaluator
+
+    ev = GpuEvaluator(weights, "dense", 2, 2, seed=0, device="cpu")
+    d = ev.default
+    assert ev.check(d) is None
+    assert ev.check(d | {"oproj_first": 1}) is None
+    assert ev.check(d | {"block_k": 64}) is None
+    assert ev.identity(d) != ev.identity(d | {"oproj_first": 1})
+    ev.default_out = {n: t + 1 if n == "H" else t for n, t in ev.default_out.items()}  # as if the default moved
+    assert ev.check(d | {"oproj_first": 1}) == "not bitwise equal to the default: H"

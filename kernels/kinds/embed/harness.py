@@ -65,7 +65,13 @@ class EmbedHarness(KindHarness):
         call = lambda c: launch(c["tokens"], table, peers, out=out, check=False)
         row_bytes = R * D * table.element_size()
         moved = row_bytes + 2 * R * D * 4 + nbytes(out) + (nbytes(peers) if peers is not None else 0)
-        return Timed(call, self.token_sets, row_bytes, moved, "token ids (each set gathers R other rows)")
+        return Timed(
+            call,
+            self.token_sets,
+            row_bytes,
+            moved,
+            "token ids (each set gathers R other rows; the table's rows warm in the L2)",
+        )
 
     def stock(self, x: torch.Tensor, peers: torch.Tensor | None) -> Timed:
         """Rank 0's embedding as stock PyTorch ops in bf16, the peers' partials added."""
