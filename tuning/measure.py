@@ -267,17 +267,15 @@ def environment(command: str, study: str | None = None, seed: int | None = None)
     }
 
 
-def code_digest(root: Path | None = None) -> str:
+def code_digest(root: Path | None = None, folders: tuple[str, ...] = CODE_FOLDERS) -> str:
     """16 hex digits of a sha256 over the kernel and tuning sources (kernels/**/*.py and tuning/**/*.py under
     root; by default the tree this code runs from): each file's path relative to root and its content, in sorted
     path order. The same code gives the same digest in any checkout or copy, whatever its git says, so two runs
     can show they timed the same code."""
     root = Path(root) if root is not None else _tree_root()
-    files = sorted(
-        (p.relative_to(root).as_posix(), p) for folder in CODE_FOLDERS for p in (root / folder).rglob("*.py")
-    )
+    files = sorted((p.relative_to(root).as_posix(), p) for folder in folders for p in (root / folder).rglob("*.py"))
     if not files:
-        raise ValueError(f"{root}: no {' or '.join(f'{f}/*.py' for f in CODE_FOLDERS)} to digest")
+        raise ValueError(f"{root}: no {' or '.join(f'{f}/*.py' for f in folders)} to digest")
     digest = hashlib.sha256()
     for rel, path in files:
         data = path.read_bytes()

@@ -232,6 +232,7 @@ def decide(
         best = complete[0]
         result.best_trial = {"number": best.number, "us": best.value, "knobs": _changed(knobs_of(best), default)}
     if not picks:
+        result.decisions += _screened_out(complete, knobs_of, default, result.default_us, default, where)
         return result
 
     t_default = ev.timer(default)
@@ -246,6 +247,7 @@ def decide(
         ev.release(knobs)
     measured.sort(key=lambda m: m[0])
     chosen = measured[0][1]
+    result.decisions += _screened_out(complete, knobs_of, default, result.default_us, chosen, where)
 
     # drop each changed knob in turn: it stays only where the launch with it beats the launch without it
     for name in [n for n in space if chosen[n] != default[n]]:
@@ -289,6 +291,28 @@ def decide(
                     d.kept = False
                     d.reason += f"; together {_pct(r['ratio'])} against the default, not beyond δ: dropped"
     return result
+
+
+def _screened_out(complete, knobs_of, default: dict, default_us: float, chosen: dict, where: str) -> list[KnobDecision]:
+    """Each knob value that the search timed alone (every other knob at its default) and that the chosen trial
+    does not carry (the drop test below decides those): dropped, with the search's medians."""
+    picked = set(_changed(chosen, default).items())
+    out = []
+    for t in complete:
+        changed = _changed(knobs_of(t), default)
+        if len(changed) != 1 or "same_as" in t.user_attrs:
+            continue
+        ((name, value),) = changed.items()
+        if (name, value) in picked:
+            continue
+        ratio = t.value / default_us
+        reason = (
+            f"{name}={value}: {_pct(ratio)} {where} in the search ({t.value:.1f} against the default's "
+            f"{default_us:.1f} µs, trial {t.number}), dropped"
+            + ("" if ratio >= 1 else ": the fastest set re-measured against the default is without it")
+        )
+        out.append(KnobDecision(name, value, False, reason, ratio))
+    return sorted(out, key=lambda d: (d.knob, str(d.value)))
 
 
 def _changed(knobs: dict, default: dict) -> dict:

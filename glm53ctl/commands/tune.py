@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from glm53ctl.commands import Command
 from glm53ctl.commands.build import parse_list
@@ -88,7 +89,7 @@ def tune(
     if url.startswith("sqlite:///"):
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     if plots is not None and not gpu_count():  # the studies a GPU ran, plotted here from their storage
-        code = measure.code_digest()
+        code = measure.code_digest(folders=("kernels",))  # a study's trials stand while the kernels do
         keys = [(k, t, r) for k in kinds for t in tps for r in rowss]
         for k, t, r in keys:
             name = study or tuning.study_name(model, k, t, r, spaces[k], code)
@@ -101,7 +102,7 @@ def tune(
     _precompile(model, kinds, tps, rowss, spaces, trials, jobs)
     measure.warm_clocks()
     weights = Weights(spec, seed=0, device="cuda")
-    code = measure.code_digest()
+    code = measure.code_digest(folders=("kernels",))  # a study's trials stand while the kernels do
     results = []
     for k in kinds:
         for t in tps:
@@ -117,7 +118,7 @@ def tune(
                     continue
                 res = tuning.decide(ev, s, ev.default, spaces[k], top, rounds, where)
                 for d in res.decisions:
-                    err_console.print(f"  {d.reason}")
+                    err_console.print(escape(f"  {d.reason}"))
                 results.append({"kind": k, "tp": t, "rows": r, "storage": url} | res.to_json())
                 del ev
     if search_only:
@@ -172,6 +173,7 @@ def _row(r: dict) -> list:
 def _progress(trials: int):
     def report(study, trial) -> None:
         from optuna.trial import TrialState
+        from rich.markup import escape
 
         what = f"{trial.value:.1f} us" if trial.state == TrialState.COMPLETE else trial.user_attrs.get("rejected", "")
         if "same_as" in trial.user_attrs:
@@ -181,7 +183,7 @@ def _progress(trials: int):
         except ValueError:
             best = "no trial timed yet"
         params = ", ".join(f"{n}={v}" for n, v in trial.params.items())
-        err_console.print(f"  trial {trial.number + 1}/{trials} [{params}]: {what}; {best}")
+        err_console.print(escape(f"  trial {trial.number + 1}/{trials} [{params}]: {what}; {best}"))
 
     return report
 

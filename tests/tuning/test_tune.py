@@ -39,6 +39,10 @@ def test_exhaustive_search_then_keep_only_the_knob_that_is_faster(tmp_path):
     assert by["fast"].kept and "faster" in by["fast"].reason
     assert "noise" not in by or (not by["noise"].kept and "within the noise" in by["noise"].reason)
     assert res.evidence["ratio_ci"][1] < 1 - res.evidence["delta"]
+    slow = by["slow"]  # timed alone in the search, slower: dropped with the search's numbers
+    assert (
+        not slow.kept and slow.reason.startswith("slow=1: 3.") and "slower at TP4 rows 2 in the search" in slow.reason
+    )
     assert abs(res.evidence["ratio"] - 0.97) < 0.005
 
 
