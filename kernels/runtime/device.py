@@ -83,13 +83,15 @@ def launch_epoch(ctl, INTERPRET: tl.constexpr):
 
 @triton.jit
 def pdl_enter(INTERPRET: tl.constexpr):
-    """A launch chained by programmatic dependent launch (the separate-pdl baseline): the next launch may start
-    now (it asks L2 for its first weights, then waits here in turn), and this one waits until the launch before
-    it has ended and its writes are visible. Before this call a program reads nothing another launch writes
+    """A launch chained by programmatic dependent launch (the separate-pdl baseline): this one waits until the
+    launch before it has ended and its writes are visible, then lets the next launch start (which asks L2 for
+    its first weights, then waits here in turn). Before this call a program reads nothing another launch writes
     (its task table and weights only: with every launch starting early, any launch before may still run)."""
     if not INTERPRET:
-        tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
+        # only now: dependents launched at this launch's own start would let theirs start too, and so on down
+        # the chain, every launch's programs resident and waiting at once
+        tl.extra.cuda.gdc_launch_dependents()
 
 
 @triton.jit
