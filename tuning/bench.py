@@ -106,7 +106,9 @@ def bench_key(
         row["floor_us"] = measure.floor_us(main.nbytes, copy_tb_s)
         row["pct_copy"] = 100 * row["floor_us"] / us
     row["baselines"] = {}
-    for which in baselines:
+    keep = []  # every harness and timer of the key lives until its end (a graph's buffers must outlive it)
+    # the defaults' launch last: it is another harness, with buffers of its own
+    for which in sorted(baselines, key=lambda b: b == "defaults"):
         if which == "defaults":
             kb = make_harness(weights, kind, tp, rows, defaults(kind), "cuda")
             kb(x, peers)
@@ -121,9 +123,11 @@ def bench_key(
         base_timer, _ = timer_for(t)
         r = measure.ratio(*measure.ab_rounds(launch_timer, base_timer, rounds))
         row["baselines"][which] = {"us": r["b_us"], "ratio": r["ratio"], "ratio_ci": r["ratio_ci"]} | extra
-        del t, kb
+        keep.append((kb, t, base_timer))
     if trace:
         row["trace"] = trace_key(k, x, peers)
+    del keep
+    torch.cuda.synchronize()
     return row
 
 

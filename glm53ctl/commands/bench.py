@@ -61,6 +61,7 @@ def bench(
     jobs_: Annotated[
         int, typer.Option("--jobs", "-j", help="Processes compiling the keys first (default: the cores but two).")
     ] = 0,
+    compile_only: Annotated[bool, typer.Option("--compile-only", hidden=True)] = False,
     markdown: Annotated[
         bool, typer.Option("--markdown", help="A markdown table on stdout (for a pull request).")
     ] = False,
@@ -113,6 +114,8 @@ def bench(
         if "defaults" in baselines:
             jobs.append((model, k, t, r, tuple(sorted(defaults(k).items())), ()))
     precompile(jobs, jobs_ or compile_workers(), err_console.print)
+    if compile_only:
+        return
     progress = Progress(len(keys))
     results = []
     for k, t, r in keys:
