@@ -55,6 +55,9 @@ def variant(k, x, peers, which: str):
     if which == "torch":
         return k.stock(x, peers)
     if which == "compile":
+        # every key's stock function is the same code: Dynamo's cache of it would guard the next key against
+        # this one's (and past 8 keys stop compiling): a fresh cache per key
+        torch._dynamo.reset()
         t = k.stock(x, peers)
         return replace(t, call=torch.compile(t.call, dynamic=False))
     raise ValueError(f"unknown baseline {which!r}")
