@@ -22,6 +22,7 @@ import hashlib
 import json
 import math
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -106,7 +107,16 @@ def storage_of(url: str):
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     if url.endswith((".log", ".journal")) and "://" not in url:
         return JournalStorage(JournalFileBackend(url))
-    return optuna.storages.RDBStorage(url, heartbeat_interval=60, grace_period=120)
+    import sqlalchemy.exc
+
+    # workers that start together on a fresh database race to create its tables: the loser retries
+    for attempt in range(5):
+        try:
+            return optuna.storages.RDBStorage(url, heartbeat_interval=60, grace_period=120)
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):
+            if attempt == 4:
+                raise
+            time.sleep(0.2 * (attempt + 1))
 
 
 def _sampler(space: dict[str, tuple], trials: int, seed: int):
@@ -142,16 +152,19 @@ def search(
     from optuna.trial import TrialState
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(
-        study_name=name,
-        storage=storage,
-        direction="minimize",
-        sampler=_sampler(space, trials, seed),
-        load_if_exists=True,
-    )
-    default_params = {n: default[n] for n in space}
-    if not study.trials:
-        study.enqueue_trial(default_params, user_attrs={"default": True})
+    sampler = _sampler(space, trials, seed)
+    # the worker that creates the study enqueues the default, once (a check for an empty study then an enqueue
+    # would let two workers starting together both enqueue it); the others wait until it is there
+    try:
+        study = optuna.create_study(study_name=name, storage=storage, direction="minimize", sampler=sampler)
+        study.enqueue_trial({n: default[n] for n in space}, user_attrs={"default": True})
+    except optuna.exceptions.DuplicatedStudyError:
+        study = optuna.load_study(study_name=name, storage=storage, sampler=sampler)
+        deadline = time.monotonic() + 30
+        while not study.get_trials(deepcopy=False) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not study.get_trials(deepcopy=False):  # its creator died before enqueueing
+            study.enqueue_trial({n: default[n] for n in space}, user_attrs={"default": True})
     states = (TrialState.COMPLETE, TrialState.PRUNED)
 
     def objective(trial) -> float:

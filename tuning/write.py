@@ -3,11 +3,12 @@ CHANGELOG. The file is validated as every load validates it, then replaced atomi
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from glm53ctl import tuned
 from glm53ctl.output import print_warning
-from glm53ctl.paths import checkout_root, config_root, tuned_path
+from glm53ctl.paths import ENV_CONFIG_DIR, checkout_root, config_root, tuned_path
 
 
 def entry_of(result: dict) -> tuned.Entry:
@@ -20,7 +21,9 @@ def entry_of(result: dict) -> tuned.Entry:
 
 
 def write_results(model: str, results: list[dict], env: dict, root: Path | None = None) -> list[Path]:
-    """Each TP width's file updated with its keys' entries; returns the files written."""
+    """Each TP width's file updated with its keys' entries; returns the files written. A line goes into the
+    checkout's CHANGELOG where the files are the checkout's own (`root` None: the config root in force is not
+    $GLM53CTL_CONFIG_DIR's)."""
     written = []
     for tp in sorted({r["tp"] for r in results}):
         path = tuned_path(model, tp, root or config_root())
@@ -41,7 +44,8 @@ def write_results(model: str, results: list[dict], env: dict, root: Path | None 
         tuned.load_document(path, tuned.read_document_text(path, text))  # what a later load will say
         tuned.write_atomic(path, text)
         written.append(path)
-        _changelog(path, cfg, [r for r in results if r["tp"] == tp])
+        if root is None and not os.environ.get(ENV_CONFIG_DIR):
+            _changelog(path, cfg, [r for r in results if r["tp"] == tp])
     return written
 
 

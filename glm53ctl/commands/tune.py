@@ -218,6 +218,8 @@ def _plots(study, folder: Path) -> None:
             except (ValueError, RuntimeError) as e:  # importances need two knobs and trials that vary them
                 print_warning(f"--plots: no {what} plot for {study.study_name}: {e}")
                 continue
+            if what == "history":
+                ax.set_ylabel("µs per launch (median of the trial's replays)")
             path = folder / f"{study.study_name}-{what}.png"
             ax.figure.savefig(path, dpi=110, bbox_inches="tight")
             matplotlib.pyplot.close(ax.figure)

@@ -206,3 +206,19 @@ def test_a_written_file_validates_loads_and_changes_what_check_and_build_use(con
     add_changelog_line(log, "- Tuned y")
     text = log.read_text()
     assert text.index("### Changed") < text.index("- Tuned y") < text.index("- Tuned x") < text.index("## [0.1.0]")
+
+
+def test_plots_of_a_study_run_elsewhere(tmp_path, capsys, monkeypatch):
+    """`tune --plots` on a machine with no GPU draws the studies in the storage a GPU filled."""
+    from tests.helpers import invoke
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    ev = SyntheticEvaluator(true_us, seed=7)
+    search(ev, DEFAULT, SPACE, storage_of(url), "s", trials=8)
+    args = ["tune", "--tp", "4", "--rows", "2", "--kind", "dense", "--storage", url, "--study", "s"]
+    code, _, err = invoke(capsys, *args, "--plots", str(tmp_path / "plots"))
+    assert code == 0, err
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["s-history.png", "s-importances.png"]
+    code, _, err = invoke(capsys, *args[:-1], "nope", "--plots", str(tmp_path / "plots"))
+    assert code == 2 and "no study 'nope'" in err and "its studies: s" in err
