@@ -38,18 +38,19 @@ if hasattr(k, "timed"):
     t = k.timed(x, peers)
     call, stream_bytes, nbytes = t.call, t.stream_bytes, t.nbytes
     copies = t.copies(measure.rotations(stream_bytes))
-else:  # a tree from before `timed`: its launches by kind, rotating the weights it streams
+else:  # a tree from before `timed` (git f418783 and its time): its launches, rotating the weights they stream
     x = x.to("cuda")
-    if kind == "dense":
+
+    def legacy_dense():
         conv, S = k.rank_state(x, 0)
-        first = k.w[0]
-        call = lambda w: k.launch(x.H, w, conv, S, check=False)  # noqa: E731
-    elif kind == "tail":
-        first = {"lm_head": k.shards[0]}
-        call = lambda w: k.launch(x, k.norm, w["lm_head"], peers, check=False)  # noqa: E731
-    else:
-        first = {"table": k.shards[0]}
-        call = lambda w: k.launch(x, w["table"], peers, check=False)  # noqa: E731
+        return k.w[0], lambda w: k.launch(x.H, w, conv, S, check=False)
+
+    LEGACY = {
+        "dense": legacy_dense,
+        "tail": lambda: ({"lm_head": k.shards[0]}, lambda w: k.launch(x, k.norm, w["lm_head"], peers, check=False)),
+        "embed": lambda: ({"table": k.shards[0]}, lambda w: k.launch(x, w["table"], peers, check=False)),
+    }
+    first, call = LEGACY[kind]()
     stream_bytes = nbytes = sum(v.numel() * v.element_size() for v in first.values())
     n = measure.rotations(stream_bytes)
     copies = [first] + [{name: v.clone() for name, v in first.items()} for _ in range(n - 1)]
