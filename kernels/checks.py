@@ -80,7 +80,13 @@ def check_key(weights: Weights, kind: str, tp: int, rows: int, seed: int, device
         res.errors[name] = err = rel_rms(ref[name], out[name])
         if not err <= bound:
             res.problems.append(f"{name}: relative RMS error {err:.3g} over its bound {bound:g}")
-    res.invariants["every output element written"] = written = all(not torch.isnan(t).any() for t in out.values())
+    for name, holds in k.invariants(out, ref).items():
+        res.invariants[name] = holds
+        if not holds:
+            res.problems.append(f"invariant broken: {name}")
+    # NaN poison in a float output, -1 in an integer one (the routed ids)
+    written = all(not t.isnan().any() if t.is_floating_point() else bool((t != -1).all()) for t in out.values())
+    res.invariants["every output element written"] = written
     if not written:
         res.problems.append("an output element was not written (NaN poison left)")
     for g in GRIDS:

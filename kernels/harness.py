@@ -233,6 +233,10 @@ class KindHarness:
     def writes(self) -> Tensors:
         return {}
 
+    def invariants(self, out: Tensors, ref: Tensors) -> dict[str, bool]:
+        """What `check` proves of a launch's outputs beyond the bounds (a kind's own; the MoE's routing)."""
+        return {}
+
     def reference_model(self) -> Reference:
         return Reference(self.weights, self.tp)
 

@@ -16,7 +16,7 @@ import importlib
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from glm53ctl.kernels.kinds import dense, embed, tail
+from glm53ctl.kernels.kinds import dense, embed, kda, tail
 
 _PKG = "glm53ctl.kernels"
 
@@ -85,7 +85,14 @@ KINDS = {
             layer=("kda", "dense"),
             **_facts(dense),
         ),
-        Kind("kda", "one KDA layer with the MoE", "harness:run_layer", layer=("kda", "moe")),
+        Kind(
+            "kda",
+            "one KDA layer with the MoE (router, 8 routed experts, the shared expert)",
+            "harness:run_layer",
+            "kinds.kda.harness:KdaHarness",
+            layer=("kda", "moe"),
+            **_facts(kda),
+        ),
         Kind("sparse", "one DSA layer with the MoE", "harness:run_layer", layer=("dsa", "moe")),
         Kind(
             "tail",

@@ -39,6 +39,12 @@ _TYPES = (
     ("DOWN", "down_proj"),
     ("RED_F", "ffn reduce"),
     ("OWN_F", "ffn partial"),
+    # the MoE (kda, and sparse's FFN half)
+    ("ROUTER", "router"),
+    ("ROUTE", "route"),
+    ("EXP_GU", "expert gate_up"),
+    ("EXP_DOWN", "expert down"),
+    ("MOE_SUM", "moe sum"),
 )
 
 # id -> the name a trace or a LaunchFault shows
@@ -65,3 +71,8 @@ GU = tl.constexpr(17)
 DOWN = tl.constexpr(18)
 RED_F = tl.constexpr(19)
 OWN_F = tl.constexpr(20)
+ROUTER = tl.constexpr(21)
+ROUTE = tl.constexpr(22)
+EXP_GU = tl.constexpr(23)
+EXP_DOWN = tl.constexpr(24)
+MOE_SUM = tl.constexpr(25)

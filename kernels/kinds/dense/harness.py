@@ -61,22 +61,24 @@ class DenseHarness(KindHarness):
     input_name = "H"
     STAGES = STAGES
     Launch = DenseLaunch
+    FFN = "dense"  # the FFN half: the dense MLP here, the MoE in kda (kinds/kda)
 
     def __init__(self, weights: Weights, tp: int, rows: int, knobs: dict | None, device, layer=None) -> None:
         super().__init__(weights, tp, rows, knobs, device)
         spec, knobs = self.spec, self.knobs
-        self.layer = layer_for(spec, "dense", layer)
+        self.layer = layer_for(spec, self.kind, layer)
         fold = folds(knobs["norm"], rows, spec.mhc.streams)
-        self.w = [prepare_weights(weights.layer(self.layer, r, tp), spec, tp, device, fold) for r in range(tp)]
-        self.launch = DenseLaunch(spec, tp, rows, knobs, device)
+        ffn = self.FFN
+        self.w = [prepare_weights(weights.layer(self.layer, r, tp), spec, tp, device, fold, ffn) for r in range(tp)]
+        self.launch = DenseLaunch(spec, tp, rows, knobs, device, ffn=ffn)
         if tp > 1:
-            self.attn = [DenseLaunch(spec, tp, rows, knobs, device, rank=q, mode="attn") for q in range(tp)]
-            self.ffn = [DenseLaunch(spec, tp, rows, knobs, device, rank=q, mode="ffn") for q in range(1, tp)]
+            self.attn = [DenseLaunch(spec, tp, rows, knobs, device, rank=q, mode="attn", ffn=ffn) for q in range(tp)]
+            self.ffn = [DenseLaunch(spec, tp, rows, knobs, device, rank=q, mode="ffn", ffn=ffn) for q in range(1, tp)]
 
-    @staticmethod
-    def build_launches(spec, tp: int, rows: int, knobs: dict) -> list[tuple[str, object]]:
+    @classmethod
+    def build_launches(cls, spec, tp: int, rows: int, knobs: dict) -> list[tuple[str, object]]:
         # a peer's partial launches differ from rank 0's in the task table and runtime arguments only
-        return [("launch", DenseLaunch(spec, tp, rows, knobs, "cpu"))]
+        return [("launch", DenseLaunch(spec, tp, rows, knobs, "cpu", ffn=cls.FFN))]
 
     def rank_state(self, x: LayerInput, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Rank's slices of the state: its q, k and v conv channels and its heads (contiguous, on device)."""
@@ -145,7 +147,6 @@ class DenseHarness(KindHarness):
     def stock(self, x: LayerInput, peers: DensePeers | None) -> Timed:
         """Rank 0's share of the layer as stock PyTorch ops in bf16 (the reference's ops), the peers' partials
         given: the `torch` and `compile` baselines."""
-        from glm53ctl.kernels.ops.ffn.naive import swiglu_mlp
         from glm53ctl.kernels.ops.kda.naive import kda_attention
         from glm53ctl.kernels.ops.mhc.naive import gate, hc_post
 
@@ -168,16 +169,20 @@ class DenseHarness(KindHarness):
             H1 = hc_post(a, H, post, comb, num)
             norm = w["post_attention_layernorm.weight"]
             xh, post, comb = gate(H1, w["hc_ffn_fn"], w["hc_ffn_base"], w["hc_ffn_scale"], norm, spec, num)
-            limit = spec.moe.swiglu_limit
-            m = swiglu_mlp(
-                xh, w["mlp.gate_proj.weight"], w["mlp.up_proj.weight"], w["mlp.down_proj.weight"], limit, num
-            )
+            m = self.stock_ffn(xh, w, num)
             for p in parts_f:
                 m = m + p
             return hc_post(m, H1, post, comb, num)
 
         moved = self.timed(x, peers).nbytes
         return Timed(call, cloned(w0), nbytes(*w0.values()), moved, "rank 0's layer weights")
+
+    def stock_ffn(self, xh, w: dict, num):
+        """The FFN half of `stock`: the dense MLP (rank 0's share)."""
+        from glm53ctl.kernels.ops.ffn.naive import swiglu_mlp
+
+        limit = self.spec.moe.swiglu_limit
+        return swiglu_mlp(xh, w["mlp.gate_proj.weight"], w["mlp.up_proj.weight"], w["mlp.down_proj.weight"], limit, num)
 
     def inputs(self, seed: int, steps: int = 1, tokens=None) -> list[LayerInput]:
         """Seeded H and a random layer state per step (fresh draws: every row at its own state)."""

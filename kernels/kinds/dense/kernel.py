@@ -24,6 +24,8 @@ from glm53ctl.kernels.kinds.task_types import (
     COMB_A,
     COMB_F,
     DOWN,
+    EXP_DOWN,
+    EXP_GU,
     GATE_A,
     GATE_F,
     GU,
@@ -31,12 +33,16 @@ from glm53ctl.kernels.kinds.task_types import (
     KDA_HEAD,
     MIX_A,
     MIX_F,
+    MOE_SUM,
     OPROJ,
     OWN_A,
     OWN_F,
     RED_A,
     RED_F,
+    ROUTE,
+    ROUTER,
 )
+from glm53ctl.kernels.ops.ffn.moe import task_expert_act, task_expert_down, task_moe_sum, task_route, task_router
 from glm53ctl.kernels.ops.kda.kernel import kda_write_state
 from glm53ctl.kernels.runtime.device import (
     finish,
@@ -105,6 +111,24 @@ def dense_kernel(
     ipp,
     gup,
     trace,
+    # the MoE (kda): router, experts stacked [E, ...], shared expert; routing and slot buffers
+    w_r,
+    r_bias,
+    w_eg,
+    w_eu,
+    w_ed,
+    w_sg,
+    w_su,
+    w_sd,
+    logits,
+    ids,
+    wts,
+    slots,
+    n_slots,
+    slot_w,
+    slot_on,
+    act_m,
+    y_m,
     # outputs
     x_hat_a,
     post_a,
@@ -162,6 +186,13 @@ def dense_kernel(
     NV: tl.constexpr,
     MIX_TASK: tl.constexpr,
     PDL: tl.constexpr,
+    MOE: tl.constexpr = False,
+    E: tl.constexpr = 1,
+    E_ALL: tl.constexpr = 1,
+    TOPK: tl.constexpr = 1,
+    SCALE: tl.constexpr = 1.0,
+    NSLOT: tl.constexpr = 1,
+    BLOCK_E: tl.constexpr = 32,
 ):
     P: tl.constexpr = HL * K
     NIN: tl.constexpr = 2 * RG + HL + 3 * P
@@ -522,6 +553,40 @@ def dense_kernel(
                     CH=CH,
                     KS=KS_F,
                 )
+            if MOE:  # the MoE's tasks (kda): none in a dense table, so a dense build has none of this code
+                if ttype == ROUTER:
+                    task_router(x_hat_f, w_r, logits, a0, R, E, D, BLOCK_E, BK_D, INTERPRET)
+                elif ttype == ROUTE:
+                    task_route(
+                        logits, r_bias, ids, wts, slots, n_slots, slot_w, slot_on, R, E, E_ALL, TOPK, SCALE, NSLOT
+                    )
+                elif ttype == EXP_GU:
+                    task_expert_act(
+                        x_hat_f,
+                        w_eg,
+                        w_eu,
+                        w_sg,
+                        w_su,
+                        act_m,
+                        slots,
+                        n_slots,
+                        a0,
+                        a1,
+                        R,
+                        I,
+                        D,
+                        NSLOT,
+                        BN_GU,
+                        BK_D,
+                        LIMIT,
+                        INTERPRET,
+                    )
+                elif ttype == EXP_DOWN:
+                    task_expert_down(
+                        act_m, w_ed, w_sd, y_m, slots, n_slots, a0, a1, R, I, D, NSLOT, BN_O, BK_I, INTERPRET
+                    )
+                elif ttype == MOE_SUM:
+                    task_moe_sum(y_m, n_slots, slot_w, slot_on, kpart_f, a0, a1, D, NSLOT, CH)
             if ok:
                 publish(rt, row, task, epoch, INTERPRET)
                 if TRACE:

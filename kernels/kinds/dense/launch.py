@@ -6,19 +6,21 @@ from __future__ import annotations
 import torch
 
 from glm53ctl.kernels.kinds.dense.kernel import dense_kernel
-from glm53ctl.kernels.kinds.dense.table import Dims, build_table, kda_parts, mix_tasks
+from glm53ctl.kernels.kinds.dense.table import ROUTER_TILE, Dims, build_table, kda_parts, mix_tasks
 from glm53ctl.kernels.kinds.dense.tasks import PR
+from glm53ctl.kernels.ops.ffn.moe import n_slots_for, stack_experts
 from glm53ctl.kernels.ops.gemv.kernel import fold_norm, folds
 from glm53ctl.kernels.ops.kda.kernel import SCRATCH
 from glm53ctl.kernels.runtime.launch import DEFAULT_BUDGET_NS, PersistentLaunch, Runtime
 from glm53ctl.kernels.runtime.stages import stage_launch
 
 
-def prepare_weights(w, spec, tp: int, device, fold: bool = False) -> dict[str, torch.Tensor]:
+def prepare_weights(w, spec, tp: int, device, fold: bool = False, ffn: str = "dense") -> dict[str, torch.Tensor]:
     """One rank's layer weights as the kernel reads them (done once per key, like a checkpoint's fused
     layout): the in-projection rows f_a | g_a | b | (q_h | k_h | v_h per head), the conv taps [3P, W] fp32.
     fold (`gemv.folds` of knob `norm` and the rows): the in-projection, gate and up times their gate's norm
-    weight, rounded to bf16 once."""
+    weight, rounded to bf16 once. ffn "moe": the router, the experts stacked by id and the shared expert instead
+    of the dense MLP (gate and up not folded: the router and every expert read x̂ itself)."""
     a_ = "self_attn."
     from glm53ctl.tuning.knobs import defaults
 
@@ -43,10 +45,17 @@ def prepare_weights(w, spec, tp: int, device, fold: bool = False) -> dict[str, t
         "dt_bias": w[f"{a_}dt_bias"].float(),
         "o_norm": w[f"{a_}o_norm.weight"],
         "w_o": w[f"{a_}o_proj.weight"],
-        "w_gate": fold_norm(norm_f, w["mlp.gate_proj.weight"]) if fold else w["mlp.gate_proj.weight"],
-        "w_up": fold_norm(norm_f, w["mlp.up_proj.weight"]) if fold else w["mlp.up_proj.weight"],
-        "w_down": w["mlp.down_proj.weight"],
     }
+    if ffn == "moe":
+        m = w.sub("mlp.")
+        w_eg, w_eu, w_ed = stack_experts(m, spec.moe.experts)
+        out |= {"w_r": m["gate.weight"].to(torch.bfloat16), "r_bias": m["gate.e_score_correction_bias"].float()}
+        out |= {"w_eg": w_eg, "w_eu": w_eu, "w_ed": w_ed}
+        out |= {f"w_s{p[0]}": m[f"shared_experts.{p}_proj.weight"].to(torch.bfloat16) for p in ("gate", "up", "down")}
+    else:
+        out["w_gate"] = fold_norm(norm_f, w["mlp.gate_proj.weight"]) if fold else w["mlp.gate_proj.weight"]
+        out["w_up"] = fold_norm(norm_f, w["mlp.up_proj.weight"]) if fold else w["mlp.up_proj.weight"]
+        out["w_down"] = w["mlp.down_proj.weight"]
     return {k: v.to(device).contiguous() for k, v in out.items()}
 
 
@@ -67,10 +76,11 @@ class DenseLaunch(PersistentLaunch):
         device,
         rank: int = 0,
         mode: str = "full",
+        ffn: str = "dense",
     ) -> None:
         self.spec, self.tp, self.rows, self.knobs, self.rank, self.mode = spec, tp, rows, knobs, rank, mode
         self.device = torch.device(device)
-        self.d = d = Dims(spec, tp, knobs)
+        self.d = d = Dims(spec, tp, knobs, ffn)
         self.table = build_table(d, rows, knobs, mode)
         self.grid = knobs["grid"]
         self.tracing = False  # a diagnostic build: each task's claim, ready and publish times (runtime/trace.py)
@@ -98,6 +108,21 @@ class DenseLaunch(PersistentLaunch):
             "ipp": e(d.KS_IN, 32, d.NIN),  # the in-projection's K-slice sums
             "trace": e(self.table.n_tasks, 5, dtype=torch.int64),  # written only by a traced launch
         }
+        # the MoE's routing and slots (kda; one-element stand-ins in a dense launch, which never reads them)
+        i32 = torch.int32
+        self.nslot = n = n_slots_for(rows, d.TOPK) if d.moe else 1
+        moe = lambda *shape, dtype=f32: e(*shape, dtype=dtype) if d.moe else e(1, dtype=dtype)  # noqa: E731
+        self.buf |= {
+            "logits": moe(16, d.E),
+            "ids": moe(R, d.TOPK, dtype=i32),
+            "wts": moe(R, d.TOPK),
+            "slots": moe(n, dtype=i32),
+            "n_slots": moe(1, dtype=i32),
+            "slot_w": moe(n, 16),
+            "slot_on": moe(n, 16, dtype=i32),
+            "act_m": moe(n + 1, 16, d.I, dtype=bf16),
+            "y_m": moe(n + 1, 16, D),
+        }
         self.out = {
             "attn.x_hat": e(R, D, dtype=bf16),
             "attn.post": e(R, HC),
@@ -110,6 +135,11 @@ class DenseLaunch(PersistentLaunch):
             "ffn.out": e(R, D),
             "H": e(R, HC, D, dtype=bf16),
         }
+        if d.moe:
+            self.out |= {"moe.ids": self.buf["ids"], "moe.weights": self.buf["wts"]}
+        # the weights of the other FFN: stand-ins the kernel never reads
+        self.stubs = {n: e(1, dtype=bf16) for n in (MOE_WEIGHTS if not d.moe else DENSE_FFN_WEIGHTS)}
+        self.stubs |= {"r_bias": e(1)} if not d.moe else {}
         st = spec.shards(tp).state_shapes(rows, 1)
         self.conv_out = e(*st["kda.conv"], dtype=bf16)
         self.S_out = e(*st["kda.recurrent"])
@@ -134,7 +164,7 @@ class DenseLaunch(PersistentLaunch):
         one before its producer wrote it, or a launch that leaves one as an earlier launch wrote it (a fault's
         retry with the same inputs, say), reads NaN instead of values that happen to be right."""
         for t in [*self.out.values(), self.conv_out, self.S_out]:
-            t.fill_(float("nan"))
+            t.fill_(float("nan") if t.is_floating_point() else -1)
         for name, t in self.buf.items():
             if t.is_floating_point() and name not in ("parts_a", "parts_f"):
                 t.fill_(float("nan"))
@@ -143,7 +173,15 @@ class DenseLaunch(PersistentLaunch):
         o = self.out
         return (
             self.runtime_args(stuck_site, budget_ns)
-            | {"H": H, **w, "conv_in": conv_in, "S_in": S_in, "conv_out": self.conv_out, "S_out": self.S_out}
+            | {
+                "H": H,
+                **self.stubs,
+                **w,
+                "conv_in": conv_in,
+                "S_in": S_in,
+                "conv_out": self.conv_out,
+                "S_out": self.S_out,
+            }
             | self.buf
             | {
                 "arrive": self.arrive,
@@ -190,6 +228,19 @@ class DenseLaunch(PersistentLaunch):
                 "NV": kda_parts(self.knobs["kda_split"], d.HL, self.rows, self.knobs["grid"]),
                 "MIX_TASK": mix_tasks(self.knobs, self.rows, d.HC),
             }
+            | (
+                {
+                    "MOE": True,
+                    "E": d.E,
+                    "E_ALL": 1 << (d.E - 1).bit_length(),
+                    "TOPK": d.TOPK,
+                    "SCALE": d.SCALE,
+                    "NSLOT": self.nslot,
+                    "BLOCK_E": ROUTER_TILE,
+                }
+                if d.moe
+                else {}
+            )
         )
 
     def options(self) -> dict:
@@ -212,7 +263,8 @@ class DenseLaunch(PersistentLaunch):
     def placeholder_args(self) -> dict:
         """The kernel's arguments with stand-in tensors of the right dtypes (ahead-of-time builds)."""
         bf16, f32 = (torch.empty(1, dtype=t) for t in (torch.bfloat16, torch.float32))
-        w = {k: (bf16 if k.startswith("w_") or k in ("norm_a", "norm_f", "o_norm") else f32) for k in WEIGHTS}
+        names = WEIGHTS + (MOE_WEIGHTS if self.d.moe else DENSE_FFN_WEIGHTS)
+        w = {k: (bf16 if k.startswith("w_") or k in ("norm_a", "norm_f", "o_norm") else f32) for k in names}
         return self.kernel_args(bf16, w, bf16, f32)
 
 
@@ -233,7 +285,6 @@ WEIGHTS = (
     "dt_bias",
     "o_norm",
     "w_o",
-    "w_gate",
-    "w_up",
-    "w_down",
 )
+DENSE_FFN_WEIGHTS = ("w_gate", "w_up", "w_down")
+MOE_WEIGHTS = ("w_r", "r_bias", "w_eg", "w_eu", "w_ed", "w_sg", "w_su", "w_sd")

@@ -38,6 +38,8 @@ from glm53ctl.kernels.kinds.task_types import (
     COMB_A,
     COMB_F,
     DOWN,
+    EXP_DOWN,
+    EXP_GU,
     GATE_A,
     GATE_F,
     GU,
@@ -45,12 +47,16 @@ from glm53ctl.kernels.kinds.task_types import (
     KDA_HEAD,
     MIX_A,
     MIX_F,
+    MOE_SUM,
     OPROJ,
     OWN_A,
     OWN_F,
     RED_A,
     RED_F,
+    ROUTE,
+    ROUTER,
 )
+from glm53ctl.kernels.ops.ffn.moe import n_slots_for
 from glm53ctl.kernels.ops.gemv.kernel import folds
 from glm53ctl.kernels.runtime.table import TaskTable
 
@@ -59,6 +65,11 @@ MODES = ("full", "attn", "ffn")
 # and so are the attention reduces and the FFN mix tasks after them (10 launches with or without mix tasks)
 STAGES = ((MIX_A,), (GATE_A, COMB_A), (INPROJ,), (KDA_HEAD,), (OPROJ,), (RED_A, MIX_F), (GATE_F, COMB_F), (GU,))
 STAGES += ((DOWN,), (RED_F,))
+# kda: the attention half's, then the MoE's (router tiles; the routing; every slot's gate/up, the shared expert's
+# included; their down projections; the sums)
+MOE_STAGES = STAGES[:7] + ((ROUTER,), (ROUTE,), (EXP_GU,), (EXP_DOWN,), (MOE_SUM,), (RED_F,))
+# experts per router task
+ROUTER_TILE = 32
 
 
 def _covering(tiles: list[tuple[int, int, int]], lo: int, hi: int) -> list[int]:
@@ -86,19 +97,23 @@ def k_slices(knob: int, k: int) -> int:
 
 
 class Dims:
-    """One rank's shapes of a dense layer, and the tile and slice sizes a key's knobs give them."""
+    """One rank's shapes of a KDA layer with the dense MLP (ffn "dense") or the MoE ("moe": I is an expert's
+    intermediate share, and the FFN partial is one slice, the MoE sum), and the tile and slice sizes a key's
+    knobs give them."""
 
-    def __init__(self, spec, tp: int, knobs: dict) -> None:
+    def __init__(self, spec, tp: int, knobs: dict, ffn: str = "dense") -> None:
         sh = spec.shards(tp)
+        self.moe = ffn == "moe"
         self.D, self.HC, self.iters = spec.hidden, spec.mhc.streams, spec.mhc.sinkhorn_iters
         self.HL, self.K, self.W, self.RG = sh.kda_heads, spec.kda.head_dim, spec.kda.conv_kernel, spec.kda.gate_rank
-        self.P, self.I, self.T = self.HL * self.K, sh.dense_inter, tp
+        self.P, self.I, self.T = self.HL * self.K, sh.expert_inter if self.moe else sh.dense_inter, tp
+        self.E, self.TOPK, self.SCALE = spec.moe.experts, spec.moe.top_k, spec.moe.routed_scaling_factor
         self.NIN = 2 * self.RG + self.HL + 3 * self.P
         self.HDR = 2 * self.RG + self.HL
         # the reduce / mix column chunk (numeric: it sets the order of the gates' sums)
         self.CH = min(knobs["chunk_cols"], self.D // 4)
         self.NCH = self.D // self.CH
-        self.KS_O, self.KS_F = k_slices(knobs["ksplit"], self.P), k_slices(knobs["ksplit"], self.I)
+        self.KS_O, self.KS_F = k_slices(knobs["ksplit"], self.P), 1 if self.moe else k_slices(knobs["ksplit"], self.I)
         self.KS_GU = k_slices(knobs["ksplit_gu"], self.D)
         self.KS_IN = k_slices(knobs["ksplit_in"], self.D)
         self.PK, self.IK = self.P // self.KS_O, self.I // self.KS_F
@@ -125,7 +140,7 @@ def mix_tasks(knobs: dict, rows: int, streams: int) -> bool:
 def build_table(d: Dims, rows: int, knobs: dict, mode: str = "full") -> TaskTable:
     """The tasks of one rank's launch in topological order. mode "attn": up to this rank's attention partial;
     "ffn": up to its FFN partial (given every rank's attention partial); "full": the whole layer."""
-    t = TaskTable("dense", peers=0 if mode == "attn" else d.T - 1)
+    t = TaskTable("kda" if d.moe else "dense", peers=0 if mode == "attn" else d.T - 1)
     add_dense(t, d, rows, knobs, mode)
     return t
 
@@ -183,6 +198,11 @@ def add_dense(t: TaskTable, d: Dims, rows: int, knobs: dict, mode: str = "full",
         mixes = [add(MIX_F, c, r, waits=[red]) for (c, r), red in zip(chunks, reds, strict=True)]
     gates_f = [add(GATE_F, r, waits=mixes[r * d.NCH : (r + 1) * d.NCH]) for r in range(rows)]
     combs_f = [add(COMB_F, r, waits=mixes[r * d.NCH : (r + 1) * d.NCH]) for r in range(rows)] if mode == "full" else []
+    if d.moe:
+        sums = _add_moe(t, add, d, rows, gates_f, chunks)
+        if mode == "ffn":
+            return [add(OWN_F, c, r, waits=[sums[i]]) for i, (c, r) in enumerate(chunks)]
+        return [add(RED_F, c, r, waits=[combs_f[r], sums[i]], peers=True) for i, (c, r) in enumerate(chunks)]
     # folded, gate/up streams H1 (written by the reduces) and waits for the FFN gates at its end
     gu = []
     for n0 in range(0, d.I, d.BN_GU):
@@ -202,4 +222,23 @@ def add_dense(t: TaskTable, d: Dims, rows: int, knobs: dict, mode: str = "full",
         return [add(OWN_F, c, r, waits=_covering(down, c * d.CH, (c + 1) * d.CH)) for c, r in chunks]
     return [
         add(RED_F, c, r, waits=[combs_f[r], *_covering(down, c * d.CH, (c + 1) * d.CH)], peers=True) for c, r in chunks
+    ]
+
+
+def _add_moe(t: TaskTable, add, d: Dims, rows: int, gates_f: list[int], chunks: list[tuple[int, int]]) -> list[int]:
+    """The MoE after the FFN gates: router tiles (every row's logits), the routing (one task), then per slot (the
+    shared expert's first: it needs no routing, so it streams while the router and routing run; then one slot per
+    expert the rows may choose, skipped past those chosen) its gate/up tiles and down tiles, and per chunk of a
+    row the sum in expert order (MOE_SUM: this rank's FFN partial). Returns the sums, in `chunks` order."""
+    nslot = n_slots_for(rows, d.TOPK)
+    router = [add(ROUTER, e0, waits=gates_f) for e0 in range(0, d.E, ROUTER_TILE)]
+    order = [nslot, *range(nslot)]  # the shared expert is slot nslot
+    gu = {nslot: [add(EXP_GU, nslot, n0, waits=gates_f) for n0 in range(0, d.I, d.BN_GU)]}
+    route = add(ROUTE, waits=router)
+    for j in range(nslot):
+        gu[j] = [add(EXP_GU, j, n0, waits=[route]) for n0 in range(0, d.I, d.BN_GU)]
+    down = {j: [(n0, n0 + d.BN_O, add(EXP_DOWN, j, n0, waits=gu[j])) for n0 in range(0, d.D, d.BN_O)] for j in order}
+    return [
+        add(MOE_SUM, c, r, waits=[x for j in order for x in _covering(down[j], c * d.CH, (c + 1) * d.CH)])
+        for c, r in chunks
     ]

@@ -1,0 +1,52 @@
+"""One key of `kda` with its peers: `dense`'s harness with the MoE as its FFN half (kinds/kda/__init__.py)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from glm53ctl.kernels.harness import nbytes
+from glm53ctl.kernels.kinds.dense.harness import DenseHarness
+from glm53ctl.kernels.kinds.dense.table import MOE_STAGES
+
+
+class KdaHarness(DenseHarness):
+    kind = "kda"
+    FFN = "moe"
+    STAGES = MOE_STAGES
+
+    def invariants(self, out: dict, ref: dict) -> dict[str, bool]:
+        """The routing as check asks for it: the reference's experts, distinct and in range per row, weights
+        summing to the scale, and the shared expert always on (its slot's rows written)."""
+        spec, R = self.spec, self.rows
+        ids, w = out["moe.ids"].long().cpu(), out["moe.weights"].float().cpu()
+        launch = self.launch
+        shared = launch.buf["y_m"][launch.nslot, :R]
+        return {
+            "routing equals the reference's": torch.equal(ids, ref["moe.ids"].long().cpu()),
+            "experts distinct and in range": all(len(set(r.tolist())) == spec.moe.top_k for r in ids)
+            and 0 <= int(ids.min())
+            and int(ids.max()) < spec.moe.experts,
+            "routing weights sum to the scale": torch.allclose(
+                w.sum(-1), torch.full((R,), spec.moe.routed_scaling_factor), rtol=1e-5, atol=0
+            ),
+            "shared expert on": bool(torch.isfinite(shared).all()),
+        }
+
+    def timed(self, x, peers):
+        """dense's, with the bytes of the experts the rows chose only: one launch first, for its routing (an
+        expert nobody chose is not read; each chosen one once for all the rows that chose it)."""
+        t = super().timed(x, peers)
+        self(x, peers)
+        untouched = self.spec.moe.experts - int(self.launch.buf["n_slots"][0])
+        w = self.w[0]
+        per_expert = sum(nbytes(w[n]) for n in ("w_eg", "w_eu", "w_ed")) // self.spec.moe.experts
+        skip = untouched * per_expert
+        return replace(t, stream_bytes=t.stream_bytes - skip, nbytes=t.nbytes - skip)
+
+    def stock_ffn(self, xh, w: dict, num):
+        """The FFN half of `stock`: the reference's MoE (rank 0's share), its routing on the host."""
+        from glm53ctl.kernels.ops.ffn.naive import moe
+
+        return moe(xh, {n.removeprefix("mlp."): t for n, t in w.items() if n.startswith("mlp.")}, self.spec, num)[0]

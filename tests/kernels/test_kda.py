@@ -1,0 +1,112 @@
+"""The `kda` launch (a KDA layer with the MoE) under TRITON_INTERPRET=1 on `tiny`: every output, write and the
+routing against the reference at every TP x rows key; exact score ties routed by index; bitwise equal across
+grids, repeated launches, schedule knobs and the separate launches; every MoE site stuck is named."""
+
+import pytest
+import torch
+
+from glm53ctl.kernels.checks import check_key, fault_key
+from glm53ctl.kernels.kinds import get_kind
+from glm53ctl.kernels.kinds import task_types as tt
+from glm53ctl.kernels.kinds.kda.harness import KdaHarness
+from glm53ctl.kernels.numerics import rel_rms
+from glm53ctl.kernels.spec import load_model
+from glm53ctl.kernels.weights import ROOT, Weights
+
+BOUNDS = get_kind("kda").bounds
+MOE_TYPES = tuple(t.value for t in (tt.ROUTER, tt.ROUTE, tt.EXP_GU, tt.EXP_DOWN, tt.MOE_SUM))
+LAYER = 4  # tiny's first KDA layer with the MoE
+
+pytestmark = pytest.mark.interpreter
+
+
+@pytest.fixture(scope="module")
+def weights():
+    return Weights(load_model("tiny"), seed=3)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view({4: torch.int32, 2: torch.int16, 8: torch.int64}[t.element_size()])
+
+
+def assert_same_bits(a: dict, b: dict, what: str) -> None:
+    assert a.keys() == b.keys()
+    for n in a:
+        assert torch.equal(_bits(a[n]), _bits(b[n])), f"{what}: {n} differs"
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+@pytest.mark.parametrize("rows", [1, 2, 4, 8])
+def test_against_the_reference(weights, tp, rows):
+    """Every output, state write and routing weight within its bound, and the routing exactly the reference's
+    (its invariants), at every key; the bitwise checks across grids are below and in `glm53ctl check`."""
+    k = KdaHarness(weights, tp, rows, {"grid": 3}, "cpu")
+    x = k.inputs(seed=100 * tp + rows)[0]
+    out = k(x, poison=True)
+    ref = k.reference(x)
+    for name, bound in BOUNDS.items():
+        err = rel_rms(ref[name], out[name])
+        assert err <= bound, (name, err)  # NaN fails here too
+    bad = [name for name, holds in k.invariants(out, ref).items() if not holds]
+    assert not bad, bad
+
+
+@pytest.mark.parametrize(("tp", "rows"), [(1, 8), (8, 2)])
+def test_check_passes_grids_repeats_and_invariants(weights, tp, rows):
+    res, _ = check_key(weights, "kda", tp, rows, 0, "cpu")
+    assert res.ok, res.problems
+    assert res.grids_equal and res.repeats_equal and all(res.invariants.values())
+
+
+def test_exact_ties_are_routed_by_index():
+    """The router and its bias zero: every score ties, and every row takes experts 0..k-1, as the reference."""
+    spec = load_model("tiny")
+    pre = f"{ROOT}layers.{LAYER}.mlp.gate."
+    loaded = {
+        pre + "weight": torch.zeros(spec.moe.experts, spec.hidden),
+        pre + "e_score_correction_bias": torch.zeros(16),
+    }
+    w = Weights(spec, seed=3, loaded=loaded)
+    k = KdaHarness(w, 2, 4, {}, "cpu")
+    x = k.inputs(seed=1)[0]
+    out = k(x, poison=True)
+    ref = k.reference(x)
+    assert all(k.invariants(out, ref).values())
+    top = spec.moe.top_k
+    assert (out["moe.ids"] == torch.arange(top, dtype=torch.int32)).all()
+    assert torch.allclose(out["moe.weights"], torch.full((4, top), spec.moe.routed_scaling_factor / top))
+
+
+@pytest.mark.parametrize(
+    "knobs", [{"oproj_first": 1}, {"box_words": 16, "handoff": "flag"}, {"kda_split": 1, "block_n_out": 16}]
+)
+def test_schedule_knobs_keep_every_bit(weights, knobs):
+    k = KdaHarness(weights, 2, 2, {}, "cpu")
+    x = k.inputs(seed=9)[0]
+    peers = k.peer_partials(x)
+    base = {n: t.clone() for n, t in k(x, peers, poison=True).items()}
+    assert_same_bits(base, KdaHarness(weights, 2, 2, knobs, "cpu")(x, peers, poison=True), str(knobs))
+
+
+def test_separate_launches_keep_every_bit(weights):
+    """The MoE's stages too (router, routing, expert gate/up, expert down, sums) as launches of their own."""
+    k = KdaHarness(weights, 4, 2, {}, "cpu")
+    x = k.inputs(seed=11)[0]
+    peers = k.peer_partials(x)
+    base = {n: t.clone() for n, t in k(x, peers, poison=True).items()}
+    assert_same_bits(base, k.separate()(x, peers, poison=True), "separate launches")
+
+
+def test_the_moe_sites_stuck_are_named(weights):
+    """A site of each MoE task type stuck: LaunchFault names it and the retried launch is a clean one's bits."""
+    k = KdaHarness(weights, 2, 1, {}, "cpu")
+    t = k.launch.table
+    sites = {}
+    for i, s in enumerate(t.sites):
+        ttype = t.tasks[s.task][0]
+        if ttype in MOE_TYPES and ttype not in sites:
+            sites[ttype] = i
+    assert len(sites) == len(MOE_TYPES)
+    for s in sites.values():
+        res = fault_key(weights, "kda", 2, 1, "cpu", s, budget_ns=10**6, wall_s=60)
+        assert res.ok and res.named == 1 and res.retries_equal == 1, res.problems
