@@ -39,3 +39,19 @@ def assert_close(name: str, ref, out, bound: float) -> float:
     print(f"{name}: rel rms {err:.3e}, max abs {(out.double() - ref.double()).abs().max().item():.3e}")
     assert err <= bound, f"{name}: relative RMS error {err:.3e} > {bound:.1e}"
     return err
+
+
+def bits(t):
+    """A tensor's bit pattern (so -0 != +0 and NaN payloads count)."""
+    import torch
+
+    return t.contiguous().view({4: torch.int32, 2: torch.int16, 8: torch.int64, 1: torch.int8}[t.element_size()])
+
+
+def assert_same_bits(a: dict, b: dict, what: str) -> None:
+    """Every tensor of a and b equal bit for bit."""
+    import torch
+
+    assert a.keys() == b.keys(), what
+    for n in a:
+        assert torch.equal(bits(a[n]), bits(b[n])), f"{what}: {n} differs"

@@ -18,6 +18,7 @@ from glm53ctl.kernels.kinds import kernel_kinds
 from glm53ctl.kernels.spec import load_model
 from glm53ctl.kernels.weights import Weights
 from glm53ctl.tuning.knobs import kind_knobs
+from tests.helpers import assert_same_bits
 
 pytestmark = [
     pytest.mark.gpu,
@@ -29,16 +30,6 @@ TP, ROWS = 4, 2  # rows 2: dense and tail fold their norms and make mix tasks; T
 @pytest.fixture(scope="module")
 def weights():
     return Weights(load_model("glm53_flash"), seed=0, device="cuda")
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view({4: torch.int32, 2: torch.int16, 8: torch.int64}[t.element_size()])
-
-
-def assert_same_bits(a: dict, b: dict, what: str) -> None:
-    assert a.keys() == b.keys(), what
-    for n in a:
-        assert torch.equal(_bits(a[n]), _bits(b[n])), f"{what}: {n} differs"
 
 
 def _key(weights, kind: str, **knobs):

@@ -17,6 +17,7 @@ from glm53ctl.kernels.reference import Reference
 from glm53ctl.kernels.spec import load_model
 from glm53ctl.kernels.weights import Weights
 from glm53ctl.tuning.knobs import kind_knobs
+from tests.helpers import assert_same_bits, bits
 
 BOUNDS = get_kind("dense").bounds
 # the task types as the table's rows hold them (ints)
@@ -27,23 +28,13 @@ COMB_A, COMB_F, MIX_A, MIX_F, RED_A, RED_F = (
     t.value for t in (tt.COMB_A, tt.COMB_F, tt.MIX_A, tt.MIX_F, tt.RED_A, tt.RED_F)
 )
 
+
 pytestmark = pytest.mark.interpreter
 
 
 @pytest.fixture(scope="module")
 def weights():
     return Weights(load_model("tiny"), seed=5)
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    """The bit pattern (so -0 != +0 and NaN payloads count)."""
-    return t.contiguous().view({4: torch.int32, 2: torch.int16, 8: torch.int64}[t.element_size()])
-
-
-def assert_same_bits(a: dict, b: dict, what: str) -> None:
-    assert a.keys() == b.keys()
-    for n in a:
-        assert torch.equal(_bits(a[n]), _bits(b[n])), f"{what}: {n} differs"
 
 
 def assert_accurate(weights, k, x, out) -> None:
@@ -246,7 +237,7 @@ def test_any_claim_order_the_waits_allow_gives_the_same_bits(weights, tp, rows, 
     for seed in range(3):
         bad.launch.runtime.shuffle(seed)
         out = bad(x, peers, poison=True)
-        differs += any(not torch.equal(_bits(ref[n]), _bits(out[n])) for n in ref)
+        differs += any(not torch.equal(bits(ref[n]), bits(out[n])) for n in ref)
     assert differs > 0
 
 

@@ -12,10 +12,12 @@ from glm53ctl.kernels.kinds.kda.harness import KdaHarness
 from glm53ctl.kernels.numerics import rel_rms
 from glm53ctl.kernels.spec import load_model
 from glm53ctl.kernels.weights import ROOT, Weights
+from tests.helpers import assert_same_bits
 
 BOUNDS = get_kind("kda").bounds
 MOE_TYPES = tuple(t.value for t in (tt.ROUTER, tt.ROUTE, tt.EXP_GU, tt.EXP_DOWN, tt.MOE_SUM))
 LAYER = 4  # tiny's first KDA layer with the MoE
+
 
 pytestmark = pytest.mark.interpreter
 
@@ -23,16 +25,6 @@ pytestmark = pytest.mark.interpreter
 @pytest.fixture(scope="module")
 def weights():
     return Weights(load_model("tiny"), seed=3)
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view({4: torch.int32, 2: torch.int16, 8: torch.int64}[t.element_size()])
-
-
-def assert_same_bits(a: dict, b: dict, what: str) -> None:
-    assert a.keys() == b.keys()
-    for n in a:
-        assert torch.equal(_bits(a[n]), _bits(b[n])), f"{what}: {n} differs"
 
 
 @pytest.mark.parametrize("tp", [1, 2, 4, 8])

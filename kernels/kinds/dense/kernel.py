@@ -42,7 +42,7 @@ from glm53ctl.kernels.kinds.task_types import (
     ROUTE,
     ROUTER,
 )
-from glm53ctl.kernels.ops.ffn.moe import task_expert_act, task_expert_down, task_moe_sum, task_route, task_router
+from glm53ctl.kernels.ops.ffn.moe import route, router_tile, task_expert_act, task_expert_down, task_moe_sum
 from glm53ctl.kernels.ops.kda.kernel import kda_write_state
 from glm53ctl.kernels.runtime.device import (
     finish,
@@ -555,11 +555,9 @@ def dense_kernel(
                 )
             if MOE:  # the MoE's tasks (kda): none in a dense table, so a dense build has none of this code
                 if ttype == ROUTER:
-                    task_router(x_hat_f, w_r, logits, a0, R, E, D, BLOCK_E, BK_D, INTERPRET)
+                    router_tile(x_hat_f, w_r, logits, a0, R, E, D, BLOCK_E, BK_D, INTERPRET)
                 elif ttype == ROUTE:
-                    task_route(
-                        logits, r_bias, ids, wts, slots, n_slots, slot_w, slot_on, R, E, E_ALL, TOPK, SCALE, NSLOT
-                    )
+                    route(logits, r_bias, ids, wts, slots, n_slots, slot_w, slot_on, R, E, E_ALL, TOPK, SCALE, NSLOT)
                 elif ttype == EXP_GU:
                     task_expert_act(
                         x_hat_f,

@@ -4,17 +4,17 @@ them as plain launches, one per step, for the tests (the `kda` and `sparse` kind
 
 The routing is decided where the rows are, with no host round trip and nothing that depends on timing:
 
-- `router_tile`: the logits of experts e0.. for every row, fp32 sums of bf16 products (x̂ and W_r in bf16).
-- `route`: per row, s = sigmoid(logits), the top-k of s + bias by score descending then index ascending (exact
-  ties by index), the weights s / (Σ s + 1e-20) × scale from the unbiased scores; then the experts any row
-  chose, in ascending order, as slots: slot j is expert `slots[j]`, `n_slots[0]` of them, with each row's weight
-  and whether it chose it. A touched expert's weights are then read once for all the rows that chose it, and
-  an expert nobody chose is not read at all.
+- `router_tile` (a task as it is): the logits of experts e0.. for every row, fp32 sums of bf16 products.
+- `route` (a task as it is): per row, s = sigmoid(logits), the top-k of s + bias by score descending then
+  index ascending (exact ties by index), the weights s / (Σ s + 1e-20) × scale from the unbiased scores; then
+  the experts any row chose, in ascending order, as slots: slot j is expert `slots[j]`, `n_slots[0]` of them,
+  with each row's weight and whether it chose it. A touched expert's weights are then read once for all the rows
+  that chose it, and an expert nobody chose is not read at all.
 - `expert_act_tile` (slot, rows n0.. of its intermediate): gate and up in one K loop, the clamped SwiGLU,
   stored bf16 (what the down projection reads); `expert_down_tile` (slot, output columns n0..): its down
   projection, fp32. The shared expert is one more slot, always on, weight 1.
-- `moe_sum` (row, column chunk): the shared expert's output, then each slot the row chose in ascending expert
-  order times its weight, in fp32: the reference's order, so the same bits whatever the grid or schedule.
+- `task_moe_sum` (row, column chunk): the shared expert's output, then each slot the row chose in ascending
+  expert order times its weight, in fp32: the reference's order, so the same bits whatever the grid or schedule.
 
 Expert parallelism would plug in at the slots: a rank holding whole experts runs the slots whose expert it
 owns (all columns of it) and publishes its partial sum as TP mode does; the reduce across ranks is unchanged.
@@ -31,7 +31,7 @@ from glm53ctl.kernels.ops.gemv.kernel import gemv_tile, gemv_tile_pair
 from glm53ctl.kernels.tlx import interpreting, to_bf16
 
 
-@triton.jit
+@triton.jit(noinline=True)
 def router_tile(
     x_hat, w_r, logits, e0, R, E, D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET: tl.constexpr
 ):
@@ -62,7 +62,7 @@ def topk_row(logits, bias, r, E: tl.constexpr, BLOCK_E: tl.constexpr, TOPK: tl.c
     return chosen, s_chosen / (tl.sum(s_chosen, axis=0) + 1e-20) * SCALE
 
 
-@triton.jit
+@triton.jit(noinline=True)
 def route(
     logits,
     bias,
@@ -159,21 +159,86 @@ def expert_down_tile(
     tl.store(y + o_m[:, None] * D + o_n[None, :], acc, mask=(o_m[:, None] < R) & (o_n[None, :] < D))
 
 
-@triton.jit
-def moe_sum(y_shared, y_slots, n_slots, slot_w, slot_on, r, o_c, D: tl.constexpr, NSLOT: tl.constexpr):
-    """Row r's MoE output over columns o_c, fp32: the shared expert's, then each slot row r chose, in ascending
-    expert order, times its weight (y_shared [16, D], y_slots [NSLOT, 16, D])."""
-    acc = tl.load(y_shared + r * D + o_c)
+# ---- the bodies as a persistent launch's tasks (not inlined: the claim loop carries none of their registers)
+
+
+@triton.jit(noinline=True)
+def task_expert_act(
+    x_hat,
+    w_gate,
+    w_up,
+    shared_gate,
+    shared_up,
+    act,
+    slots,
+    n_slots,
+    j,
+    n0,
+    R,
+    I: tl.constexpr,
+    D: tl.constexpr,
+    NSLOT: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    LIMIT: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    """EXP_GU (slot j, rows n0.. of the intermediate): slot NSLOT is the shared expert (no routing needed); a
+    routed slot past the experts chosen is skipped, so an expert nobody chose is never read."""
+    if j == NSLOT:
+        expert_act_tile(
+            x_hat, shared_gate, shared_up, act + j * 16 * I, j * 0, n0, R, I, D, BLOCK_N, BLOCK_K, LIMIT, INTERPRET
+        )
+    elif j < tl.load(n_slots):
+        expert_act_tile(
+            x_hat, w_gate, w_up, act + j * 16 * I, tl.load(slots + j), n0, R, I, D, BLOCK_N, BLOCK_K, LIMIT, INTERPRET
+        )
+
+
+@triton.jit(noinline=True)
+def task_expert_down(
+    act,
+    w_down,
+    shared_down,
+    y,
+    slots,
+    n_slots,
+    j,
+    n0,
+    R,
+    I: tl.constexpr,
+    D: tl.constexpr,
+    NSLOT: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    """EXP_DOWN (slot j, output columns n0..): the slot's down projection."""
+    if j == NSLOT:
+        expert_down_tile(act + j * 16 * I, shared_down, y + j * 16 * D, j * 0, n0, R, I, D, BLOCK_N, BLOCK_K, INTERPRET)
+    elif j < tl.load(n_slots):
+        expert_down_tile(
+            act + j * 16 * I, w_down, y + j * 16 * D, tl.load(slots + j), n0, R, I, D, BLOCK_N, BLOCK_K, INTERPRET
+        )
+
+
+@triton.jit(noinline=True)
+def task_moe_sum(y, n_slots, slot_w, slot_on, out, c, r, D: tl.constexpr, NSLOT: tl.constexpr, CH: tl.constexpr):
+    """MOE_SUM (chunk c of row r): this rank's MoE partial over the chunk, into out [R, D] (what the FFN reduce
+    adds across ranks): the shared expert's output (slot NSLOT of y [NSLOT + 1, 16, D]), then each slot row r
+    chose, in ascending expert order, times its weight, in fp32: the reference's order."""
+    o_c = c * CH + tl.arange(0, CH)
+    acc = tl.load(y + (NSLOT * 16 + r) * D + o_c)
     n = tl.load(n_slots)
     for j in tl.static_range(NSLOT):
         on = tl.load(slot_on + j * 16 + r, mask=j < n, other=0)
         w = tl.load(slot_w + j * 16 + r, mask=j < n, other=0.0)
-        y = tl.load(y_slots + (j * 16 + r) * D + o_c, mask=(j < n) & (on == 1), other=0.0)
-        acc = tl.where((j < n) & (on == 1), acc + w * y, acc)
-    return acc
+        b_y = tl.load(y + (j * 16 + r) * D + o_c, mask=(j < n) & (on == 1), other=0.0)
+        acc = tl.where((j < n) & (on == 1), acc + w * b_y, acc)
+    tl.store(out + r * D + o_c, acc)
 
 
-# ---- plain launches, one per step (tests; a kind runs the bodies as tasks)
+# ---- plain launches, one per step, of the task bodies above (tests; a kind runs them as tasks)
 
 
 @triton.jit
@@ -222,17 +287,27 @@ def _act_kernel(
     LIMIT: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
-    """Program (tile, slot): slot NSLOT is the shared expert; a slot past n_slots is skipped."""
-    n0 = tl.program_id(0) * BLOCK_N
-    j = tl.program_id(1)
-    if j == NSLOT:
-        expert_act_tile(
-            x_hat, shared_gate, shared_up, act + j * 16 * I, j * 0, n0, R, I, D, BLOCK_N, BLOCK_K, LIMIT, INTERPRET
-        )
-    elif j < tl.load(n_slots):
-        expert_act_tile(
-            x_hat, w_gate, w_up, act + j * 16 * I, tl.load(slots + j), n0, R, I, D, BLOCK_N, BLOCK_K, LIMIT, INTERPRET
-        )
+    """Program (tile, slot)."""
+    task_expert_act(
+        x_hat,
+        w_gate,
+        w_up,
+        shared_gate,
+        shared_up,
+        act,
+        slots,
+        n_slots,
+        tl.program_id(1),
+        tl.program_id(0) * BLOCK_N,
+        R,
+        I,
+        D,
+        NSLOT,
+        BLOCK_N,
+        BLOCK_K,
+        LIMIT,
+        INTERPRET,
+    )
 
 
 @triton.jit
@@ -251,21 +326,28 @@ def _down_kernel(
     BLOCK_K: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
-    n0 = tl.program_id(0) * BLOCK_N
-    j = tl.program_id(1)
-    if j == NSLOT:
-        expert_down_tile(act + j * 16 * I, shared_down, y + j * 16 * D, j * 0, n0, R, I, D, BLOCK_N, BLOCK_K, INTERPRET)
-    elif j < tl.load(n_slots):
-        expert_down_tile(
-            act + j * 16 * I, w_down, y + j * 16 * D, tl.load(slots + j), n0, R, I, D, BLOCK_N, BLOCK_K, INTERPRET
-        )
+    task_expert_down(
+        act,
+        w_down,
+        shared_down,
+        y,
+        slots,
+        n_slots,
+        tl.program_id(1),
+        tl.program_id(0) * BLOCK_N,
+        R,
+        I,
+        D,
+        NSLOT,
+        BLOCK_N,
+        BLOCK_K,
+        INTERPRET,
+    )
 
 
 @triton.jit
 def _sum_kernel(y, n_slots, slot_w, slot_on, out, D: tl.constexpr, NSLOT: tl.constexpr, CH: tl.constexpr):
-    r = tl.program_id(1)
-    o_c = tl.program_id(0) * CH + tl.arange(0, CH)
-    tl.store(out + r * D + o_c, moe_sum(y + NSLOT * 16 * D, y, n_slots, slot_w, slot_on, r, o_c, D, NSLOT))
+    task_moe_sum(y, n_slots, slot_w, slot_on, out, tl.program_id(0), tl.program_id(1), D, NSLOT, CH)
 
 
 def n_slots_for(rows: int, top_k: int) -> int:
@@ -370,103 +452,3 @@ def moe_launch(x_hat: torch.Tensor, w, spec, block_n: int = 16, block_k: int = 6
     ch = min(128, D)
     _sum_kernel[(D // ch, R)](y, n_slots, slot_w, slot_on, out, D=D, NSLOT=NSLOT, CH=ch)
     return {"out": out, "ids": ids, "weights": weights, "slots": slots, "n_slots": n_slots}
-
-
-# ---- the bodies as a persistent launch's tasks (not inlined: the claim loop carries none of their registers)
-
-
-@triton.jit(noinline=True)
-def task_router(
-    x_hat, w_r, logits, e0, R, E, D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET: tl.constexpr
-):
-    """ROUTER: the logits of experts e0.. for every row."""
-    router_tile(x_hat, w_r, logits, e0, R, E, D, BLOCK_E, BLOCK_K, INTERPRET)
-
-
-@triton.jit(noinline=True)
-def task_route(
-    logits,
-    bias,
-    ids,
-    weights,
-    slots,
-    n_slots,
-    slot_w,
-    slot_on,
-    R,
-    E: tl.constexpr,
-    BLOCK_E: tl.constexpr,
-    TOPK: tl.constexpr,
-    SCALE: tl.constexpr,
-    NSLOT: tl.constexpr,
-):
-    """ROUTE: every row's routing and the slots (one task: it waits on every ROUTER tile)."""
-    route(logits, bias, ids, weights, slots, n_slots, slot_w, slot_on, R, E, BLOCK_E, TOPK, SCALE, NSLOT)
-
-
-@triton.jit(noinline=True)
-def task_expert_act(
-    x_hat,
-    w_gate,
-    w_up,
-    shared_gate,
-    shared_up,
-    act,
-    slots,
-    n_slots,
-    j,
-    n0,
-    R,
-    I: tl.constexpr,
-    D: tl.constexpr,
-    NSLOT: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    LIMIT: tl.constexpr,
-    INTERPRET: tl.constexpr,
-):
-    """EXP_GU (slot j, rows n0.. of the intermediate): slot NSLOT is the shared expert (no routing needed); a
-    routed slot past the experts chosen is skipped, so an expert nobody chose is never read."""
-    if j == NSLOT:
-        expert_act_tile(
-            x_hat, shared_gate, shared_up, act + j * 16 * I, j * 0, n0, R, I, D, BLOCK_N, BLOCK_K, LIMIT, INTERPRET
-        )
-    elif j < tl.load(n_slots):
-        expert_act_tile(
-            x_hat, w_gate, w_up, act + j * 16 * I, tl.load(slots + j), n0, R, I, D, BLOCK_N, BLOCK_K, LIMIT, INTERPRET
-        )
-
-
-@triton.jit(noinline=True)
-def task_expert_down(
-    act,
-    w_down,
-    shared_down,
-    y,
-    slots,
-    n_slots,
-    j,
-    n0,
-    R,
-    I: tl.constexpr,
-    D: tl.constexpr,
-    NSLOT: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    INTERPRET: tl.constexpr,
-):
-    """EXP_DOWN (slot j, output columns n0..): the slot's down projection."""
-    if j == NSLOT:
-        expert_down_tile(act + j * 16 * I, shared_down, y + j * 16 * D, j * 0, n0, R, I, D, BLOCK_N, BLOCK_K, INTERPRET)
-    elif j < tl.load(n_slots):
-        expert_down_tile(
-            act + j * 16 * I, w_down, y + j * 16 * D, tl.load(slots + j), n0, R, I, D, BLOCK_N, BLOCK_K, INTERPRET
-        )
-
-
-@triton.jit(noinline=True)
-def task_moe_sum(y, n_slots, slot_w, slot_on, out, c, r, D: tl.constexpr, NSLOT: tl.constexpr, CH: tl.constexpr):
-    """MOE_SUM (chunk c of row r): this rank's MoE partial over the chunk, into out [R, D] (what the FFN reduce
-    adds across ranks)."""
-    o_c = c * CH + tl.arange(0, CH)
-    tl.store(out + r * D + o_c, moe_sum(y + NSLOT * 16 * D, y, n_slots, slot_w, slot_on, r, o_c, D, NSLOT))
