@@ -156,7 +156,7 @@ class DenseHarness(KindHarness):
         conv, S = (t.to(torch.bfloat16) for t in self.rank_state(x, 0))
         parts_a = list(peers.parts_a[1:].to(torch.bfloat16)) if peers is not None else []
         parts_f = list(peers.parts_f[1:].to(torch.bfloat16)) if peers is not None else []
-        w0 = {n: t.to(self.device) for n, t in self.weights.layer(self.layer, 0, self.tp).items()}
+        w0 = self.stock_weights()
         attn_w = lambda w: {n.removeprefix("self_attn."): t for n, t in w.items() if n.startswith("self_attn.")}
 
         def call(w):
@@ -176,6 +176,10 @@ class DenseHarness(KindHarness):
 
         moved = self.timed(x, peers).nbytes
         return Timed(call, cloned(w0), nbytes(*w0.values()), moved, "rank 0's layer weights")
+
+    def stock_weights(self) -> dict[str, torch.Tensor]:
+        """Rank 0's layer weights under the checkpoint's names, on the device: what `stock` reads (and rotates)."""
+        return {n: t.to(self.device) for n, t in self.weights.layer(self.layer, 0, self.tp).items()}
 
     def stock_ffn(self, xh, w: dict, num):
         """The FFN half of `stock`: the dense MLP (rank 0's share)."""

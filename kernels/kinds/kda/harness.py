@@ -45,8 +45,31 @@ class KdaHarness(DenseHarness):
         skip = untouched * per_expert
         return replace(t, stream_bytes=t.stream_bytes - skip, nbytes=t.nbytes - skip)
 
-    def stock_ffn(self, xh, w: dict, num):
-        """The FFN half of `stock`: the reference's MoE (rank 0's share), its routing on the host."""
-        from glm53ctl.kernels.ops.ffn.naive import moe
+    def stock_weights(self) -> dict[str, torch.Tensor]:
+        """dense's, with the experts stacked by id (`mlp.experts.{gate,up,down}`) instead of one tensor each."""
+        from glm53ctl.kernels.ops.ffn.moe import stack_experts
 
-        return moe(xh, {n.removeprefix("mlp."): t for n, t in w.items() if n.startswith("mlp.")}, self.spec, num)[0]
+        w = super().stock_weights()
+        E = self.spec.moe.experts
+        stacked = stack_experts({n.removeprefix("mlp."): t for n, t in w.items() if n.startswith("mlp.")}, E)
+        w = {n: t for n, t in w.items() if not n.startswith("mlp.experts.")}
+        return w | {f"mlp.experts.{p}": t for p, t in zip(("gate", "up", "down"), stacked, strict=True)}
+
+    def stock_ffn(self, xh, w: dict, num):
+        """The FFN half of `stock`: the MoE as a serving stack without fused kernels runs it, in stock ops that a
+        CUDA graph can capture (no host round trip): the reference's router, each row's chosen experts gathered
+        from the stacked weights, their clamped SwiGLU, the weighted sum, the shared expert."""
+        from glm53ctl.kernels.ops.ffn.naive import route, swiglu_mlp
+
+        spec, lim = self.spec, self.spec.moe.swiglu_limit
+        x = num.c(xh)
+        ids, wts = route(x, w["mlp.gate.weight"], w["mlp.gate.e_score_correction_bias"], spec, num)
+        g = torch.einsum("rd,rkid->rki", x, w["mlp.experts.gate"][ids].to(x.dtype)).clamp(max=lim)
+        u = torch.einsum("rd,rkid->rki", x, w["mlp.experts.up"][ids].to(x.dtype)).clamp(-lim, lim)
+        act = num.store(torch.nn.functional.silu(g) * u)
+        y = torch.einsum("rki,rkdi->rkd", act, w["mlp.experts.down"][ids].to(x.dtype))
+        sh = "mlp.shared_experts."
+        shared = swiglu_mlp(
+            xh, w[sh + "gate_proj.weight"], w[sh + "up_proj.weight"], w[sh + "down_proj.weight"], lim, num
+        )
+        return shared + (wts[..., None] * y).sum(1)
