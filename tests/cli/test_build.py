@@ -16,16 +16,17 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_build_reports_resources_per_kernel(capsys, tmp_path):
     doc = invoke_json(capsys, "build", "--model", "tiny", "--tp", "1,2", "--rows", "1", "-j", "2", "--out", tmp_path)
     keys = {e["key"]: e for e in doc["keys"]}
-    assert set(keys) == {f"tiny/{kind}/tp{t}/r1" for kind in ("embed", "dense", "tail") for t in (1, 2)}
+    assert set(keys) == {f"tiny/{kind}/tp{t}/r1" for kind in ("embed", "dense", "kda", "tail") for t in (1, 2)}
     assert [k["role"] for k in keys["tiny/tail/tp2/r1"]["kernels"]] == ["launch", "peer"]
     # a dense peer's partial launches run rank 0's code with another table: one kernel per key
     assert [k["role"] for k in keys["tiny/dense/tp2/r1"]["kernels"]] == ["launch"]
+    assert [k["role"] for k in keys["tiny/kda/tp2/r1"]["kernels"]] == ["launch"]
     for e in doc["keys"]:
         for k in e["kernels"]:
             assert k["symbol"] in ("embed_kernel", "tail_kernel", "dense_kernel")
             assert 0 < k["registers"] <= 255 and k["spill_stores"] >= 0 and k["stack"] >= 0
             assert k["shared"] >= 0 and len(k["hash"]) == 16
-    assert doc["totals"]["kernels"] == 8 and doc["target"] == "sm_90"
+    assert doc["totals"]["kernels"] == 10 and doc["target"] == "sm_90"
     assert json.loads((tmp_path / "manifest.json").read_text())["totals"] == doc["totals"]
     # unchanged keys cost nothing the second time
     again = invoke_json(capsys, "build", "--model", "tiny", "--tp", "1,2", "--rows", "1", "--out", tmp_path)
@@ -38,7 +39,7 @@ def test_build_reports_resources_per_kernel(capsys, tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--kind", "kda"], "--kind 'kda': expected values from embed, dense, tail"),
+        (["--kind", "sparse"], "--kind 'sparse': expected values from embed, dense, kda, tail"),
         (["--tp", "3"], "--tp '3': expected values from 1, 2, 4, 8"),
         (["--rows", "x"], "--rows 'x': expected a comma-separated list"),
         (["--target", "hopper"], "--target 'hopper': expected sm_<capability>"),
