@@ -106,7 +106,7 @@ def test_readme_test_command_is_what_ci_runs():
 
     root = Path(__file__).resolve().parents[2]
     readme, ci = (root / "README.md").read_text(), (root / ".ci" / "run").read_text()
-    assert "python -m pytest -q" in readme and ci.rstrip().endswith("python -m pytest -q")
+    assert "python -m pytest -q -n auto\n" in readme and ci.rstrip().endswith("python -m pytest -q -n auto")
 
 
 @pytest.mark.parametrize(
