@@ -51,7 +51,8 @@ class CheckResult:
         return not self.problems
 
 
-def _same(a: dict, b: dict) -> bool:
+def outputs_equal(a: dict, b: dict) -> bool:
+    """The same names, and every tensor equal (what a bitwise check compares)."""
     return a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
 
 
@@ -91,12 +92,12 @@ def check_key(weights: Weights, kind: str, tp: int, rows: int, seed: int, device
         res.problems.append("an output element was not written (NaN poison left)")
     for g in GRIDS:
         other = make_harness(weights, kind, tp, rows, {"grid": g}, device)(x, peers, poison=True)
-        if not _same(out, other):
+        if not outputs_equal(out, other):
             res.grids_equal = False
             res.problems.append(f"grid {g} gives other bits than grid {k.knobs['grid']}")
     epoch = k.launch.runtime.epoch
     for i in range(REPEATS):
-        if not _same(out, k(x, peers, poison=True)):
+        if not outputs_equal(out, k(x, peers, poison=True)):
             res.repeats_equal = False
             res.problems.append(f"launch {i + 2} in a row gives other bits")
     res.invariants["tag advanced once per launch"] = k.launch.runtime.epoch == epoch + REPEATS
@@ -158,7 +159,7 @@ def fault_key(
             res.hangs += 1
         # poisoned: a retry that writes nothing cannot pass on the bits an earlier launch left behind
         epoch = k.launch.runtime.epoch
-        if _same(clean, k(x, peers, poison=True)) and k.launch.runtime.epoch == epoch + 1:
+        if outputs_equal(clean, k(x, peers, poison=True)) and k.launch.runtime.epoch == epoch + 1:
             res.retries_equal += 1
         else:
             res.problems.append(f"site {s}: the retried launch differs from a clean one")

@@ -20,7 +20,7 @@ from dataclasses import replace
 
 import torch
 
-from glm53ctl.kernels.checks import key_name, key_seed, make_harness
+from glm53ctl.kernels.checks import key_name, key_seed, make_harness, outputs_equal
 from glm53ctl.tuning import measure
 
 BASELINES = ("separate", "separate-pdl", "torch", "compile", "defaults")
@@ -61,10 +61,6 @@ def variant(k, x, peers, which: str):
         t = k.stock(x, peers)
         return replace(t, call=torch.compile(t.call, dynamic=False))
     raise ValueError(f"unknown baseline {which!r}")
-
-
-def _same(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
 
 
 def bench_key(
@@ -119,10 +115,12 @@ def bench_key(
             extra = {"knobs_equal": kb.knobs == k.knobs}
         else:
             kb, extra = k, {}
-            if which.startswith("separate"):
+            if which.startswith("separate"):  # its bits first, then the same stage launches timed
                 sep = k.separate(pdl=which == "separate-pdl")
-                extra = {"bitwise_equal": _same(out, {n: t.clone() for n, t in sep(x, peers).items()})}
-            t = variant(k, x, peers, which)
+                extra = {"bitwise_equal": outputs_equal(out, {n: t.clone() for n, t in sep(x, peers).items()})}
+                t = sep.timed(x, peers)
+            else:
+                t = variant(k, x, peers, which)
         base_timer, _ = timer_for(t)
         r = measure.ratio(*measure.ab_rounds(launch_timer, base_timer, rounds))
         row["baselines"][which] = {"us": r["b_us"], "ratio": r["ratio"], "ratio_ci": r["ratio_ci"]} | extra
@@ -219,11 +217,6 @@ def precompile(jobs: list[tuple], workers: int, log=None) -> None:
 def compile_workers() -> int:
     """Compile processes: the cores but two (one for the timing process, one for the system)."""
     return max(1, (os.cpu_count() or 2) - 2)
-
-
-def verdict_exit(this_vs_ref: dict, delta: float) -> bool:
-    """True where this tree is slower than REF beyond the noise: `bench --against` then exits 1."""
-    return measure.verdict(this_vs_ref["ratio_ci"], delta) == "slower"
 
 
 def gpu_count() -> int:

@@ -132,9 +132,6 @@ def _sampler(space: dict[str, tuple], trials: int, seed: int):
     return optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(10, max(3, trials // 3)))
 
 
-FINISHED = ("COMPLETE", "PRUNED")
-
-
 def search(
     ev: Evaluator,
     default: dict,
@@ -355,6 +352,7 @@ class GpuEvaluator:
         self.knobs = kind_knobs(kind)
         self.default = defaults(kind)
         self.harnesses: dict[str, Any] = {}
+        self.default_identity = self.identity(self.default)
         k = self._harness(self.default)
         self.x = k.inputs(key_seed(seed, key_name(weights.spec.name, kind, tp, rows)))[0].to(k.device)
         self.default_out = self._outputs(k)
@@ -412,7 +410,7 @@ class GpuEvaluator:
         import torch
 
         ident = self.identity(knobs)
-        if ident != self.identity(self.default):
+        if ident != self.default_identity:
             self.harnesses.pop(ident, None)
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()

@@ -26,6 +26,7 @@ def test_bench_key_times_the_launch_and_every_baseline(weights, kind):
     """Every baseline in one process over two keys (a second key once crashed on the first key's Dynamo cache);
     the separate launches, plain and PDL-chained, give the launch's bits."""
     from glm53ctl.tuning.bench import BASELINES, bench_key
+    from glm53ctl.tuning.knobs import defaults, resolve_grid
 
     # dense: one key and no stock baselines (its Inductor compile alone takes a minute; docs/perf has its figures)
     baselines = ("separate", "separate-pdl", "defaults") if kind == "dense" else BASELINES
@@ -36,7 +37,7 @@ def test_bench_key_times_the_launch_and_every_baseline(weights, kind):
             b = row["baselines"][name]
             assert b["us"] > 0 and math.isfinite(b["ratio"]), name
         assert row["baselines"]["separate"]["bitwise_equal"] and row["baselines"]["separate-pdl"]["bitwise_equal"]
-        assert row["baselines"]["defaults"]["knobs_equal"] in (True, False)
+        assert row["baselines"]["defaults"]["knobs_equal"] == (row["knobs"] == resolve_grid(defaults(kind), "cuda"))
         if kind == "dense":
             assert [s["stage"] for s in row["trace"]["stages"]][0] == "attn mix"
 
