@@ -44,7 +44,7 @@ _TYPES = (
     ("ROUTE", "route"),
     ("EXP_GU", "expert gate_up"),
     ("EXP_DOWN", "expert down"),
-    ("MOE_SUM", "moe sum"),
+    ("MOE_SUM", "moe sum"),  # retired: the FFN reduces sum the slots themselves; ids are never reused
 )
 
 # id -> the name a trace or a LaunchFault shows

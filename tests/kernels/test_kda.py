@@ -15,7 +15,7 @@ from glm53ctl.kernels.weights import ROOT, Weights
 from tests.helpers import assert_same_bits
 
 BOUNDS = get_kind("kda").bounds
-MOE_TYPES = tuple(t.value for t in (tt.ROUTER, tt.ROUTE, tt.EXP_GU, tt.EXP_DOWN, tt.MOE_SUM))
+MOE_TYPES = tuple(t.value for t in (tt.ROUTER, tt.ROUTE, tt.EXP_GU, tt.EXP_DOWN))
 LAYER = 4  # tiny's first KDA layer with the MoE
 
 

@@ -11,6 +11,7 @@ import triton.language as tl
 from glm53ctl.kernels.kinds.dense.tasks import (
     PR,
     prefetch,
+    task_expert_gate_up,
     task_gate,
     task_gate_up,
     task_inproj,
@@ -19,6 +20,7 @@ from glm53ctl.kernels.kinds.dense.tasks import (
     task_own,
     task_partial,
     task_reduce,
+    task_route,
 )
 from glm53ctl.kernels.kinds.task_types import (
     COMB_A,
@@ -33,7 +35,6 @@ from glm53ctl.kernels.kinds.task_types import (
     KDA_HEAD,
     MIX_A,
     MIX_F,
-    MOE_SUM,
     OPROJ,
     OWN_A,
     OWN_F,
@@ -42,7 +43,7 @@ from glm53ctl.kernels.kinds.task_types import (
     ROUTE,
     ROUTER,
 )
-from glm53ctl.kernels.ops.ffn.moe import route, router_tile, task_expert_act, task_expert_down, task_moe_sum
+from glm53ctl.kernels.ops.ffn.moe import router_tile, task_expert_down
 from glm53ctl.kernels.ops.kda.kernel import kda_write_state
 from glm53ctl.kernels.runtime.device import (
     finish,
@@ -111,22 +112,20 @@ def dense_kernel(
     ipp,
     gup,
     trace,
-    # the MoE (kda): router, experts stacked [E, ...], shared expert; routing and slot buffers
+    # the MoE (kda): router, experts stacked [E + 1, ...] (the shared one last); routing and slot buffers
     w_r,
     r_bias,
     w_eg,
     w_eu,
     w_ed,
-    w_sg,
-    w_su,
-    w_sd,
     logits,
     ids,
     wts,
+    route_on,
     slots,
     n_slots,
-    slot_w,
-    slot_on,
+    slot_of,
+    gup_m,
     act_m,
     y_m,
     # outputs
@@ -193,12 +192,16 @@ def dense_kernel(
     SCALE: tl.constexpr = 1.0,
     NSLOT: tl.constexpr = 1,
     BLOCK_E: tl.constexpr = 32,
+    KS_RT: tl.constexpr = 1,
+    BK_RT: tl.constexpr = 16,
+    BN_DN: tl.constexpr = 16,
 ):
     P: tl.constexpr = HL * K
     NIN: tl.constexpr = 2 * RG + HL + 3 * P
     HDR: tl.constexpr = 2 * RG + HL  # where the per-head q|k|v rows start in the in-projection
     PK: tl.constexpr = P // KS_O
     IK: tl.constexpr = I // KS_F
+    moe = (y_m, ids, wts, slot_of)  # what an FFN reduce of the MoE sums (tasks.py `_own`)
     rt = runtime_buffers(ctl, flags, boxes, errs, tasks, wait_kind, wait_index, wait_count, pub_slot)
     if PDL:  # a stage of separate-pdl: ask for this program's first weights while the launch before ends
         first = task_row(rt, tl.minimum(tl.program_id(0), n_tasks - 1))
@@ -427,6 +430,7 @@ def dense_kernel(
                     fn=fn_f,
                     mixp=mixp + NCH * 16 * 32,
                     ssp=ssp + NCH * 16,
+                    moe=moe,
                     c=a0,
                     r=a1,
                     R=R,
@@ -437,6 +441,9 @@ def dense_kernel(
                     KS=KS_O,
                     T=T,
                     MIX=not MIX_TASK,
+                    MOE=False,
+                    TOPK=TOPK,
+                    NSLOT=NSLOT,
                     INTERPRET=INTERPRET,
                 )
             elif ttype == MIX_F:
@@ -517,6 +524,7 @@ def dense_kernel(
                     fn=fn_f,
                     mixp=mixp,
                     ssp=ssp,
+                    moe=moe,
                     c=a0,
                     r=a1,
                     R=R,
@@ -527,12 +535,16 @@ def dense_kernel(
                     KS=KS_F,
                     T=T,
                     MIX=False,
+                    MOE=MOE,
+                    TOPK=TOPK,
+                    NSLOT=NSLOT,
                     INTERPRET=INTERPRET,
                 )
             elif ttype == OWN_A:
                 task_own(
                     kpart=kpart_a,
                     parts=parts_a,
+                    moe=moe,
                     c=a0,
                     r=a1,
                     R=R,
@@ -540,11 +552,15 @@ def dense_kernel(
                     D=D,
                     CH=CH,
                     KS=KS_O,
+                    MOE=False,
+                    TOPK=TOPK,
+                    NSLOT=NSLOT,
                 )
             elif ttype == OWN_F:
                 task_own(
                     kpart=kpart_f,
                     parts=parts_f,
+                    moe=moe,
                     c=a0,
                     r=a1,
                     R=R,
@@ -552,39 +568,71 @@ def dense_kernel(
                     D=D,
                     CH=CH,
                     KS=KS_F,
+                    MOE=MOE,
+                    TOPK=TOPK,
+                    NSLOT=NSLOT,
                 )
             if MOE:  # the MoE's tasks (kda): none in a dense table, so a dense build has none of this code
                 if ttype == ROUTER:
-                    router_tile(x_hat_f, w_r, logits, a0, R, E, D, BLOCK_E, BK_D, INTERPRET)
+                    router_tile(x_hat_f, w_r, logits, a0, a1, R, E, D, KS_RT, BLOCK_E, BK_RT, INTERPRET)
                 elif ttype == ROUTE:
-                    route(logits, r_bias, ids, wts, slots, n_slots, slot_w, slot_on, R, E, E_ALL, TOPK, SCALE, NSLOT)
+                    task_route(
+                        logits=logits,
+                        bias=r_bias,
+                        ids=ids,
+                        wts=wts,
+                        on=route_on,
+                        slots=slots,
+                        n_slots=n_slots,
+                        slot_of=slot_of,
+                        arrive=arrive + R * HL,
+                        epoch=epoch,
+                        r=a0,
+                        R=R,
+                        E=E,
+                        KS=KS_RT,
+                        BLOCK_E=E_ALL,
+                        TOPK=TOPK,
+                        SCALE=SCALE,
+                        NSLOT=NSLOT,
+                    )
                 elif ttype == EXP_GU:
-                    task_expert_act(
-                        x_hat_f,
-                        w_eg,
-                        w_eu,
-                        w_sg,
-                        w_su,
-                        act_m,
-                        slots,
-                        n_slots,
-                        a0,
-                        a1,
-                        R,
-                        I,
-                        D,
-                        NSLOT,
-                        BN_GU,
-                        BK_D,
-                        LIMIT,
-                        INTERPRET,
+                    ok = task_expert_gate_up(
+                        rt=rt,
+                        row=row,
+                        task=task,
+                        epoch=epoch,
+                        stuck_site=stuck_site,
+                        budget_ns=budget_ns,
+                        trace=trace,
+                        x=x_hat_f,
+                        w_gate=w_eg,
+                        w_up=w_eu,
+                        gup=gup_m,
+                        act=act_m,
+                        slots=slots,
+                        n_slots=n_slots,
+                        j=a0,
+                        n0=a1,
+                        ks=row[3],
+                        R=R,
+                        E=E,
+                        I=I,
+                        D=D,
+                        NSLOT=NSLOT,
+                        BN=BN_GU,
+                        BK=BK_GU,
+                        LIMIT=LIMIT,
+                        KS=KS_GU,
+                        TRACE=TRACE,
+                        INTERPRET=INTERPRET,
+                        POLL=POLL,
+                        THREADS=THREADS,
                     )
                 elif ttype == EXP_DOWN:
                     task_expert_down(
-                        act_m, w_ed, w_sd, y_m, slots, n_slots, a0, a1, R, I, D, NSLOT, BN_O, BK_I, INTERPRET
+                        act_m, w_ed, y_m, slots, n_slots, a0, a1, R, E, I, D, NSLOT, BN_DN, BK_I, INTERPRET
                     )
-                elif ttype == MOE_SUM:
-                    task_moe_sum(y_m, n_slots, slot_w, slot_on, kpart_f, a0, a1, D, NSLOT, CH)
             if ok:
                 publish(rt, row, task, epoch, INTERPRET)
                 if TRACE:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 
 from glm53ctl.kernels.kinds.dense.kernel import dense_kernel
-from glm53ctl.kernels.kinds.dense.table import ROUTER_TILE, Dims, build_table, kda_parts, mix_tasks
+from glm53ctl.kernels.kinds.dense.table import Dims, build_table, kda_parts, mix_tasks
 from glm53ctl.kernels.kinds.dense.tasks import PR
-from glm53ctl.kernels.ops.ffn.moe import n_slots_for, stack_experts
+from glm53ctl.kernels.ops.ffn.moe import ROUTER_TILE, n_slots_for, stack_experts
 from glm53ctl.kernels.ops.gemv.kernel import fold_norm, folds
 from glm53ctl.kernels.ops.kda.kernel import SCRATCH
 from glm53ctl.kernels.runtime.launch import DEFAULT_BUDGET_NS, PersistentLaunch, Runtime
@@ -19,8 +19,8 @@ def prepare_weights(w, spec, tp: int, device, fold: bool = False, ffn: str = "de
     """One rank's layer weights as the kernel reads them (done once per key, like a checkpoint's fused
     layout): the in-projection rows f_a | g_a | b | (q_h | k_h | v_h per head), the conv taps [3P, W] fp32.
     fold (`gemv.folds` of knob `norm` and the rows): the in-projection, gate and up times their gate's norm
-    weight, rounded to bf16 once. ffn "moe": the router, the experts stacked by id and the shared expert instead
-    of the dense MLP (gate and up not folded: the router and every expert read x̂ itself)."""
+    weight, rounded to bf16 once. ffn "moe": the router and the experts stacked by id, the shared expert after
+    them (expert E), instead of the dense MLP (gate and up not folded: the router and every expert read x̂)."""
     a_ = "self_attn."
     from glm53ctl.tuning.knobs import defaults
 
@@ -48,10 +48,9 @@ def prepare_weights(w, spec, tp: int, device, fold: bool = False, ffn: str = "de
     }
     if ffn == "moe":
         m = w.sub("mlp.")
-        w_eg, w_eu, w_ed = stack_experts(m, spec.moe.experts)
+        w_eg, w_eu, w_ed = stack_experts(m, spec.moe.experts, shared=True)
         out |= {"w_r": m["gate.weight"].to(torch.bfloat16), "r_bias": m["gate.e_score_correction_bias"].float()}
         out |= {"w_eg": w_eg, "w_eu": w_eu, "w_ed": w_ed}
-        out |= {f"w_s{p[0]}": m[f"shared_experts.{p}_proj.weight"].to(torch.bfloat16) for p in ("gate", "up", "down")}
     else:
         out["w_gate"] = fold_norm(norm_f, w["mlp.gate_proj.weight"]) if fold else w["mlp.gate_proj.weight"]
         out["w_up"] = fold_norm(norm_f, w["mlp.up_proj.weight"]) if fold else w["mlp.up_proj.weight"]
@@ -84,9 +83,9 @@ class DenseLaunch(PersistentLaunch):
         self.table = build_table(d, rows, knobs, mode)
         self.grid = knobs["grid"]
         self.tracing = False  # a diagnostic build: each task's claim, ready and publish times (runtime/trace.py)
-        # the KDA heads' arrival words (`arrive_last`): tagged with the epoch of the launch's own runtime, so
-        # never shared with another launch (a stage of separate launches has its own)
-        self.arrive = torch.zeros(rows * d.HL, dtype=torch.int32, device=self.device)
+        # the KDA heads' arrival words (`arrive_last`), then the routing's: tagged with the epoch of the launch's
+        # own runtime, so never shared with another launch (a stage of separate launches has its own)
+        self.arrive = torch.zeros(rows * d.HL + 1, dtype=torch.int32, device=self.device)
         self.runtime = Runtime(self.table, self.device, max_programs=self.grid)
         f32, bf16 = torch.float32, torch.bfloat16
         e = lambda *shape, dtype=f32: torch.zeros(shape, dtype=dtype, device=self.device)
@@ -113,13 +112,14 @@ class DenseLaunch(PersistentLaunch):
         self.nslot = n = n_slots_for(rows, d.TOPK) if d.moe else 1
         moe = lambda *shape, dtype=f32: e(*shape, dtype=dtype) if d.moe else e(1, dtype=dtype)  # noqa: E731
         self.buf |= {
-            "logits": moe(16, d.E),
+            "logits": moe(d.KS_RT, 16, d.E),  # the router's K-slice sums
             "ids": moe(R, d.TOPK, dtype=i32),
             "wts": moe(R, d.TOPK),
+            "route_on": moe(16, d.E, dtype=i32),  # which experts each row chose
             "slots": moe(n, dtype=i32),
             "n_slots": moe(1, dtype=i32),
-            "slot_w": moe(n, 16),
-            "slot_on": moe(n, 16, dtype=i32),
+            "slot_of": moe(d.E, dtype=i32),
+            "gup_m": moe(n + 1, d.KS_GU, 2, 16, d.I),  # the slots' gate/up K-slice sums (slice 0 adds them)
             "act_m": moe(n + 1, 16, d.I, dtype=bf16),
             "y_m": moe(n + 1, 16, D),
         }
@@ -237,6 +237,9 @@ class DenseLaunch(PersistentLaunch):
                     "SCALE": d.SCALE,
                     "NSLOT": self.nslot,
                     "BLOCK_E": ROUTER_TILE,
+                    "KS_RT": d.KS_RT,
+                    "BK_RT": d.BK_RT,
+                    "BN_DN": d.BN_DN,
                 }
                 if d.moe
                 else {}
@@ -287,4 +290,4 @@ WEIGHTS = (
     "w_o",
 )
 DENSE_FFN_WEIGHTS = ("w_gate", "w_up", "w_down")
-MOE_WEIGHTS = ("w_r", "r_bias", "w_eg", "w_eu", "w_ed", "w_sg", "w_su", "w_sd")
+MOE_WEIGHTS = ("w_r", "r_bias", "w_eg", "w_eu", "w_ed")

@@ -47,7 +47,6 @@ from glm53ctl.kernels.kinds.task_types import (
     KDA_HEAD,
     MIX_A,
     MIX_F,
-    MOE_SUM,
     OPROJ,
     OWN_A,
     OWN_F,
@@ -56,7 +55,7 @@ from glm53ctl.kernels.kinds.task_types import (
     ROUTE,
     ROUTER,
 )
-from glm53ctl.kernels.ops.ffn.moe import n_slots_for
+from glm53ctl.kernels.ops.ffn.moe import ROUTER_SLICES, ROUTER_TILE, n_slots_for
 from glm53ctl.kernels.ops.gemv.kernel import folds
 from glm53ctl.kernels.runtime.table import TaskTable
 
@@ -67,9 +66,7 @@ STAGES = ((MIX_A,), (GATE_A, COMB_A), (INPROJ,), (KDA_HEAD,), (OPROJ,), (RED_A, 
 STAGES += ((DOWN,), (RED_F,))
 # kda: the attention half's, then the MoE's (router tiles; the routing; every slot's gate/up, the shared expert's
 # included; their down projections; the sums)
-MOE_STAGES = STAGES[:7] + ((ROUTER,), (ROUTE,), (EXP_GU,), (EXP_DOWN,), (MOE_SUM,), (RED_F,))
-# experts per router task
-ROUTER_TILE = 32
+MOE_STAGES = STAGES[:7] + ((ROUTER,), (ROUTE,), (EXP_GU,), (EXP_DOWN,), (RED_F,))
 
 
 def _covering(tiles: list[tuple[int, int, int]], lo: int, hi: int) -> list[int]:
@@ -122,8 +119,14 @@ class Dims:
         self.BK_D, self.BK_R, self.BK_O, self.BK_I = (min(bk, n) for n in (self.D, self.RG, self.PK, self.IK))
         self.BK_GU = min(bk, self.D // self.KS_GU)
         self.BK_IN = min(bk, self.D // self.KS_IN)
+        # the MoE: the router's K slices; an expert's down tile (knob block_n_down; 0: about 64 KB of weights a
+        # task, enough bytes in flight per program without a K loop too short to pipeline)
+        self.KS_RT = k_slices(ROUTER_SLICES, self.D)
+        self.BK_RT = min(bk, self.D // self.KS_RT)
+        self.BN_DN = knobs.get("block_n_down") or max(16, min(128, 32768 // self.I))
         # the GEMV body has no K mask: a K slice must be whole K tiles
-        for k, tile in ((self.D // self.KS_GU, self.BK_GU), (self.D // self.KS_IN, self.BK_IN), (self.PK, self.BK_O)):
+        tiles = ((self.D // self.KS_GU, self.BK_GU), (self.D // self.KS_IN, self.BK_IN), (self.PK, self.BK_O))
+        for k, tile in (*tiles, (self.D // self.KS_RT, self.BK_RT)):
             assert k % tile == 0, f"a K slice of {k} columns is not whole K tiles of {tile}"
         assert self.IK % self.BK_I == 0 and self.D % self.BK_D == 0 and self.RG % self.BK_R == 0
 
@@ -198,11 +201,12 @@ def add_dense(t: TaskTable, d: Dims, rows: int, knobs: dict, mode: str = "full",
         mixes = [add(MIX_F, c, r, waits=[red]) for (c, r), red in zip(chunks, reds, strict=True)]
     gates_f = [add(GATE_F, r, waits=mixes[r * d.NCH : (r + 1) * d.NCH]) for r in range(rows)]
     combs_f = [add(COMB_F, r, waits=mixes[r * d.NCH : (r + 1) * d.NCH]) for r in range(rows)] if mode == "full" else []
-    if d.moe:
-        sums = _add_moe(t, add, d, rows, gates_f, chunks)
+    if d.moe:  # the reduces sum the slots' outputs themselves (their own partial is the MoE's sum)
+        slots = _add_moe(t, add, d, rows, gates_f, knobs)
+        cover = lambda c: [x for down in slots for x in _covering(down, c * d.CH, (c + 1) * d.CH)]  # noqa: E731
         if mode == "ffn":
-            return [add(OWN_F, c, r, waits=[sums[i]]) for i, (c, r) in enumerate(chunks)]
-        return [add(RED_F, c, r, waits=[combs_f[r], sums[i]], peers=True) for i, (c, r) in enumerate(chunks)]
+            return [add(OWN_F, c, r, waits=cover(c)) for c, r in chunks]
+        return [add(RED_F, c, r, waits=[combs_f[r], *cover(c)], peers=True) for c, r in chunks]
     # folded, gate/up streams H1 (written by the reduces) and waits for the FFN gates at its end
     gu = []
     for n0 in range(0, d.I, d.BN_GU):
@@ -225,20 +229,31 @@ def add_dense(t: TaskTable, d: Dims, rows: int, knobs: dict, mode: str = "full",
     ]
 
 
-def _add_moe(t: TaskTable, add, d: Dims, rows: int, gates_f: list[int], chunks: list[tuple[int, int]]) -> list[int]:
-    """The MoE after the FFN gates: router tiles (every row's logits), the routing (one task), then per slot (the
-    shared expert's first: it needs no routing, so it streams while the router and routing run; then one slot per
-    expert the rows may choose, skipped past those chosen) its gate/up tiles and down tiles, and per chunk of a
-    row the sum in expert order (MOE_SUM: this rank's FFN partial). Returns the sums, in `chunks` order."""
+def _add_moe(t: TaskTable, add, d: Dims, rows: int, gates_f: list[int], knobs: dict) -> list[list[tuple]]:
+    """The MoE after the FFN gates: router tiles over K slices (every row's logits), the routing (a task per row;
+    the last to arrive makes the slots), then per slot (the shared expert's first: it needs no routing, so it
+    streams while the router and routing run; then one slot per expert the rows may choose, skipped past those
+    chosen) its gate/up tiles over K slices (slice 0 adds the others' sums, late, and makes act) and its down
+    tiles. Returns each slot's down tiles (lo, hi, task): the FFN reduce of a chunk sums the slots covering it."""
+    how, words = knobs["handoff"], knobs["box_words"]
     nslot = n_slots_for(rows, d.TOPK)
-    router = [add(ROUTER, e0, waits=gates_f) for e0 in range(0, d.E, ROUTER_TILE)]
+    router = [add(ROUTER, e0, ks, waits=gates_f) for e0 in range(0, d.E, ROUTER_TILE) for ks in range(d.KS_RT)]
+
+    def gate_up(j: int, after: list[int]) -> list[tuple[int, int, int]]:
+        tiles = []
+        for n0 in range(0, d.I, d.BN_GU):
+            others = [add(EXP_GU, j, n0, ks, waits=after) for ks in range(d.KS_GU - 1, 0, -1)]
+            tiles.append((n0, n0 + d.BN_GU, add(EXP_GU, j, n0, 0, waits=after)))
+            if others:
+                t.wait(tiles[-1][2], others, how, words, late=True)
+        return tiles
+
     order = [nslot, *range(nslot)]  # the shared expert is slot nslot
-    gu = {nslot: [add(EXP_GU, nslot, n0, waits=gates_f) for n0 in range(0, d.I, d.BN_GU)]}
-    route = add(ROUTE, waits=router)
+    gu = {nslot: gate_up(nslot, gates_f)}
+    routes = [add(ROUTE, r, waits=router) for r in range(rows)]
     for j in range(nslot):
-        gu[j] = [add(EXP_GU, j, n0, waits=[route]) for n0 in range(0, d.I, d.BN_GU)]
-    down = {j: [(n0, n0 + d.BN_O, add(EXP_DOWN, j, n0, waits=gu[j])) for n0 in range(0, d.D, d.BN_O)] for j in order}
+        gu[j] = gate_up(j, routes)
     return [
-        add(MOE_SUM, c, r, waits=[x for j in order for x in _covering(down[j], c * d.CH, (c + 1) * d.CH)])
-        for c, r in chunks
+        [(n0, n0 + d.BN_DN, add(EXP_DOWN, j, n0, waits=[x for *_, x in gu[j]])) for n0 in range(0, d.D, d.BN_DN)]
+        for j in order
     ]

@@ -1,6 +1,7 @@
-"""The `dense` kind's task bodies: the ops' bodies (mHC, KDA, GEMV, SwiGLU) applied to a task's slice of the
-layer, and what only this kind does (prefetch, the all-reduce over rank partials, K-slice sums). The claim
-loop in kernel.py dispatches to them; the tasks themselves are described in table.py.
+"""The `dense` kind's task bodies (and the `kda` kind's, which shares the kernel): the ops' bodies (mHC, KDA,
+GEMV, SwiGLU, the MoE) applied to a task's slice of the layer, and what only this kind does (prefetch, the
+all-reduce over rank partials, K-slice sums, the routing's last arrival). The claim loop in kernel.py dispatches
+to them; the tasks themselves are described in table.py.
 """
 
 import triton
@@ -8,6 +9,7 @@ import triton.language as tl
 
 from glm53ctl.kernels.kinds.task_types import DOWN, GU, INPROJ, KDA_HEAD, MIX_F, OPROJ, RED_A
 from glm53ctl.kernels.ops.ffn.kernel import swiglu_act
+from glm53ctl.kernels.ops.ffn.moe import expert_gate_up, make_slots, moe_sum_cols, route_row, slot_expert, store_act
 from glm53ctl.kernels.ops.gemv.kernel import gemv_tile, gemv_tile_pair, sum_streams
 from glm53ctl.kernels.ops.kda.kernel import kda_head, kda_norm
 from glm53ctl.kernels.ops.mhc.kernel import gate_comb, gate_pre, gate_scale, hc_post_cols, mix_row
@@ -147,13 +149,25 @@ def _own_partial(kpart, r, o_c, R, D: tl.constexpr, KS: tl.constexpr):
 
 
 @triton.jit
-def _reduced(kpart, parts, r, o_c, R, RANK, D: tl.constexpr, KS: tl.constexpr, T: tl.constexpr):
-    """Row r's all-reduce over columns o_c: the ranks' partials summed in rank order (this rank's own from
-    its K slices, the peers' from `parts` [T, R, D]): the same bits on every rank."""
-    own = _own_partial(kpart, r, o_c, R, D, KS)
+def _reduced(own, parts, r, o_c, R, RANK, D: tl.constexpr, T: tl.constexpr):
+    """Row r's all-reduce over columns o_c: the ranks' partials summed in rank order (this rank's own, the
+    peers' from `parts` [T, R, D]): the same bits on every rank."""
     acc = tl.where(RANK == 0, own, tl.load(parts + r * D + o_c, mask=RANK != 0, other=0.0))
     for q in tl.static_range(1, T):
         acc += tl.where(RANK == q, own, tl.load(parts + (q * R + r) * D + o_c, mask=RANK != q, other=0.0))
+    return acc
+
+
+@triton.jit
+def _own(
+    kpart, moe, r, o_c, R, D: tl.constexpr, KS: tl.constexpr, MOE: tl.constexpr, TOPK: tl.constexpr, NSLOT: tl.constexpr
+):
+    """This rank's partial of row r over columns o_c: its K slices summed (kpart), or (MOE) the MoE's sum over
+    the slots' outputs, moe = (y, ids, weights, slot_of)."""
+    if MOE:
+        acc = moe_sum_cols(moe[0], moe[1], moe[2], moe[3], r, o_c, D, TOPK, NSLOT)
+    else:
+        acc = _own_partial(kpart, r, o_c, R, D, KS)
     return acc
 
 
@@ -364,6 +378,7 @@ def task_reduce(
     fn,
     mixp,
     ssp,
+    moe,
     c,
     r,
     R,
@@ -374,12 +389,16 @@ def task_reduce(
     KS: tl.constexpr,
     T: tl.constexpr,
     MIX: tl.constexpr,
+    MOE: tl.constexpr,
+    TOPK: tl.constexpr,
+    NSLOT: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
     """RED_A / RED_F: chunk c of row r: the all-reduce (out), hc_post (H_out); RED_A with MIX (no MIX_F tasks)
-    also the FFN gate's mix logits over the chunk, from the stored (bf16) H_out values, as MIX_F makes them."""
+    also the FFN gate's mix logits over the chunk, from the stored (bf16) H_out values, as MIX_F makes them.
+    RED_F of the MoE (MOE) sums the slots' outputs for its own partial (`_own`)."""
     o_c = c * CH + tl.arange(0, CH)
-    a = _reduced(kpart, parts, r, o_c, R, RANK, D, KS, T)
+    a = _reduced(_own(kpart, moe, r, o_c, R, D, KS, MOE, TOPK, NSLOT), parts, r, o_c, R, RANK, D, T)
     tl.store(out + r * D + o_c, a)
     hc_post_cols(a, H, post, comb, H_out, r, o_c, D, HC, INTERPRET)
     if MIX:
@@ -466,10 +485,121 @@ def task_gate_up(
 
 
 @triton.jit(noinline=True)
-def task_own(kpart, parts, c, r, R, RANK, D: tl.constexpr, CH: tl.constexpr, KS: tl.constexpr):
+def task_own(
+    kpart,
+    parts,
+    moe,
+    c,
+    r,
+    R,
+    RANK,
+    D: tl.constexpr,
+    CH: tl.constexpr,
+    KS: tl.constexpr,
+    MOE: tl.constexpr,
+    TOPK: tl.constexpr,
+    NSLOT: tl.constexpr,
+):
     """OWN_A / OWN_F: this rank's partial of chunk c of row r, for the other ranks' reduces."""
     o_c = c * CH + tl.arange(0, CH)
-    tl.store(parts + (RANK * R + r) * D + o_c, _own_partial(kpart, r, o_c, R, D, KS))
+    tl.store(parts + (RANK * R + r) * D + o_c, _own(kpart, moe, r, o_c, R, D, KS, MOE, TOPK, NSLOT))
+
+
+@triton.jit(noinline=True)
+def task_route(
+    logits,
+    bias,
+    ids,
+    wts,
+    on,
+    slots,
+    n_slots,
+    slot_of,
+    arrive,
+    epoch,
+    r,
+    R,
+    E: tl.constexpr,
+    KS: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    TOPK: tl.constexpr,
+    SCALE: tl.constexpr,
+    NSLOT: tl.constexpr,
+):
+    """ROUTE (row r): the row's routing (`route_row`); the last row to arrive (`arrive_last`) makes the slots
+    from every row's choice, so the tasks after wait on every row's ROUTE and find the slots made."""
+    route_row(logits, bias, ids, wts, on, r, E, KS, BLOCK_E, TOPK, SCALE)
+    last = True
+    if R > 1:
+        tl.debug_barrier()  # every thread's stores before the release
+        last = arrive_last(arrive, epoch, R)
+    if last:
+        make_slots(on, slots, n_slots, slot_of, R, E, BLOCK_E, NSLOT)
+
+
+@triton.jit(noinline=True)
+def task_expert_gate_up(
+    rt,
+    row,
+    task,
+    epoch,
+    stuck_site,
+    budget_ns,
+    trace,
+    x,
+    w_gate,
+    w_up,
+    gup,
+    act,
+    slots,
+    n_slots,
+    j,
+    n0,
+    ks,
+    R,
+    E: tl.constexpr,
+    I: tl.constexpr,
+    D: tl.constexpr,
+    NSLOT: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    LIMIT: tl.constexpr,
+    KS: tl.constexpr,
+    TRACE: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    POLL: tl.constexpr,
+    THREADS: tl.constexpr,
+):
+    """EXP_GU (slot j, rows n0.. of the intermediate, K slice ks of KS: knob ksplit_gu): the slot's gate and up
+    over the slice (`expert_gate_up`; nothing for a slot no row chose). A slice but the first stores its sums in
+    `gup` [NSLOT + 1, KS, 2, 16, I] and is done; slice 0 then waits (late: every slice 0 does, chosen or not, so
+    every site can be stuck) for them, adds them in slice order, and makes the slot's act. True unless a wait
+    failed."""
+    expert, live = slot_expert(slots, n_slots, j, E, NSLOT)
+    g = tl.zeros((16, BN), dtype=tl.float32)
+    u = tl.zeros((16, BN), dtype=tl.float32)
+    if live:
+        g, u = expert_gate_up(x, w_gate, w_up, expert, n0, ks, R, I, D, KS, BN, BK, INTERPRET)
+    o_m = tl.arange(0, 16)
+    o_n = n0 + tl.arange(0, BN)
+    p_gup = gup + (j * KS * 2 * 16 + o_m[:, None]) * I + o_n[None, :]
+    m_gup = (o_m[:, None] < R) & (o_n[None, :] < I)
+    ok = task >= 0
+    if ks != 0:
+        if live:
+            tl.store(p_gup + (ks * 2) * (16 * I), g, mask=m_gup)
+            tl.store(p_gup + (ks * 2 + 1) * (16 * I), u, mask=m_gup)
+    else:
+        if KS > 1:
+            if TRACE:
+                stamp(trace, task, 4, INTERPRET)
+            ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, True)
+        if ok & live:
+            for q in tl.static_range(1, KS):
+                g += tl.load(p_gup + (q * 2) * (16 * I), mask=m_gup, other=0.0)
+                u += tl.load(p_gup + (q * 2 + 1) * (16 * I), mask=m_gup, other=0.0)
+            store_act(g, u, act + j * 16 * I, n0, R, I, BN, LIMIT, INTERPRET)
+    return ok
 
 
 # the table's sizes do not change the code: no recompile per count that happens to be 1 or a multiple of 16

@@ -1,17 +1,33 @@
 """The `kda` kind: one KDA layer with the MoE (31 of glm53_flash's 45 layers) as one persistent launch. Its facts.
 
 The attention half is `dense`'s: the same tasks, the same knobs. The FFN half is the MoE (docs/model.md §6.2):
-router tiles and the routing decided in the launch, then per slot (the shared expert's, and one per expert the
-rows chose, in ascending order) its gate/up and down tiles, and per row and column chunk the sum in expert order
-(kernels/ops/ffn/moe.py). The table, kernel and launch are `dense`'s with `ffn="moe"` (kinds/dense/table.py
-`_add_moe`); this folder holds what differs: its facts and its harness. Knobs that only the dense MLP reads
-(`ksplit_gu`, `ffn_mix`'s gate/up) give the same launch here, so `tune` never times them twice.
+router tiles over K slices and the routing decided in the launch (a task per row; the last to arrive makes the
+slots), then per slot (the shared expert's, and one per expert the rows chose, in ascending order) its gate/up
+tiles over K slices and its down tiles; the FFN reduce of each row and column chunk sums the slots in expert
+order itself (kernels/ops/ffn/moe.py). The table, kernel and launch are `dense`'s with `ffn="moe"`
+(kinds/dense/table.py `_add_moe`); this folder holds what differs: its facts and its harness.
+
+Knobs: `dense`'s, read the same way where the MoE has the same step (`block_n_gu`, `ksplit_gu`: the experts'
+gate/up tiles and K slices), and `block_n_down`, the experts' down tiles. `ffn_mix` and `norm` reach only the
+attention half and the FFN gate here (no expert folds the norm: each reads x̂ after the routing).
 """
 
 from glm53ctl.kernels.kinds.dense import BOUNDS as DENSE_BOUNDS
-from glm53ctl.kernels.kinds.dense import KNOBS, RUNTIME, RUNTIME_DEFAULTS
+from glm53ctl.kernels.kinds.dense import KNOBS as DENSE_KNOBS
+from glm53ctl.kernels.kinds.dense import RUNTIME, RUNTIME_DEFAULTS
+from glm53ctl.tuning.knobs import Knob
 
 __all__ = ["BOUNDS", "KNOBS", "RUNTIME", "RUNTIME_DEFAULTS"]
+
+KNOBS = DENSE_KNOBS + (
+    Knob(
+        "block_n_down",
+        (0, 16, 32, 64, 128),
+        0,
+        "schedule",
+        "output rows per expert down-projection task; 0: about 64 KB of weights a task (128 rows at TP8, 16 at TP1)",
+    ),
+)
 
 # the routing weights follow x̂ through the router (the launch's x̂ is the launch's, as ffn.x_hat's bound says;
 # tiny measured 5e-4 to 1e-3); the routed ids are checked exactly (check's routing invariants)

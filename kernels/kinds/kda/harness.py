@@ -41,7 +41,7 @@ class KdaHarness(DenseHarness):
         self(x, peers)
         untouched = self.spec.moe.experts - int(self.launch.buf["n_slots"][0])
         w = self.w[0]
-        per_expert = sum(nbytes(w[n]) for n in ("w_eg", "w_eu", "w_ed")) // self.spec.moe.experts
+        per_expert = sum(nbytes(w[n]) for n in ("w_eg", "w_eu", "w_ed")) // (self.spec.moe.experts + 1)  # + shared
         skip = untouched * per_expert
         return replace(t, stream_bytes=t.stream_bytes - skip, nbytes=t.nbytes - skip)
 

@@ -1,20 +1,23 @@
 """The MoE as Triton bodies (docs/model.md §6.2): the router, the routing decided on the device, the touched
-experts' clamped SwiGLU, and their sum in a fixed order. A kind's tasks call these bodies; `moe_launch` runs
-them as plain launches, one per step, for the tests (the `kda` and `sparse` kinds will run them as tasks).
+experts' clamped SwiGLU, and their sum in a fixed order. A kind's tasks call these bodies (the `kda` kind:
+kinds/dense/tasks.py adds the hand-offs); `moe_launch` runs them as plain launches, one per step, for the tests.
 
 The routing is decided where the rows are, with no host round trip and nothing that depends on timing:
 
-- `router_tile` (a task as it is): the logits of experts e0.. for every row, fp32 sums of bf16 products.
-- `route` (a task as it is): per row, s = sigmoid(logits), the top-k of s + bias by score descending then
-  index ascending (exact ties by index), the weights s / (Σ s + 1e-20) × scale from the unbiased scores; then
-  the experts any row chose, in ascending order, as slots: slot j is expert `slots[j]`, `n_slots[0]` of them,
-  with each row's weight and whether it chose it. A touched expert's weights are then read once for all the rows
-  that chose it, and an expert nobody chose is not read at all.
-- `expert_act_tile` (slot, rows n0.. of its intermediate): gate and up in one K loop, the clamped SwiGLU,
-  stored bf16 (what the down projection reads); `expert_down_tile` (slot, output columns n0..): its down
-  projection, fp32. The shared expert is one more slot, always on, weight 1.
-- `task_moe_sum` (row, column chunk): the shared expert's output, then each slot the row chose in ascending
-  expert order times its weight, in fp32: the reference's order, so the same bits whatever the grid or schedule.
+- `router_tile` (experts e0.., K slice ks): the router's logits over the slice for every row, fp32 sums of
+  bf16 products; `route_row` adds the slices in slice order.
+- `route_row` (row r): s = sigmoid(logits), the top-k of s + bias by score descending then index ascending
+  (exact ties by index), the weights s / (Σ s + 1e-20) × scale from the unbiased scores; the row's experts
+  ascending, and which it chose (`on`).
+- `make_slots` (once every row is routed): the experts any row chose, in ascending order, as slots: slot j is
+  expert `slots[j]`, `n_slots[0]` of them, and `slot_of[e]` the slot of expert e. A touched expert's weights
+  are then read once for all the rows that chose it, and an expert nobody chose is not read at all.
+- `expert_gate_up` (slot, rows n0.. of its intermediate, K slice): gate and up in one K loop; `store_act` the
+  clamped SwiGLU, stored bf16 (what the down projection reads); `task_expert_down` (slot, output columns n0..):
+  its down projection, fp32. The shared expert is one more slot (NSLOT), always on, weight 1: it is stacked
+  after the routed experts, as expert E, so every slot reads one stacked tensor.
+- `moe_sum_cols` (row, columns): the shared expert's output, then each expert the row chose in ascending
+  order times its weight, in fp32: the reference's order, so the same bits whatever the grid or schedule.
 
 Expert parallelism would plug in at the slots: a rank holding whole experts runs the slots whose expert it
 owns (all columns of it) and publishes its partial sum as TP mode does; the reduce across ranks is unchanged.
@@ -30,104 +33,143 @@ from glm53ctl.kernels.ops.ffn.kernel import swiglu_act
 from glm53ctl.kernels.ops.gemv.kernel import gemv_tile, gemv_tile_pair
 from glm53ctl.kernels.tlx import interpreting, to_bf16
 
+# the router's experts per tile, and its K slices: short K loops, so its tiles on the path finish sooner
+ROUTER_TILE = 32
+ROUTER_SLICES = 4
+
 
 @triton.jit(noinline=True)
 def router_tile(
-    x_hat, w_r, logits, e0, R, E, D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET: tl.constexpr
+    x_hat,
+    w_r,
+    logits,
+    e0,
+    ks,
+    R,
+    E,
+    D: tl.constexpr,
+    KS: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    INTERPRET: tl.constexpr,
 ):
-    """logits[r, e0:e0 + BLOCK_E] (fp32, [R, E]) = x̂[r] · W_r[e] for every row r: x̂ [R, D] bf16, W_r [E, D]
-    bf16."""
-    acc = gemv_tile(x_hat, D, w_r, e0, R, E, D, D, BLOCK_E, BLOCK_K, INTERPRET)
+    """logits[ks, r, e0:e0 + BLOCK_E] (fp32, [KS, 16, E]) = x̂[r] · W_r[e] over K slice ks of KS, for every
+    row r: x̂ [R, D] bf16, W_r [E, D] bf16."""
+    KK: tl.constexpr = D // KS
+    acc = gemv_tile(x_hat + ks * KK, D, w_r + ks * KK, e0, R, E, KK, D, BLOCK_E, BLOCK_K, INTERPRET)
     o_m = tl.arange(0, 16)
     o_e = e0 + tl.arange(0, BLOCK_E)
-    tl.store(logits + o_m[:, None] * E + o_e[None, :], acc, mask=(o_m[:, None] < R) & (o_e[None, :] < E))
+    tl.store(logits + (ks * 16 + o_m[:, None]) * E + o_e[None, :], acc, mask=(o_m[:, None] < R) & (o_e[None, :] < E))
 
 
 @triton.jit
-def topk_row(logits, bias, r, E: tl.constexpr, BLOCK_E: tl.constexpr, TOPK: tl.constexpr, SCALE: tl.constexpr):
-    """Row r's routing over the experts [BLOCK_E]: which it chooses (1/0) and their weights (0 elsewhere). The
-    top-k of s + bias by score descending, then index ascending (an exact tie goes to the lower index); the
-    weights from the unbiased s, normalized, times SCALE."""
+def topk_row(s, key, BLOCK_E: tl.constexpr, TOPK: tl.constexpr, SCALE: tl.constexpr):
+    """A row's routing over the experts [BLOCK_E] from its scores s and keys (s + bias, -inf past E): which it
+    chooses (1/0) and their weights (0 elsewhere). The top-k by key descending, then index ascending (an exact
+    tie goes to the lower index); the weights from the unbiased s, normalized, times SCALE.
+
+    One reduction per pick: the key's float order as an int32 (a key is s + bias with s > 0, never -0.0) in the
+    high word, the index reversed in the low one, so the largest packed value is the largest key at its lowest
+    index."""
     o_e = tl.arange(0, BLOCK_E)
-    m_e = o_e < E
-    s = tl.sigmoid(tl.load(logits + r * E + o_e, mask=m_e, other=0.0))
-    key = tl.where(m_e, s + tl.load(bias + o_e, mask=m_e, other=0.0), float("-inf"))
+    bits = key.to(tl.int32, bitcast=True)
+    order = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    packed = (order.to(tl.int64) << 32) | (BLOCK_E - 1 - o_e).to(tl.int64)
+    taken = tl.full((BLOCK_E,), -(2**63), tl.int64)
     chosen = tl.zeros((BLOCK_E,), dtype=tl.int32)
     for _ in tl.static_range(TOPK):
-        best = tl.max(key, axis=0)
-        pick = tl.min(tl.where(key == best, o_e, BLOCK_E), axis=0)
+        pick = BLOCK_E - 1 - (tl.max(packed, axis=0) & 0xFFFFFFFF).to(tl.int32)
         chosen = tl.where(o_e == pick, 1, chosen)
-        key = tl.where(o_e == pick, float("-inf"), key)
+        packed = tl.where(o_e == pick, taken, packed)
     s_chosen = tl.where(chosen == 1, s, 0.0)
     return chosen, s_chosen / (tl.sum(s_chosen, axis=0) + 1e-20) * SCALE
 
 
-@triton.jit(noinline=True)
-def route(
+@triton.jit
+def route_row(
     logits,
     bias,
     ids,
     weights,
-    slots,
-    n_slots,
-    slot_w,
-    slot_on,
-    R,
+    on,
+    r,
     E: tl.constexpr,
+    KS: tl.constexpr,
     BLOCK_E: tl.constexpr,
     TOPK: tl.constexpr,
     SCALE: tl.constexpr,
-    NSLOT: tl.constexpr,
 ):
-    """Every row's routing from logits [16, E] fp32 (rows past R unread) and bias [E] fp32: ids
-    [R, TOPK] int32 (ascending) and weights [R, TOPK] fp32; then the slots: slots [NSLOT] int32 (the chosen
-    experts ascending, -1 past n_slots[0]), slot_w [NSLOT, 16] fp32 (row r's weight for slot j, 0 if it did not
-    choose it) and slot_on [NSLOT, 16] int32 (whether it did). Two passes over the rows (the union first, then
-    each row's place in it), recomputing each row's top-k rather than reading back what this program stored."""
+    """Row r's routing from the router's K-slice sums logits [KS, 16, E] fp32 (added in slice order) and the
+    bias [E] fp32: ids[r] (ascending) int32 and weights[r] fp32 [R, TOPK]; on[r, e] int32 [16, E]: whether row
+    r chose expert e (what `make_slots` unites)."""
     o_e = tl.arange(0, BLOCK_E)
-    touched = tl.zeros((BLOCK_E,), dtype=tl.int32)
-    for r in range(R):
-        chosen, w = topk_row(logits, bias, r, E, BLOCK_E, TOPK, SCALE)
-        # ascending expert order: a chosen expert's place is the count of chosen experts before it
-        place = tl.cumsum(chosen, axis=0) - 1
-        tl.store(ids + r * TOPK + place, o_e, mask=chosen == 1)
-        tl.store(weights + r * TOPK + place, w, mask=chosen == 1)
-        touched = touched | chosen
-    slot_of = tl.cumsum(touched, axis=0) - 1
-    n = tl.sum(touched, axis=0)
-    o_j = tl.arange(0, NSLOT)
-    tl.store(slots + o_j, tl.full((NSLOT,), -1, tl.int32), mask=o_j >= n)
-    tl.store(slots + slot_of, o_e, mask=touched == 1)
-    tl.store(n_slots + tl.arange(0, 1), tl.full((1,), 0, tl.int32) + n)
-    for r in range(16):
-        chosen = tl.zeros((BLOCK_E,), dtype=tl.int32)
-        w = tl.zeros((BLOCK_E,), dtype=tl.float32)
-        if r < R:  # rows past R choose nothing (their logits are never written)
-            chosen, w = topk_row(logits, bias, r, E, BLOCK_E, TOPK, SCALE)
-        tl.store(slot_on + slot_of * 16 + r, chosen, mask=touched == 1)
-        tl.store(slot_w + slot_of * 16 + r, w, mask=touched == 1)
+    m_e = o_e < E
+    lg = tl.load(logits + r * E + o_e, mask=m_e, other=0.0)
+    for q in tl.static_range(1, KS):
+        lg += tl.load(logits + (q * 16 + r) * E + o_e, mask=m_e, other=0.0)
+    s = tl.sigmoid(lg)
+    key = tl.where(m_e, s + tl.load(bias + o_e, mask=m_e, other=0.0), float("-inf"))
+    chosen, w = topk_row(s, key, BLOCK_E, TOPK, SCALE)
+    # ascending expert order: a chosen expert's place is the count of chosen experts before it
+    place = tl.cumsum(chosen, axis=0) - 1
+    tl.store(ids + r * TOPK + place, o_e, mask=chosen == 1)
+    tl.store(weights + r * TOPK + place, w, mask=chosen == 1)
+    tl.store(on + r * E + o_e, chosen, mask=m_e)
 
 
 @triton.jit
-def expert_act_tile(
+def make_slots(on, slots, n_slots, slot_of, R, E: tl.constexpr, BLOCK_E: tl.constexpr, NSLOT: tl.constexpr):
+    """The slots from every row's `on` [16, E] (rows past R unread): slots [NSLOT] int32 (the chosen experts
+    ascending, -1 past n_slots[0]) and slot_of [E] int32 (an expert's slot, -1 if nobody chose it). Reads the
+    other rows' `on` from L2 (.cg): other programs wrote them."""
+    o_m = tl.arange(0, 16)
+    o_e = tl.arange(0, BLOCK_E)
+    m = (o_m[:, None] < R) & (o_e[None, :] < E)
+    touched = tl.max(tl.load(on + o_m[:, None] * E + o_e[None, :], mask=m, other=0, cache_modifier=".cg"), axis=0)
+    slot = tl.cumsum(touched, axis=0) - 1
+    n = tl.sum(touched, axis=0)
+    o_j = tl.arange(0, NSLOT)
+    tl.store(slots + o_j, tl.full((NSLOT,), -1, tl.int32), mask=o_j >= n)
+    tl.store(slots + slot, o_e, mask=touched == 1)
+    tl.store(slot_of + o_e, tl.where(touched == 1, slot, -1), mask=o_e < E)
+    tl.store(n_slots + tl.arange(0, 1), tl.full((1,), 0, tl.int32) + n)
+
+
+@triton.jit
+def slot_expert(slots, n_slots, j, E: tl.constexpr, NSLOT: tl.constexpr):
+    """Slot j's expert in the stacked weights (the shared expert, E, for slot NSLOT) and whether it runs: a
+    routed slot past the experts chosen is skipped, so an expert nobody chose is never read."""
+    shared = j == NSLOT
+    live = shared | (j < tl.load(n_slots))
+    return tl.where(shared, E, tl.load(slots + tl.minimum(j, NSLOT - 1))), live
+
+
+@triton.jit
+def expert_gate_up(
     x_hat,
     w_gate,
     w_up,
-    act,
     expert,
     n0,
+    ks,
     R,
     I: tl.constexpr,
     D: tl.constexpr,
+    KS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    LIMIT: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
-    """act[r, n0:n0 + BLOCK_N] (bf16, [16, I]) = the clamped SwiGLU of expert `expert`'s gate and up rows n0..
-    for every row: w_gate, w_up [E, I, D] bf16 (this rank's share of every expert's intermediate)."""
-    base = expert.to(tl.int64) * I * D
-    g, u = gemv_tile_pair(x_hat, D, w_gate + base, w_up + base, n0, R, I, D, D, BLOCK_N, BLOCK_K, INTERPRET)
+    """Expert `expert`'s gate and up rows n0.. over K slice ks of KS, for every row, in one K loop ([16, BLOCK_N]
+    fp32 each): w_gate, w_up [E + 1, I, D] bf16 (this rank's share of every expert's intermediate)."""
+    KK: tl.constexpr = D // KS
+    base = expert.to(tl.int64) * I * D + ks * KK
+    return gemv_tile_pair(x_hat + ks * KK, D, w_gate + base, w_up + base, n0, R, I, KK, D, BLOCK_N, BLOCK_K, INTERPRET)
+
+
+@triton.jit
+def store_act(g, u, act, n0, R, I: tl.constexpr, BLOCK_N: tl.constexpr, LIMIT: tl.constexpr, INTERPRET: tl.constexpr):
+    """act[r, n0:n0 + BLOCK_N] (bf16, [16, I]) = the clamped SwiGLU of a slot's gate and up sums."""
     o_m = tl.arange(0, 16)
     o_n = n0 + tl.arange(0, BLOCK_N)
     tl.store(
@@ -137,75 +179,17 @@ def expert_act_tile(
     )
 
 
-@triton.jit
-def expert_down_tile(
-    act,
-    w_down,
-    y,
-    expert,
-    n0,
-    R,
-    I: tl.constexpr,
-    D: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    INTERPRET: tl.constexpr,
-):
-    """y[r, n0:n0 + BLOCK_N] (fp32, [16, D]) = expert `expert`'s down projection of act [16, I] bf16: w_down
-    [E, D, I] bf16."""
-    acc = gemv_tile(act, I, w_down + expert.to(tl.int64) * D * I, n0, R, D, I, I, BLOCK_N, BLOCK_K, INTERPRET)
-    o_m = tl.arange(0, 16)
-    o_n = n0 + tl.arange(0, BLOCK_N)
-    tl.store(y + o_m[:, None] * D + o_n[None, :], acc, mask=(o_m[:, None] < R) & (o_n[None, :] < D))
-
-
-# ---- the bodies as a persistent launch's tasks (not inlined: the claim loop carries none of their registers)
-
-
-@triton.jit(noinline=True)
-def task_expert_act(
-    x_hat,
-    w_gate,
-    w_up,
-    shared_gate,
-    shared_up,
-    act,
-    slots,
-    n_slots,
-    j,
-    n0,
-    R,
-    I: tl.constexpr,
-    D: tl.constexpr,
-    NSLOT: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    LIMIT: tl.constexpr,
-    INTERPRET: tl.constexpr,
-):
-    """EXP_GU (slot j, rows n0.. of the intermediate): slot NSLOT is the shared expert (no routing needed); a
-    routed slot past the experts chosen is skipped, so an expert nobody chose is never read."""
-    if j == NSLOT:
-        expert_act_tile(
-            x_hat, shared_gate, shared_up, act + j * 16 * I, j * 0, n0, R, I, D, BLOCK_N, BLOCK_K, LIMIT, INTERPRET
-        )
-    elif j < tl.load(n_slots):
-        expert_act_tile(
-            x_hat, w_gate, w_up, act + j * 16 * I, tl.load(slots + j), n0, R, I, D, BLOCK_N, BLOCK_K, LIMIT, INTERPRET
-        )
-
-
 @triton.jit(noinline=True)
 def task_expert_down(
     act,
     w_down,
-    shared_down,
     y,
     slots,
     n_slots,
     j,
     n0,
     R,
+    E: tl.constexpr,
     I: tl.constexpr,
     D: tl.constexpr,
     NSLOT: tl.constexpr,
@@ -213,39 +197,49 @@ def task_expert_down(
     BLOCK_K: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
-    """EXP_DOWN (slot j, output columns n0..): the slot's down projection."""
-    if j == NSLOT:
-        expert_down_tile(act + j * 16 * I, shared_down, y + j * 16 * D, j * 0, n0, R, I, D, BLOCK_N, BLOCK_K, INTERPRET)
-    elif j < tl.load(n_slots):
-        expert_down_tile(
-            act + j * 16 * I, w_down, y + j * 16 * D, tl.load(slots + j), n0, R, I, D, BLOCK_N, BLOCK_K, INTERPRET
-        )
+    """EXP_DOWN (slot j, output columns n0..): y[j, r, n0:n0 + BLOCK_N] (fp32, [NSLOT + 1, 16, D]) = the slot's
+    down projection of act [NSLOT + 1, 16, I] bf16: w_down [E + 1, D, I] bf16."""
+    expert, live = slot_expert(slots, n_slots, j, E, NSLOT)
+    if live:
+        w = w_down + expert.to(tl.int64) * D * I
+        acc = gemv_tile(act + j * 16 * I, I, w, n0, R, D, I, I, BLOCK_N, BLOCK_K, INTERPRET)
+        o_m = tl.arange(0, 16)
+        o_n = n0 + tl.arange(0, BLOCK_N)
+        tl.store(y + (j * 16 + o_m[:, None]) * D + o_n[None, :], acc, mask=(o_m[:, None] < R) & (o_n[None, :] < D))
 
 
-@triton.jit(noinline=True)
-def task_moe_sum(y, n_slots, slot_w, slot_on, out, c, r, D: tl.constexpr, NSLOT: tl.constexpr, CH: tl.constexpr):
-    """MOE_SUM (chunk c of row r): this rank's MoE partial over the chunk, into out [R, D] (what the FFN reduce
-    adds across ranks): the shared expert's output (slot NSLOT of y [NSLOT + 1, 16, D]), then each slot row r
-    chose, in ascending expert order, times its weight, in fp32: the reference's order."""
-    o_c = c * CH + tl.arange(0, CH)
+@triton.jit
+def moe_sum_cols(y, ids, weights, slot_of, r, o_c, D: tl.constexpr, TOPK: tl.constexpr, NSLOT: tl.constexpr):
+    """Row r's MoE output over columns o_c (this rank's partial, fp32): the shared expert's (slot NSLOT of y
+    [NSLOT + 1, 16, D]), then each expert the row chose, in ascending order, times its weight: the reference's
+    order."""
     acc = tl.load(y + (NSLOT * 16 + r) * D + o_c)
-    n = tl.load(n_slots)
-    for j in tl.static_range(NSLOT):
-        on = tl.load(slot_on + j * 16 + r, mask=j < n, other=0)
-        w = tl.load(slot_w + j * 16 + r, mask=j < n, other=0.0)
-        b_y = tl.load(y + (j * 16 + r) * D + o_c, mask=(j < n) & (on == 1), other=0.0)
-        acc = tl.where((j < n) & (on == 1), acc + w * b_y, acc)
-    tl.store(out + r * D + o_c, acc)
+    for k in tl.static_range(TOPK):
+        j = tl.load(slot_of + tl.load(ids + r * TOPK + k))
+        acc = acc + tl.load(weights + r * TOPK + k) * tl.load(y + (j * 16 + r) * D + o_c)
+    return acc
 
 
-# ---- plain launches, one per step, of the task bodies above (tests; a kind runs them as tasks)
+# ---- plain launches, one per step, of the bodies above (tests; a kind runs them as tasks)
 
 
 @triton.jit
 def _router_kernel(
-    x_hat, w_r, logits, R, E, D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET: tl.constexpr
+    x_hat,
+    w_r,
+    logits,
+    R,
+    E,
+    D: tl.constexpr,
+    KS: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    INTERPRET: tl.constexpr,
 ):
-    router_tile(x_hat, w_r, logits, tl.program_id(0) * BLOCK_E, R, E, D, BLOCK_E, BLOCK_K, INTERPRET)
+    """Program (tile, K slice)."""
+    router_tile(
+        x_hat, w_r, logits, tl.program_id(0) * BLOCK_E, tl.program_id(1), R, E, D, KS, BLOCK_E, BLOCK_K, INTERPRET
+    )
 
 
 @triton.jit
@@ -254,18 +248,20 @@ def _route_kernel(
     bias,
     ids,
     weights,
-    slots,
-    n_slots,
-    slot_w,
-    slot_on,
-    R,
+    on,
     E: tl.constexpr,
+    KS: tl.constexpr,
     BLOCK_E: tl.constexpr,
     TOPK: tl.constexpr,
     SCALE: tl.constexpr,
-    NSLOT: tl.constexpr,
 ):
-    route(logits, bias, ids, weights, slots, n_slots, slot_w, slot_on, R, E, BLOCK_E, TOPK, SCALE, NSLOT)
+    """Program r: row r."""
+    route_row(logits, bias, ids, weights, on, tl.program_id(0), E, KS, BLOCK_E, TOPK, SCALE)
+
+
+@triton.jit
+def _slots_kernel(on, slots, n_slots, slot_of, R, E: tl.constexpr, BLOCK_E: tl.constexpr, NSLOT: tl.constexpr):
+    make_slots(on, slots, n_slots, slot_of, R, E, BLOCK_E, NSLOT)
 
 
 @triton.jit
@@ -276,9 +272,8 @@ def _act_kernel(
     act,
     slots,
     n_slots,
-    shared_gate,
-    shared_up,
     R,
+    E: tl.constexpr,
     I: tl.constexpr,
     D: tl.constexpr,
     NSLOT: tl.constexpr,
@@ -287,27 +282,12 @@ def _act_kernel(
     LIMIT: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
-    """Program (tile, slot)."""
-    task_expert_act(
-        x_hat,
-        w_gate,
-        w_up,
-        shared_gate,
-        shared_up,
-        act,
-        slots,
-        n_slots,
-        tl.program_id(1),
-        tl.program_id(0) * BLOCK_N,
-        R,
-        I,
-        D,
-        NSLOT,
-        BLOCK_N,
-        BLOCK_K,
-        LIMIT,
-        INTERPRET,
-    )
+    """Program (tile, slot): one K slice."""
+    j, n0 = tl.program_id(1), tl.program_id(0) * BLOCK_N
+    expert, live = slot_expert(slots, n_slots, j, E, NSLOT)
+    if live:
+        g, u = expert_gate_up(x_hat, w_gate, w_up, expert, n0, 0, R, I, D, 1, BLOCK_N, BLOCK_K, INTERPRET)
+        store_act(g, u, act + j * 16 * I, n0, R, I, BLOCK_N, LIMIT, INTERPRET)
 
 
 @triton.jit
@@ -317,8 +297,8 @@ def _down_kernel(
     y,
     slots,
     n_slots,
-    shared_down,
     R,
+    E: tl.constexpr,
     I: tl.constexpr,
     D: tl.constexpr,
     NSLOT: tl.constexpr,
@@ -329,13 +309,13 @@ def _down_kernel(
     task_expert_down(
         act,
         w_down,
-        shared_down,
         y,
         slots,
         n_slots,
         tl.program_id(1),
         tl.program_id(0) * BLOCK_N,
         R,
+        E,
         I,
         D,
         NSLOT,
@@ -346,8 +326,13 @@ def _down_kernel(
 
 
 @triton.jit
-def _sum_kernel(y, n_slots, slot_w, slot_on, out, D: tl.constexpr, NSLOT: tl.constexpr, CH: tl.constexpr):
-    task_moe_sum(y, n_slots, slot_w, slot_on, out, tl.program_id(0), tl.program_id(1), D, NSLOT, CH)
+def _sum_kernel(
+    y, ids, weights, slot_of, out, D: tl.constexpr, TOPK: tl.constexpr, NSLOT: tl.constexpr, CH: tl.constexpr
+):
+    """Program (chunk, row)."""
+    r = tl.program_id(1)
+    o_c = tl.program_id(0) * CH + tl.arange(0, CH)
+    tl.store(out + r * D + o_c, moe_sum_cols(y, ids, weights, slot_of, r, o_c, D, TOPK, NSLOT))
 
 
 def n_slots_for(rows: int, top_k: int) -> int:
@@ -355,11 +340,13 @@ def n_slots_for(rows: int, top_k: int) -> int:
     return triton.next_power_of_2(rows * top_k)
 
 
-def stack_experts(w, experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def stack_experts(w, experts: int, shared: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A rank's expert weights as three bf16 tensors, gate and up [E, I, D] and down [E, D, I], from the
-    checkpoint's per-expert names (`experts.{e}.{gate,up,down}_proj.weight`): what the bodies index by expert."""
+    checkpoint's per-expert names (`experts.{e}.{gate,up,down}_proj.weight`): what the bodies index by expert.
+    shared: the shared expert (`shared_experts.*`) stacked after them, as expert E ([E + 1, ...])."""
+    names = [f"experts.{e}." for e in range(experts)] + (["shared_experts."] if shared else [])
     return tuple(
-        torch.stack([w[f"experts.{e}.{p}_proj.weight"] for e in range(experts)]).to(torch.bfloat16).contiguous()
+        torch.stack([w[f"{n}{p}_proj.weight"] for n in names]).to(torch.bfloat16).contiguous()
         for p in ("gate", "up", "down")
     )
 
@@ -371,50 +358,40 @@ def moe_launch(x_hat: torch.Tensor, w, spec, block_n: int = 16, block_k: int = 6
     R, D = x_hat.shape
     moe, dev = spec.moe, x_hat.device
     E, TOPK = moe.experts, moe.top_k
-    wg, wu, wd = (t.to(dev) for t in stack_experts(w, E))
+    wg, wu, wd = (t.to(dev) for t in stack_experts(w, E, shared=True))
     I = wg.shape[1]
     NSLOT = n_slots_for(R, TOPK)
+    KS = ROUTER_SLICES if D % ROUTER_SLICES == 0 and D // ROUTER_SLICES >= 16 else 1
     f32 = dict(dtype=torch.float32, device=dev)
     i32 = dict(dtype=torch.int32, device=dev)
-    logits = torch.zeros(16, E, **f32)
+    logits = torch.zeros(KS, 16, E, **f32)
     ids, weights = torch.zeros(R, TOPK, **i32), torch.zeros(R, TOPK, **f32)
-    slots, n_slots = torch.full((NSLOT,), -1, **i32), torch.zeros(1, **i32)
-    slot_w, slot_on = torch.zeros(NSLOT, 16, **f32), torch.zeros(NSLOT, 16, **i32)
+    on = torch.zeros(16, E, **i32)
+    slots, n_slots, slot_of = torch.full((NSLOT,), -1, **i32), torch.zeros(1, **i32), torch.zeros(E, **i32)
     act = torch.zeros(NSLOT + 1, 16, I, dtype=torch.bfloat16, device=dev)
     y = torch.zeros(NSLOT + 1, 16, D, **f32)
     out = torch.empty(R, D, **f32)
     x = x_hat.to(torch.bfloat16).contiguous()
     interp = interpreting()
-    block_e = 32
-    _router_kernel[(triton.cdiv(E, block_e),)](
+    block_e = triton.next_power_of_2(E)
+    _router_kernel[(triton.cdiv(E, ROUTER_TILE), KS)](
         x,
         w["gate.weight"].to(torch.bfloat16).contiguous(),
         logits,
         R,
         E,
         D=D,
-        BLOCK_E=block_e,
-        BLOCK_K=min(block_k, D),
+        KS=KS,
+        BLOCK_E=ROUTER_TILE,
+        BLOCK_K=min(block_k, D // KS),
         INTERPRET=interp,
     )
-    _route_kernel[(1,)](
-        logits,
-        w["gate.e_score_correction_bias"].float().contiguous(),
-        ids,
-        weights,
-        slots,
-        n_slots,
-        slot_w,
-        slot_on,
-        R,
-        E=E,
-        BLOCK_E=triton.next_power_of_2(E),
-        TOPK=TOPK,
-        SCALE=moe.routed_scaling_factor,
-        NSLOT=NSLOT,
-    )
-    sg, su, sd = (w[f"shared_experts.{p}_proj.weight"].to(torch.bfloat16).contiguous() for p in ("gate", "up", "down"))
+    bias = w["gate.e_score_correction_bias"].float().contiguous()
+    scale = moe.routed_scaling_factor
+    _route_kernel[(R,)](logits, bias, ids, weights, on, E=E, KS=KS, BLOCK_E=block_e, TOPK=TOPK, SCALE=scale)
+    _slots_kernel[(1,)](on, slots, n_slots, slot_of, R, E=E, BLOCK_E=block_e, NSLOT=NSLOT)
     bn, bk = min(block_n, I), min(block_k, D)
+    lim = moe.swiglu_limit
     _act_kernel[(triton.cdiv(I, bn), NSLOT + 1)](
         x,
         wg,
@@ -422,15 +399,14 @@ def moe_launch(x_hat: torch.Tensor, w, spec, block_n: int = 16, block_k: int = 6
         act,
         slots,
         n_slots,
-        sg,
-        su,
         R,
+        E=E,
         I=I,
         D=D,
         NSLOT=NSLOT,
         BLOCK_N=bn,
         BLOCK_K=bk,
-        LIMIT=moe.swiglu_limit,
+        LIMIT=lim,
         INTERPRET=interp,
     )
     bn_d = min(block_n, D)
@@ -440,8 +416,8 @@ def moe_launch(x_hat: torch.Tensor, w, spec, block_n: int = 16, block_k: int = 6
         y,
         slots,
         n_slots,
-        sd,
         R,
+        E=E,
         I=I,
         D=D,
         NSLOT=NSLOT,
@@ -450,5 +426,5 @@ def moe_launch(x_hat: torch.Tensor, w, spec, block_n: int = 16, block_k: int = 6
         INTERPRET=interp,
     )
     ch = min(128, D)
-    _sum_kernel[(D // ch, R)](y, n_slots, slot_w, slot_on, out, D=D, NSLOT=NSLOT, CH=ch)
+    _sum_kernel[(D // ch, R)](y, ids, weights, slot_of, out, D=D, TOPK=TOPK, NSLOT=NSLOT, CH=ch)
     return {"out": out, "ids": ids, "weights": weights, "slots": slots, "n_slots": n_slots}
