@@ -98,6 +98,9 @@ def graph_timer(fn: Callable[[], object], inner: int = 20) -> Callable[[], float
     graph = capture_graph(fn, inner)
 
     def replay_us() -> float:
+        # fn holds what the graph reads (a launch's weight copies, its inputs): while the timer lives, so must
+        # they, or the caching allocator hands their memory to the next tensor and the graph reads that
+        _ = fn
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         graph.replay()

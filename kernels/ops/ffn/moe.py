@@ -63,7 +63,7 @@ def router_tile(
 
 
 @triton.jit
-def topk_row(s, key, BLOCK_E: tl.constexpr, TOPK: tl.constexpr, SCALE: tl.constexpr):
+def topk_row(s, key, E: tl.constexpr, BLOCK_E: tl.constexpr, TOPK: tl.constexpr, SCALE: tl.constexpr):
     """A row's routing over the experts [BLOCK_E] from its scores s and keys (s + bias, -inf past E): which it
     chooses (1/0) and their weights (0 elsewhere). The top-k by key descending, then index ascending (an exact
     tie goes to the lower index); the weights from the unbiased s, normalized, times SCALE.
@@ -74,6 +74,8 @@ def topk_row(s, key, BLOCK_E: tl.constexpr, TOPK: tl.constexpr, SCALE: tl.conste
     o_e = tl.arange(0, BLOCK_E)
     bits = key.to(tl.int32, bitcast=True)
     order = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    # past E: below every key, NaN included, so an id out of range can never be chosen
+    order = tl.where(o_e < E, order, -(2**31))
     packed = (order.to(tl.int64) << 32) | (BLOCK_E - 1 - o_e).to(tl.int64)
     taken = tl.full((BLOCK_E,), -(2**63), tl.int64)
     chosen = tl.zeros((BLOCK_E,), dtype=tl.int32)
@@ -109,7 +111,7 @@ def route_row(
         lg += tl.load(logits + (q * 16 + r) * E + o_e, mask=m_e, other=0.0)
     s = tl.sigmoid(lg)
     key = tl.where(m_e, s + tl.load(bias + o_e, mask=m_e, other=0.0), float("-inf"))
-    chosen, w = topk_row(s, key, BLOCK_E, TOPK, SCALE)
+    chosen, w = topk_row(s, key, E, BLOCK_E, TOPK, SCALE)
     # ascending expert order: a chosen expert's place is the count of chosen experts before it
     place = tl.cumsum(chosen, axis=0) - 1
     tl.store(ids + r * TOPK + place, o_e, mask=chosen == 1)
