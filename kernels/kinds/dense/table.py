@@ -119,11 +119,11 @@ class Dims:
         self.BK_D, self.BK_R, self.BK_O, self.BK_I = (min(bk, n) for n in (self.D, self.RG, self.PK, self.IK))
         self.BK_GU = min(bk, self.D // self.KS_GU)
         self.BK_IN = min(bk, self.D // self.KS_IN)
-        # the MoE: the router's K slices; an expert's down tile (knob block_n_down; 0: about 64 KB of weights a
-        # task, enough bytes in flight per program without a K loop too short to pipeline)
+        # the MoE: the router's K slices; an expert's down tile (knob block_n_down; 0: 64 rows, or 64 KB of
+        # weights where that is more rows. H200, TP1 rows 8: 16 rows 1202 µs, 32 969, 64 889; docs/perf/kda.md)
         self.KS_RT = k_slices(ROUTER_SLICES, self.D)
         self.BK_RT = min(bk, self.D // self.KS_RT)
-        self.BN_DN = knobs.get("block_n_down") or max(16, min(128, 32768 // self.I))
+        self.BN_DN = knobs.get("block_n_down") or max(64, min(128, 32768 // self.I))
         # the GEMV body has no K mask: a K slice must be whole K tiles
         tiles = ((self.D // self.KS_GU, self.BK_GU), (self.D // self.KS_IN, self.BK_IN), (self.PK, self.BK_O))
         for k, tile in (*tiles, (self.D // self.KS_RT, self.BK_RT)):

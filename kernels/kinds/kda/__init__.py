@@ -25,7 +25,7 @@ KNOBS = DENSE_KNOBS + (
         (0, 16, 32, 64, 128),
         0,
         "schedule",
-        "output rows per expert down-projection task; 0: about 64 KB of weights a task (128 rows at TP8, 16 at TP1)",
+        "output rows per expert down-projection task; 0: 64, or 64 KB of weights where that is more (128 at TP8)",
     ),
 )
 
