@@ -1,0 +1,53 @@
+"""The indexer's selection (kernels/ops/dsa/select.py) against the reference's `select_token_rows`, in the
+interpreter: contexts below and above the selection width in one launch, exact ties (ReLU's zeros, -0.0 beside
++0.0, repeated values) going to the lower pool index, and glm53_flash's width at a 128K context."""
+
+import pytest
+import torch
+
+from glm53ctl.kernels.ops.dsa.naive import select_token_rows
+from glm53ctl.kernels.ops.dsa.select import select_launch
+from glm53ctl.kernels.spec import load_model
+
+pytestmark = pytest.mark.interpreter
+
+
+def _check(scores: torch.Tensor, n: list[int], spec, block: int = 4096) -> torch.Tensor:
+    nn = torch.tensor(n)
+    got = select_launch(scores, nn, spec, block=block)
+    want = select_token_rows(scores, nn, spec)
+    assert torch.equal(got.long(), want), (got, want)
+    return got
+
+
+def test_contexts_below_and_above_the_width_in_one_launch():
+    """tiny: 8 pools of 4 are selected (width 35): rows that take every pool and rows where the top-k selects."""
+    spec = load_model("tiny")
+    g = torch.Generator().manual_seed(0)
+    n = [1, 3, 4, 17, 32, 33, 35, 36, 100, 257]
+    scores = torch.randn(len(n), max(n) // 4 + 1, generator=g)
+    _check(scores, n, spec, block=16)
+
+
+def test_exact_ties_go_to_the_lower_pool():
+    """Scores as ReLU makes them: many exact zeros (some -0.0), and repeated values across the threshold."""
+    spec = load_model("tiny")
+    g = torch.Generator().manual_seed(1)
+    P = 40
+    base = torch.randint(0, 4, (6, P), generator=g).float() * 0.5  # values 0, 0.5, 1, 1.5: ties everywhere
+    base[1] = 0.0  # every pool ties: the first 8 pools
+    base[2, ::2] = -0.0  # -0.0 and +0.0 tie
+    base[3] = -base[3]  # negative scores (a negative head weight)
+    base[4, :10] = float("inf")
+    _check(base, [P * 4, P * 4 - 1, P * 4, 4 * P - 2, 4 * P, 37], spec, block=16)
+
+
+def test_a_128k_context_at_glm53_flash_width():
+    """512 pools of 32,768 (128K tokens) and of 1,000, with exact ties at the threshold, in blocks of 4096."""
+    spec = load_model("glm53_flash")
+    g = torch.Generator().manual_seed(2)
+    n = [131072, 4003, 2051, 2052]
+    scores = torch.relu(torch.randn(len(n), 131072 // 4, generator=g))
+    scores[0, 1000:3000] = scores[0, 999]  # a run of equal scores somewhere in the top
+    got = _check(scores, n, spec)
+    assert (got[0, :2048] >= 0).all() and (got[0, 2048:] == -1).all() and (got[2] >= 0).all()
