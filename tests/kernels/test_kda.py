@@ -64,7 +64,13 @@ def test_exact_ties_are_routed_by_index():
 
 
 @pytest.mark.parametrize(
-    "knobs", [{"oproj_first": 1}, {"box_words": 16, "handoff": "flag"}, {"kda_split": 1, "block_n_out": 16}]
+    "knobs",
+    [
+        {"oproj_first": 1},
+        {"box_words": 16, "handoff": "flag"},
+        {"kda_split": 1, "block_n_out": 16},
+        {"block_n_down": 16, "block_n_gu": 16},
+    ],
 )
 def test_schedule_knobs_keep_every_bit(weights, knobs):
     k = KdaHarness(weights, 2, 2, {}, "cpu")
@@ -74,8 +80,25 @@ def test_schedule_knobs_keep_every_bit(weights, knobs):
     assert_same_bits(base, KdaHarness(weights, 2, 2, knobs, "cpu")(x, peers, poison=True), str(knobs))
 
 
+@pytest.mark.parametrize("slices", [1, 4])
+def test_expert_k_slices_are_accurate_and_their_late_waits_named(weights, slices):
+    """ksplit_gu (numeric) reaches the experts' gate/up: over 1 or 4 K slices, within the bounds; with 4, slice 0
+    of a tile adds the other slices' sums after a late wait (stuck and named at the default's 2 slices: below)."""
+    k = KdaHarness(weights, 2, 2, {"ksplit_gu": slices}, "cpu")
+    assert k.launch.d.KS_GU == slices
+    x = k.inputs(seed=23)[0]
+    out = k(x, poison=True)
+    ref = k.reference(x)
+    for name, bound in BOUNDS.items():
+        assert rel_rms(ref[name], out[name]) <= bound, name
+    assert all(k.invariants(out, ref).values())
+    t = k.launch.table
+    late = [i for i, s in enumerate(t.sites) if s.late and t.tasks[s.task][0] == tt.EXP_GU.value]
+    assert bool(late) == (slices > 1)
+
+
 def test_separate_launches_keep_every_bit(weights):
-    """The MoE's stages too (router, routing, expert gate/up, expert down, sums) as launches of their own."""
+    """The MoE's stages too (router, routing, expert gate/up, expert down) as launches of their own."""
     k = KdaHarness(weights, 4, 2, {}, "cpu")
     x = k.inputs(seed=11)[0]
     peers = k.peer_partials(x)
@@ -84,7 +107,8 @@ def test_separate_launches_keep_every_bit(weights):
 
 
 def test_the_moe_sites_stuck_are_named(weights):
-    """A site of each MoE task type stuck: LaunchFault names it and the retried launch is a clean one's bits."""
+    """A site of each MoE task type stuck (and a late one): LaunchFault names it and the retried launch is a clean
+    one's bits."""
     k = KdaHarness(weights, 2, 1, {}, "cpu")
     t = k.launch.table
     sites = {}
@@ -93,6 +117,8 @@ def test_the_moe_sites_stuck_are_named(weights):
         if ttype in MOE_TYPES and ttype not in sites:
             sites[ttype] = i
     assert len(sites) == len(MOE_TYPES)
-    for s in sites.values():
+    # and an expert gate/up slice 0's late wait for its other K slices (ksplit_gu 2 by default)
+    late = next(i for i, s in enumerate(t.sites) if s.late and t.tasks[s.task][0] == tt.EXP_GU.value)
+    for s in [*sites.values(), late]:
         res = fault_key(weights, "kda", 2, 1, "cpu", s, budget_ns=10**6, wall_s=60)
         assert res.ok and res.named == 1 and res.retries_equal == 1, res.problems

@@ -84,3 +84,17 @@ def test_rows_choosing_the_same_and_disjoint_experts(tiny):
     disjoint = _check(spec, mw, x.to(torch.bfloat16))
     assert int(disjoint["n_slots"][0]) == E
     assert disjoint["ids"].tolist() == [list(range(r * k, (r + 1) * k)) for r in range(E // k)]
+
+
+def test_nan_scores_never_choose_an_expert_out_of_range(tiny):
+    """A router gone NaN: the routing is meaningless, but every id is a real expert, distinct: nothing downstream
+    can index past the experts' weights (a graph that read freed memory once routed to ids past E and faulted)."""
+    spec, w = tiny
+    mw = _weights(w, 2, 0)
+    mw["gate.weight"] = torch.full_like(mw["gate.weight"], float("nan"))
+    got = moe_launch(_x(3, spec.hidden, 4), mw, spec)
+    ids, E = got["ids"], spec.moe.experts
+    assert int(ids.min()) >= 0 and int(ids.max()) < E
+    assert all(len(set(row.tolist())) == spec.moe.top_k for row in ids)
+    n = int(got["n_slots"][0])
+    assert (got["slots"][:n] < E).all() and (got["slots"][:n] >= 0).all()

@@ -26,6 +26,17 @@ Tasks, in table order (a rank's shapes; every GEMV is `gemv_tile` over rows padd
   RED_F   a column chunk of one row: the partials summed in rank order (ffn.out), hc_post (H)
           waits on its row's COMB_F, its DOWN tiles and the peers
 
+`kda` (ffn "moe", `_add_moe`) has the MoE instead of GU / DOWN:
+
+  ROUTER  (32 experts, K slice) the router's logits over the slice, every row         waits on every GATE_F
+  ROUTE   row r: its top-k and weights; the last row to arrive makes the slots          waits on every ROUTER
+  EXP_GU  (slot, tile, K slice) an expert's gate/up (knob ksplit_gu); slice 0 adds the slices (late) and makes
+          the slot's act; the shared expert's slot (the last) waits on the FFN gates only, so streams during
+          the routing; a slot past the experts chosen does nothing                     waits on every ROUTE
+  EXP_DOWN (slot, tile of block_n_down rows) the slot's down projection         waits on the slot's EXP_GU
+  RED_F   as above, summing the shared expert and the row's experts in ascending order as its own partial
+          waits on its row's COMB_F, the EXP_DOWN tiles of every slot covering it and the peers
+
 The in-projection rows are laid out per head (q_h | k_h | v_h) after the small f_a | g_a | b rows, so a
 KDA task waits only on the tiles of its own head. OWN_A / OWN_F replace RED_A / RED_F in a peer's partial
 launch (mode "attn" / "ffn"): they write this rank's partial (its K slices summed in order) for the others;
