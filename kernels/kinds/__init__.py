@@ -16,7 +16,7 @@ import importlib
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from glm53ctl.kernels.kinds import dense, embed, kda, tail
+from glm53ctl.kernels.kinds import dense, embed, kda, sparse, tail
 
 _PKG = "glm53ctl.kernels"
 
@@ -93,7 +93,14 @@ KINDS = {
             layer=("kda", "moe"),
             **_facts(kda),
         ),
-        Kind("sparse", "one DSA layer with the MoE", "harness:run_layer", layer=("dsa", "moe")),
+        Kind(
+            "sparse",
+            "one DSA layer with the MoE (MLA, the k-pool indexer and its top pools, the MoE)",
+            "harness:run_layer",
+            "kinds.sparse.harness:SparseHarness",
+            layer=("dsa", "moe"),
+            **_facts(sparse),
+        ),
         Kind(
             "tail",
             "mean of the streams, final norm, lm_head -> logits",

@@ -45,6 +45,16 @@ _TYPES = (
     ("EXP_GU", "expert gate_up"),
     ("EXP_DOWN", "expert down"),
     ("MOE_SUM", "moe sum"),  # retired: the FFN reduces sum the slots themselves; ids are never reused
+    # sparse's attention half: MLA with the k-pool DSA indexer
+    ("MLA_A", "mla a_proj"),
+    ("MLA_ROW", "mla row"),
+    ("MLA_QB", "mla q_b"),
+    ("ABSORB", "mla absorb"),
+    ("SCORE", "index scores"),
+    ("SELECT", "index select"),
+    ("ATTN", "mla attention"),
+    ("COMBINE", "mla combine"),
+    ("WUV", "mla w_uv"),
 )
 
 # id -> the name a trace or a LaunchFault shows
@@ -76,3 +86,12 @@ ROUTE = tl.constexpr(22)
 EXP_GU = tl.constexpr(23)
 EXP_DOWN = tl.constexpr(24)
 MOE_SUM = tl.constexpr(25)
+MLA_A = tl.constexpr(26)
+MLA_ROW = tl.constexpr(27)
+MLA_QB = tl.constexpr(28)
+ABSORB = tl.constexpr(29)
+SCORE = tl.constexpr(30)
+SELECT = tl.constexpr(31)
+ATTN = tl.constexpr(32)
+COMBINE = tl.constexpr(33)
+WUV = tl.constexpr(34)

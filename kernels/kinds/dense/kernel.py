@@ -8,6 +8,15 @@ writes both states back.
 import triton
 import triton.language as tl
 
+from glm53ctl.kernels.kinds.dense.mla import (
+    task_attn,
+    task_combine,
+    task_head_gemv,
+    task_mla_row,
+    task_qb,
+    task_score,
+    task_select,
+)
 from glm53ctl.kernels.kinds.dense.tasks import (
     PR,
     prefetch,
@@ -23,8 +32,11 @@ from glm53ctl.kernels.kinds.dense.tasks import (
     task_route,
 )
 from glm53ctl.kernels.kinds.task_types import (
+    ABSORB,
+    ATTN,
     COMB_A,
     COMB_F,
+    COMBINE,
     DOWN,
     EXP_DOWN,
     EXP_GU,
@@ -35,6 +47,9 @@ from glm53ctl.kernels.kinds.task_types import (
     KDA_HEAD,
     MIX_A,
     MIX_F,
+    MLA_A,
+    MLA_QB,
+    MLA_ROW,
     OPROJ,
     OWN_A,
     OWN_F,
@@ -42,6 +57,9 @@ from glm53ctl.kernels.kinds.task_types import (
     RED_F,
     ROUTE,
     ROUTER,
+    SCORE,
+    SELECT,
+    WUV,
 )
 from glm53ctl.kernels.ops.ffn.moe import router_tile, task_expert_down
 from glm53ctl.kernels.ops.kda.kernel import kda_write_state
@@ -128,6 +146,36 @@ def dense_kernel(
     gup_m,
     act_m,
     y_m,
+    # sparse's attention half (MLA): the caches (written at pos only), weights, hand-off buffers (mla.py)
+    latent,
+    index_key,
+    index_gate,
+    pooled,
+    pos,
+    w_a,
+    q_norm,
+    kv_norm,
+    k_w,
+    k_b,
+    ape,
+    w_qb,
+    w_ukt,
+    w_uv,
+    y_a,
+    qr,
+    wi,
+    q_mla,
+    qi,
+    q_lat,
+    scores,
+    idx,
+    part_o,
+    part_m,
+    part_l,
+    o_lat,
+    o_mla,
+    ln_eps,
+    mla_scale,
     # outputs
     x_hat_a,
     post_a,
@@ -195,13 +243,43 @@ def dense_kernel(
     KS_RT: tl.constexpr = 1,
     BK_RT: tl.constexpr = 16,
     BN_DN: tl.constexpr = 16,
+    MLA: tl.constexpr = False,
+    HQ: tl.constexpr = 1,
+    NOPE: tl.constexpr = 16,
+    V: tl.constexpr = 16,
+    C: tl.constexpr = 16,
+    QL: tl.constexpr = 16,
+    QLP: tl.constexpr = 16,
+    IH: tl.constexpr = 16,
+    HI: tl.constexpr = 1,
+    KP: tl.constexpr = 1,
+    WIDTH: tl.constexpr = 1,
+    TOPP: tl.constexpr = 1,
+    LMAX: tl.constexpr = 1,
+    NA: tl.constexpr = 16,
+    NQB: tl.constexpr = 16,
+    BP: tl.constexpr = 16,
+    TB: tl.constexpr = 16,
+    NB: tl.constexpr = 1,
+    HB: tl.constexpr = 16,
+    HBI: tl.constexpr = 16,
+    BN_AB: tl.constexpr = 16,
+    BN_UV: tl.constexpr = 16,
+    BK_A: tl.constexpr = 16,
+    BK_QB: tl.constexpr = 16,
+    BK_C: tl.constexpr = 16,
+    BK_NOPE: tl.constexpr = 16,
+    SEL_BLOCK: tl.constexpr = 16,
 ):
-    P: tl.constexpr = HL * K
+    P: tl.constexpr = HQ * V if MLA else HL * K  # what o_proj reads: MLA's heads' values, or KDA's z
     NIN: tl.constexpr = 2 * RG + HL + 3 * P
     HDR: tl.constexpr = 2 * RG + HL  # where the per-head q|k|v rows start in the in-projection
     PK: tl.constexpr = P // KS_O
     IK: tl.constexpr = I // KS_F
     moe = (y_m, ids, wts, slot_of)  # what an FFN reduce of the MoE sums (tasks.py `_own`)
+    attn_o = z  # what o_proj reads: the KDA heads' z, or (MLA) the heads' W_UV outputs
+    if MLA:
+        attn_o = o_mla
     rt = runtime_buffers(ctl, flags, boxes, errs, tasks, wait_kind, wait_index, wait_count, pub_slot)
     if PDL:  # a stage of separate-pdl: ask for this program's first weights while the launch before ends
         first = task_row(rt, tl.minimum(tl.program_id(0), n_tasks - 1))
@@ -392,7 +470,7 @@ def dense_kernel(
                 )
             elif ttype == OPROJ:
                 task_partial(
-                    x=z + a1 * PK,
+                    x=attn_o + a1 * PK,
                     w=w_o + a1 * PK,
                     out=kpart_a + a1 * R * D,
                     n0=a0,
@@ -572,6 +650,48 @@ def dense_kernel(
                     TOPK=TOPK,
                     NSLOT=NSLOT,
                 )
+            if MLA:  # sparse's attention half: none in a KDA layer's table, so its build has none of this code
+                if ttype == MLA_A:
+                    task_partial(
+                        x=x_hat_a, w=w_a, out=y_a, n0=a0, R=R, N=NA, K=D, STRIDE=D, BN=BN, BK=BK_A, INTERPRET=INTERPRET
+                    )
+                elif ttype == MLA_ROW:
+                    task_mla_row(
+                        y_a=y_a,
+                        qr=qr,
+                        wi=wi,
+                        caches=(latent, index_key, index_gate, pooled),
+                        norms=(q_norm, kv_norm, k_w, k_b, ape),
+                        pos=pos,
+                        r=a0,
+                        eps=norm_eps,
+                        ln_eps=ln_eps,
+                        QL=QL,
+                        QLP=QLP,
+                        C=C,
+                        IH=IH,
+                        HI=HI,
+                        KP=KP,
+                        LMAX=LMAX,
+                        INTERPRET=INTERPRET,
+                    )
+                elif ttype == MLA_QB:
+                    task_qb(qr, w_qb, q_mla, qi, a0, R, QL, HQ * NOPE, NQB, BN, BK_QB, INTERPRET)
+                elif ttype == ABSORB:
+                    task_head_gemv(q_mla, w_ukt, q_lat, a0, a1, R, HQ, C, NOPE, BN_AB, BK_NOPE, INTERPRET)
+                elif ttype == SCORE:
+                    task_score(qi, wi, pooled, scores, pos, a0, a1, HI, IH, KP, LMAX, BP, HBI, INTERPRET)
+                elif ttype == SELECT:
+                    task_select(scores, idx, pos, a0, KP, TOPP, WIDTH, LMAX, SEL_BLOCK)
+                elif ttype == ATTN:
+                    task_attn(
+                        q_lat, latent, idx, (part_o, part_m, part_l), a0, a1, row[3], mla_scale, HQ, C, WIDTH, NB,
+                        TB, HB, LMAX, INTERPRET,
+                    )  # fmt: skip
+                elif ttype == COMBINE:
+                    task_combine((part_o, part_m, part_l), o_lat, a0, a1, HQ, C, NB, HB, INTERPRET)
+                elif ttype == WUV:
+                    task_head_gemv(o_lat, w_uv, o_mla, a0, a1, R, HQ, V, C, BN_UV, BK_C, INTERPRET)
             if MOE:  # the MoE's tasks (kda): none in a dense table, so a dense build has none of this code
                 if ttype == ROUTER:
                     router_tile(x_hat_f, w_r, logits, a0, a1, R, E, D, KS_RT, BLOCK_E, BK_RT, INTERPRET)

@@ -8,6 +8,7 @@ import torch
 from glm53ctl.kernels.kinds.dense.kernel import dense_kernel
 from glm53ctl.kernels.kinds.dense.table import Dims, build_table, kda_parts, mix_tasks
 from glm53ctl.kernels.kinds.dense.tasks import PR
+from glm53ctl.kernels.ops.dsa.naive import mla_scale
 from glm53ctl.kernels.ops.ffn.moe import ROUTER_TILE, n_slots_for, stack_experts
 from glm53ctl.kernels.ops.gemv.kernel import fold_norm, folds
 from glm53ctl.kernels.ops.kda.kernel import SCRATCH
@@ -15,19 +16,18 @@ from glm53ctl.kernels.runtime.launch import DEFAULT_BUDGET_NS, PersistentLaunch,
 from glm53ctl.kernels.runtime.stages import stage_launch
 
 
-def prepare_weights(w, spec, tp: int, device, fold: bool = False, ffn: str = "dense") -> dict[str, torch.Tensor]:
+def prepare_weights(
+    w, spec, tp: int, device, fold: bool = False, ffn: str = "dense", attn: str = "kda"
+) -> dict[str, torch.Tensor]:
     """One rank's layer weights as the kernel reads them (done once per key, like a checkpoint's fused
     layout): the in-projection rows f_a | g_a | b | (q_h | k_h | v_h per head), the conv taps [3P, W] fp32.
     fold (`gemv.folds` of knob `norm` and the rows): the in-projection, gate and up times their gate's norm
     weight, rounded to bf16 once. ffn "moe": the router and the experts stacked by id, the shared expert after
-    them (expert E), instead of the dense MLP (gate and up not folded: the router and every expert read x̂)."""
+    them (expert E), instead of the dense MLP (gate and up not folded: the router and every expert read x̂).
+    attn "mla": `sparse`'s attention half instead of KDA's (`_mla_weights`)."""
     a_ = "self_attn."
     from glm53ctl.tuning.knobs import defaults
 
-    norm_f = w["post_attention_layernorm.weight"]
-    d = Dims(spec, tp, defaults("dense"))  # the layout depends on no knob
-    qkv = torch.stack([w[f"{a_}{n}_proj.weight"].view(d.HL, d.K, d.D) for n in ("q", "k", "v")], dim=1)
-    w_in = torch.cat([w[f"{a_}{n}.weight"] for n in ("f_a_proj", "g_a_proj", "b_proj")] + [qkv.reshape(-1, d.D)])
     out = {
         "fn_a": w["hc_attn_fn"].float(),
         "base_a": w["hc_attn_base"].float(),
@@ -37,6 +37,21 @@ def prepare_weights(w, spec, tp: int, device, fold: bool = False, ffn: str = "de
         "base_f": w["hc_ffn_base"].float(),
         "scale_f": w["hc_ffn_scale"].float(),
         "norm_f": w["post_attention_layernorm.weight"],
+    }
+    if attn == "mla":
+        out |= _mla_weights(w.sub(a_), spec, tp)
+    else:
+        d = Dims(spec, tp, defaults("dense"))  # the layout depends on no knob
+        qkv = torch.stack([w[f"{a_}{n}_proj.weight"].view(d.HL, d.K, d.D) for n in ("q", "k", "v")], dim=1)
+        w_in = torch.cat([w[f"{a_}{n}.weight"] for n in ("f_a_proj", "g_a_proj", "b_proj")] + [qkv.reshape(-1, d.D)])
+        out |= _kda_weights(w, a_, w_in, fold)
+    out |= _ffn_weights(w, spec, ffn, fold)
+    return {k: v.to(device).contiguous() for k, v in out.items()}
+
+
+def _kda_weights(w, a_: str, w_in, fold: bool) -> dict[str, torch.Tensor]:
+    """KDA's attention weights as the kernel reads them."""
+    return {
         "w_in": fold_norm(w["input_layernorm.weight"], w_in) if fold else w_in.to(torch.bfloat16),
         "w_fb": w[f"{a_}f_b_proj.weight"],
         "w_gb": w[f"{a_}g_b_proj.weight"],
@@ -46,6 +61,34 @@ def prepare_weights(w, spec, tp: int, device, fold: bool = False, ffn: str = "de
         "o_norm": w[f"{a_}o_norm.weight"],
         "w_o": w[f"{a_}o_proj.weight"],
     }
+
+
+def _mla_weights(a, spec, tp: int) -> dict[str, torch.Tensor]:
+    """`sparse`'s attention weights as the kernel reads them: the fused A projection (q_a | kv_a | the indexer's
+    wk | its pool gate | its head weights), q_b | the indexer's wq_b, and per head W_UKᵀ [HQ, C, NOPE] and W_UV
+    [HQ, V, C] from kv_b."""
+    from glm53ctl.kernels.ops.dsa.kernel import a_weight
+
+    m = spec.mla
+    kv_b = a["kv_b_proj.weight"].view(spec.shards(tp).mla_heads, m.qk_nope_head_dim + m.v_head_dim, m.kv_lora_rank)
+    bf = torch.bfloat16
+    return {
+        "w_a": a_weight(a),
+        "q_norm": a["q_a_layernorm.weight"].to(bf),
+        "kv_norm": a["kv_a_layernorm.weight"].to(bf),
+        "k_w": a["indexer.k_norm.weight"].to(bf),
+        "k_b": a["indexer.k_norm.bias"].to(bf),
+        "ape": a["indexer.index_kpool_compress_ape"].float(),
+        "w_qb": torch.cat([a["q_b_proj.weight"], a["indexer.wq_b.weight"]]).to(bf),
+        "w_ukt": kv_b[:, : m.qk_nope_head_dim].transpose(1, 2).to(bf),
+        "w_uv": kv_b[:, m.qk_nope_head_dim :].to(bf),
+        "w_o": a["o_proj.weight"].to(bf),
+    }
+
+
+def _ffn_weights(w, spec, ffn: str, fold: bool) -> dict[str, torch.Tensor]:
+    norm_f = w["post_attention_layernorm.weight"]
+    out = {}
     if ffn == "moe":
         m = w.sub("mlp.")
         w_eg, w_eu, w_ed = stack_experts(m, spec.moe.experts, shared=True)
@@ -55,7 +98,7 @@ def prepare_weights(w, spec, tp: int, device, fold: bool = False, ffn: str = "de
         out["w_gate"] = fold_norm(norm_f, w["mlp.gate_proj.weight"]) if fold else w["mlp.gate_proj.weight"]
         out["w_up"] = fold_norm(norm_f, w["mlp.up_proj.weight"]) if fold else w["mlp.up_proj.weight"]
         out["w_down"] = w["mlp.down_proj.weight"]
-    return {k: v.to(device).contiguous() for k, v in out.items()}
+    return out
 
 
 class DenseLaunch(PersistentLaunch):
@@ -76,10 +119,12 @@ class DenseLaunch(PersistentLaunch):
         rank: int = 0,
         mode: str = "full",
         ffn: str = "dense",
+        attn: str = "kda",
+        slots: int = 4,
     ) -> None:
         self.spec, self.tp, self.rows, self.knobs, self.rank, self.mode = spec, tp, rows, knobs, rank, mode
         self.device = torch.device(device)
-        self.d = d = Dims(spec, tp, knobs, ffn)
+        self.d = d = Dims(spec, tp, knobs, ffn, attn, slots)
         self.table = build_table(d, rows, knobs, mode)
         self.grid = knobs["grid"]
         self.tracing = False  # a diagnostic build: each task's claim, ready and publish times (runtime/trace.py)
@@ -140,6 +185,11 @@ class DenseLaunch(PersistentLaunch):
         # the weights of the other FFN: stand-ins the kernel never reads
         self.stubs = {n: e(1, dtype=bf16) for n in (MOE_WEIGHTS if not d.moe else DENSE_FFN_WEIGHTS)}
         self.stubs |= {"r_bias": e(1)} if not d.moe else {}
+        # the other attention half's weights and buffers (a KDA layer's launch: MLA's; sparse's: KDA's)
+        if d.mla:
+            self.stubs |= {n: e(1, dtype=bf16) for n in KDA_WEIGHTS}
+        else:
+            self.stubs |= {n: e(1, dtype=t) for n, t in MLA_STUBS.items()}
         st = spec.shards(tp).state_shapes(rows, 1)
         self.conv_out = e(*st["kda.conv"], dtype=bf16)
         self.S_out = e(*st["kda.recurrent"])
@@ -200,6 +250,8 @@ class DenseLaunch(PersistentLaunch):
                 "hc_eps": self.spec.mhc.eps,
                 "norm_eps": self.spec.model.rms_norm_eps,
                 "lower_bound": self.spec.kda.gate_lower_bound,
+                "ln_eps": self.spec.indexer.norm_eps,
+                "mla_scale": mla_scale(self.spec),
             }
         )
 
@@ -221,9 +273,9 @@ class DenseLaunch(PersistentLaunch):
                 "LIMIT": self.spec.moe.swiglu_limit,
                 "OPROJ_FIRST": bool(self.knobs["oproj_first"]),
                 "PREFETCH": self.knobs["prefetch"],
-                "FOLD": folds(self.knobs["norm"], self.rows, d.HC),
+                "FOLD": self.fold,
                 # a folded GEMV's rows are H's R * HC stream rows, padded to a `tl.dot` tile
-                "M": 16 if not folds(self.knobs["norm"], self.rows, d.HC) or self.rows * d.HC <= 16 else 32,
+                "M": 16 if not self.fold or self.rows * d.HC <= 16 else 32,
                 "TRACE": self.tracing,
                 "NV": kda_parts(self.knobs["kda_split"], d.HL, self.rows, self.knobs["grid"]),
                 "MIX_TASK": mix_tasks(self.knobs, self.rows, d.HC),
@@ -244,7 +296,26 @@ class DenseLaunch(PersistentLaunch):
                 if d.moe
                 else {}
             )
+            | (self.mla_constexprs() if d.mla else {})
         )
+
+    @property
+    def fold(self) -> bool:
+        """Whether the GEMVs after the gates fold the norm (knob `norm`; never MLA's A projection)."""
+        return folds(self.knobs["norm"], self.rows, self.d.HC) and not self.d.mla
+
+    def mla_constexprs(self) -> dict:
+        d = self.d
+        names = ("HQ", "NOPE", "V", "C", "QL", "IH", "HI", "KP", "WIDTH", "TOPP", "LMAX", "NA", "NQB", "BP", "TB")
+        names += ("NB", "HB", "BN_AB", "BN_UV", "BK_A", "BK_QB", "BK_C")
+        pools = d.LMAX // d.KP
+        return {n: getattr(d, n) for n in names} | {
+            "MLA": True,
+            "QLP": 1 << (d.QL - 1).bit_length(),
+            "HBI": max(16, 1 << (d.HI - 1).bit_length()),
+            "BK_NOPE": min(self.knobs["block_k"], d.NOPE),
+            "SEL_BLOCK": min(4096, max(16, 1 << (pools - 1).bit_length())),
+        }
 
     def options(self) -> dict:
         opts = super().options()
@@ -266,28 +337,22 @@ class DenseLaunch(PersistentLaunch):
     def placeholder_args(self) -> dict:
         """The kernel's arguments with stand-in tensors of the right dtypes (ahead-of-time builds)."""
         bf16, f32 = (torch.empty(1, dtype=t) for t in (torch.bfloat16, torch.float32))
-        names = WEIGHTS + (MOE_WEIGHTS if self.d.moe else DENSE_FFN_WEIGHTS)
-        w = {k: (bf16 if k.startswith("w_") or k in ("norm_a", "norm_f", "o_norm") else f32) for k in names}
+        names = (
+            WEIGHTS + (MLA_WEIGHTS if self.d.mla else KDA_WEIGHTS) + (MOE_WEIGHTS if self.d.moe else DENSE_FFN_WEIGHTS)
+        )
+        half = ("norm_a", "norm_f", "o_norm", "q_norm", "kv_norm", "k_w", "k_b")
+        w = {k: (bf16 if k.startswith("w_") or k in half else f32) for k in names}
         return self.kernel_args(bf16, w, bf16, f32)
 
 
-WEIGHTS = (
-    "fn_a",
-    "base_a",
-    "scale_a",
-    "norm_a",
-    "fn_f",
-    "base_f",
-    "scale_f",
-    "norm_f",
-    "w_in",
-    "w_fb",
-    "w_gb",
-    "conv_w",
-    "A_log",
-    "dt_bias",
-    "o_norm",
-    "w_o",
-)
+# what every layer launch reads: the gates' weights and o_proj
+WEIGHTS = ("fn_a", "base_a", "scale_a", "norm_a", "fn_f", "base_f", "scale_f", "norm_f", "w_o")
 DENSE_FFN_WEIGHTS = ("w_gate", "w_up", "w_down")
 MOE_WEIGHTS = ("w_r", "r_bias", "w_eg", "w_eu", "w_ed")
+KDA_WEIGHTS = ("w_in", "w_fb", "w_gb", "conv_w", "A_log", "dt_bias", "o_norm")
+MLA_WEIGHTS = ("w_a", "q_norm", "kv_norm", "k_w", "k_b", "ape", "w_qb", "w_ukt", "w_uv")
+# a KDA layer's stand-ins for what only sparse's attention half reads, with their dtypes
+MLA_STUBS = {n: torch.bfloat16 for n in ("latent", "index_key", "index_gate", "pooled", "q_mla", "qr", "q_lat")}
+MLA_STUBS |= {n: torch.bfloat16 for n in ("o_lat", "o_mla", *MLA_WEIGHTS)} | {"ape": torch.float32}
+MLA_STUBS |= {n: torch.float32 for n in ("y_a", "wi", "qi", "scores", "part_o", "part_m", "part_l")}
+MLA_STUBS |= {"pos": torch.int32, "idx": torch.int32}

@@ -45,9 +45,14 @@ with no hc_post after them, such a launch has no COMB_A ("attn") or COMB_F (both
 
 from __future__ import annotations
 
+import math
+
 from glm53ctl.kernels.kinds.task_types import (
+    ABSORB,
+    ATTN,
     COMB_A,
     COMB_F,
+    COMBINE,
     DOWN,
     EXP_DOWN,
     EXP_GU,
@@ -58,6 +63,9 @@ from glm53ctl.kernels.kinds.task_types import (
     KDA_HEAD,
     MIX_A,
     MIX_F,
+    MLA_A,
+    MLA_QB,
+    MLA_ROW,
     OPROJ,
     OWN_A,
     OWN_F,
@@ -65,6 +73,9 @@ from glm53ctl.kernels.kinds.task_types import (
     RED_F,
     ROUTE,
     ROUTER,
+    SCORE,
+    SELECT,
+    WUV,
 )
 from glm53ctl.kernels.ops.ffn.moe import ROUTER_SLICES, ROUTER_TILE, n_slots_for
 from glm53ctl.kernels.ops.gemv.kernel import folds
@@ -109,12 +120,14 @@ class Dims:
     intermediate share, and the FFN partial is one slice, the MoE sum), and the tile and slice sizes a key's
     knobs give them."""
 
-    def __init__(self, spec, tp: int, knobs: dict, ffn: str = "dense") -> None:
+    def __init__(self, spec, tp: int, knobs: dict, ffn: str = "dense", attn: str = "kda", slots: int = 4) -> None:
         sh = spec.shards(tp)
-        self.moe = ffn == "moe"
+        self.moe, self.mla = ffn == "moe", attn == "mla"
         self.D, self.HC, self.iters = spec.hidden, spec.mhc.streams, spec.mhc.sinkhorn_iters
         self.HL, self.K, self.W, self.RG = sh.kda_heads, spec.kda.head_dim, spec.kda.conv_kernel, spec.kda.gate_rank
         self.P, self.I, self.T = self.HL * self.K, sh.expert_inter if self.moe else sh.dense_inter, tp
+        if self.mla:
+            self._mla(spec, sh, knobs, slots)
         self.E, self.TOPK, self.SCALE = spec.moe.experts, spec.moe.top_k, spec.moe.routed_scaling_factor
         self.NIN = 2 * self.RG + self.HL + 3 * self.P
         self.HDR = 2 * self.RG + self.HL
@@ -135,11 +148,38 @@ class Dims:
         self.KS_RT = k_slices(ROUTER_SLICES, self.D)
         self.BK_RT = min(bk, self.D // self.KS_RT)
         self.BN_DN = knobs.get("block_n_down") or max(64, min(128, 32768 // self.I))
+        if self.mla:
+            self.BK_A, self.BK_QB, self.BK_C = min(bk, self.D), math.gcd(self.QL, bk), min(bk, self.C)
         # the GEMV body has no K mask: a K slice must be whole K tiles
         tiles = ((self.D // self.KS_GU, self.BK_GU), (self.D // self.KS_IN, self.BK_IN), (self.PK, self.BK_O))
         for k, tile in (*tiles, (self.D // self.KS_RT, self.BK_RT)):
             assert k % tile == 0, f"a K slice of {k} columns is not whole K tiles of {tile}"
         assert self.IK % self.BK_I == 0 and self.D % self.BK_D == 0 and self.RG % self.BK_R == 0
+
+    def _mla(self, spec, sh, knobs: dict, slots: int) -> None:
+        """`sparse`'s attention half (attn "mla"): the MLA heads of this rank, the replicated indexer, the caches'
+        slots (whole pools), and the tiles: o_proj's K (P) is the heads' values."""
+        m, ix = spec.mla, spec.indexer
+        self.HQ, self.NOPE, self.V, self.C, self.QL = (
+            sh.mla_heads,
+            m.qk_nope_head_dim,
+            m.v_head_dim,
+            m.kv_lora_rank,
+            m.q_lora_rank,
+        )
+        self.IH, self.HI, self.KP = ix.head_dim, ix.heads, ix.kpool
+        self.WIDTH, self.TOPP = spec.index_width, spec.index_pools
+        self.NA = self.QL + self.C + 2 * self.IH + self.HI  # q_a | kv_a | wk | pool gate | head weights
+        self.NQB = self.HQ * self.NOPE + self.HI * self.IH  # q_b | the indexer's wq_b
+        self.P = self.HQ * self.V
+        self.LMAX = slots
+        self.BP = 256  # pools per score task
+        self.NSB = -(-(slots // self.KP) // self.BP)
+        self.TB = knobs["token_block"]  # tokens per attention task (numeric: the combine's order)
+        self.NB = -(-self.WIDTH // self.TB)
+        self.HB = max(16, min(64, 1 << (self.HQ - 1).bit_length()))  # heads per attention task, a tl.dot tile
+        self.BN_AB = min(64, self.C)  # latent columns per absorb task
+        self.BN_UV = min(64, self.V)  # value rows per W_UV task
 
 
 def mix_tasks(knobs: dict, rows: int, streams: int) -> bool:
@@ -179,28 +219,31 @@ def add_dense(t: TaskTable, d: Dims, rows: int, knobs: dict, mode: str = "full",
     # the Sinkhorn comb: for hc_post in the attention reduces (none in a peer's "attn" launch), not the GEMVs
     combs = [add(COMB_A, r, waits=mix[r]) for r in range(rows)] if mode != "attn" else []
     # a folded INPROJ streams H from the start (once H is there) and waits for its gates at its end
-    fold = folds(knobs["norm"], rows, d.HC)
-    inproj = []
-    for n0 in range(0, d.NIN, d.BN):
-        # K slices 1.. first (folded: nothing to wait for); slice 0 adds their sums (late) and stores the rows
-        others = [add(INPROJ, n0, ks, waits=list(after) if fold else gates) for ks in range(d.KS_IN - 1, 0, -1)]
-        inproj.append((n0, n0 + d.BN, add(INPROJ, n0, 0, waits=list(after) if fold else gates)))
-        if others:
-            t.wait(inproj[-1][2], others, how, words, late=True)
-        if fold:
-            t.wait(inproj[-1][2], gates, how, words, late=True)
-    small = _covering(inproj, 0, 2 * d.RG)  # f_a | g_a: every head's low-rank rows
-    nv = kda_parts(knobs["kda_split"], d.HL, rows, knobs["grid"])
-    heads = []
-    for h in range(d.HL):
-        own = small + _covering(inproj, 2 * d.RG + h, 2 * d.RG + h + 1)
-        own += _covering(inproj, d.HDR + 3 * d.K * h, d.HDR + 3 * d.K * (h + 1))
-        heads.append([add(KDA_HEAD, h, r, p, waits=own) for r in range(rows) for p in range(nv)])
-    oproj = []
-    for ks in range(d.KS_O):
-        lo, hi = ks * d.PK, (ks + 1) * d.PK
-        need = [task for h in range(d.HL) if h * d.K < hi and lo < (h + 1) * d.K for task in heads[h]]
-        oproj += [(n0, n0 + d.BN_O, add(OPROJ, n0, ks, waits=need)) for n0 in range(0, d.D, d.BN_O)]
+    fold = folds(knobs["norm"], rows, d.HC) and not d.mla
+    if d.mla:
+        oproj = _add_mla(t, add, d, rows, gates)
+    else:
+        inproj = []
+        for n0 in range(0, d.NIN, d.BN):
+            # K slices 1.. first (folded: nothing to wait for); slice 0 adds their sums (late) and stores the rows
+            others = [add(INPROJ, n0, ks, waits=list(after) if fold else gates) for ks in range(d.KS_IN - 1, 0, -1)]
+            inproj.append((n0, n0 + d.BN, add(INPROJ, n0, 0, waits=list(after) if fold else gates)))
+            if others:
+                t.wait(inproj[-1][2], others, how, words, late=True)
+            if fold:
+                t.wait(inproj[-1][2], gates, how, words, late=True)
+        small = _covering(inproj, 0, 2 * d.RG)  # f_a | g_a: every head's low-rank rows
+        nv = kda_parts(knobs["kda_split"], d.HL, rows, knobs["grid"])
+        heads = []
+        for h in range(d.HL):
+            own = small + _covering(inproj, 2 * d.RG + h, 2 * d.RG + h + 1)
+            own += _covering(inproj, d.HDR + 3 * d.K * h, d.HDR + 3 * d.K * (h + 1))
+            heads.append([add(KDA_HEAD, h, r, p, waits=own) for r in range(rows) for p in range(nv)])
+        oproj = []
+        for ks in range(d.KS_O):
+            lo, hi = ks * d.PK, (ks + 1) * d.PK
+            need = [task for h in range(d.HL) if h * d.K < hi and lo < (h + 1) * d.K for task in heads[h]]
+            oproj += [(n0, n0 + d.BN_O, add(OPROJ, n0, ks, waits=need)) for n0 in range(0, d.D, d.BN_O)]
     chunks = [(c, r) for r in range(rows) for c in range(d.NCH)]  # row by row: row 0's gate goes first
     if mode == "attn":
         return [add(OWN_A, c, r, waits=_covering(oproj, c * d.CH, (c + 1) * d.CH)) for c, r in chunks]
@@ -268,3 +311,38 @@ def _add_moe(t: TaskTable, add, d: Dims, rows: int, gates_f: list[int], knobs: d
         [(n0, n0 + d.BN_DN, add(EXP_DOWN, j, n0, waits=[x for *_, x in gu[j]])) for n0 in range(0, d.D, d.BN_DN)]
         for j in order
     ]
+
+
+def _add_mla(t: TaskTable, add, d: Dims, rows: int, gates: list[int]) -> list[tuple[int, int, int]]:
+    """`sparse`'s attention half after the attention gates (kernels/ops/dsa/kernel.py has the steps): the fused A
+    projection's tiles; per row its norms and cache writes; q_b | the indexer's wq_b tiles; per head the absorb;
+    per row the index scores in pool blocks, then its selection; per row, head group and token block the
+    attention partials, then per row and group their combine; per head W_UV; o_proj. Returns the o_proj tiles."""
+    a_tiles = [(n0, n0 + d.BN, add(MLA_A, n0, waits=gates)) for n0 in range(0, d.NA, d.BN)]
+    row_tasks = [add(MLA_ROW, r, waits=[x for *_, x in a_tiles]) for r in range(rows)]
+    qb = [(n0, n0 + d.BN, add(MLA_QB, n0, waits=row_tasks)) for n0 in range(0, d.NQB, d.BN)]
+    absorb = [
+        [add(ABSORB, h, c0, waits=_covering(qb, h * d.NOPE, (h + 1) * d.NOPE)) for c0 in range(0, d.C, d.BN_AB)]
+        for h in range(d.HQ)
+    ]
+    qi = _covering(qb, d.HQ * d.NOPE, d.NQB)
+    selects = []
+    for r in range(rows):
+        scores = [add(SCORE, r, b, waits=[row_tasks[r], *qi]) for b in range(d.NSB)]
+        selects.append(add(SELECT, r, waits=scores))
+    groups = range(0, d.HQ, d.HB)
+    combines = {}
+    for r in range(rows):
+        for g in groups:
+            heads = [x for h in range(g, min(g + d.HB, d.HQ)) for x in absorb[h]]
+            blocks = [add(ATTN, r, g, b, waits=[selects[r], *heads]) for b in range(d.NB)]
+            combines[r, g] = add(COMBINE, r, g, waits=blocks)
+    wuv = []
+    for h in range(d.HQ):
+        need = [combines[r, h - h % d.HB] for r in range(rows)]
+        wuv += [(h * d.V + n0, h * d.V + n0 + d.BN_UV, add(WUV, h, n0, waits=need)) for n0 in range(0, d.V, d.BN_UV)]
+    oproj = []
+    for ks in range(d.KS_O):
+        need = _covering(wuv, ks * d.PK, (ks + 1) * d.PK)
+        oproj += [(n0, n0 + d.BN_O, add(OPROJ, n0, ks, waits=need)) for n0 in range(0, d.D, d.BN_O)]
+    return oproj

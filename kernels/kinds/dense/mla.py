@@ -1,0 +1,174 @@
+"""`sparse`'s attention half as tasks of the layer kernel (kernel.py, constexpr MLA): the DSA bodies of
+kernels/ops/dsa applied to a task's share (the steps: kernels/ops/dsa/kernel.py; the tasks and their waits:
+table.py `_add_mla`). Not inlined, as every task body: the claim loop carries none of their registers.
+
+Buffers (a rank's; R rows): y_a [R, NA] fp32 (the A projection), qr [R, QL] bf16, wi [R, HI] fp32 (the
+indexer's head weights), q [R, HQ * NOPE] bf16, qi [R, HI * IH] fp32, q_lat [R, HQ, C] bf16, scores [R, LMAX //
+KP] fp32, idx [R, WIDTH] int32, the attention partials part_o [R, NB, HQ, C] and part_m, part_l [R, NB, HQ] fp32,
+o_lat [R, HQ, C] bf16, o [R, HQ * V] bf16 (what o_proj reads). The caches [R, LMAX, ...] are written at each
+row's position only.
+"""
+
+import triton
+import triton.language as tl
+
+from glm53ctl.kernels.ops.dsa.attend import attend_block, combine_blocks
+from glm53ctl.kernels.ops.dsa.indexer import scores_block
+from glm53ctl.kernels.ops.dsa.kernel import mla_row
+from glm53ctl.kernels.ops.dsa.select import select_row
+from glm53ctl.kernels.ops.gemv.kernel import gemv_tile
+from glm53ctl.kernels.tlx import to_bf16
+
+
+@triton.jit(noinline=True)
+def task_mla_row(
+    y_a,
+    qr,
+    wi,
+    caches,
+    norms,
+    pos,
+    r,
+    eps,
+    ln_eps,
+    QL: tl.constexpr,
+    QLP: tl.constexpr,
+    C: tl.constexpr,
+    IH: tl.constexpr,
+    HI: tl.constexpr,
+    KP: tl.constexpr,
+    LMAX: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    """MLA_ROW (row r): its norms, head weights and cache writes at its position (`mla_row`). caches: (latent,
+    index_key, index_gate, pooled); norms: (q_a's, kv_a's, the key's LayerNorm weight and bias, the pool ape)."""
+    mla_row(
+        y_a, qr, wi, caches[0], caches[1], caches[2], caches[3], norms[0], norms[1], norms[2], norms[3], norms[4],
+        r, tl.load(pos + r), eps, ln_eps, QL, QLP, C, IH, HI, KP, LMAX, INTERPRET,
+    )  # fmt: skip
+
+
+@triton.jit(noinline=True)
+def task_qb(
+    qr,
+    w_qb,
+    q,
+    qi,
+    n0,
+    R,
+    QL: tl.constexpr,
+    NQ: tl.constexpr,
+    NQB: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    """MLA_QB (rows n0.. of q_b | wq_b over qr): the heads' q (bf16, what the absorb reads) and the indexer's
+    query qi (fp32: its scores decide the selection)."""
+    acc = gemv_tile(qr, QL, w_qb, n0, R, NQB, QL, QL, BN, BK, INTERPRET)
+    o_m = tl.arange(0, 16)
+    o_n = n0 + tl.arange(0, BN)
+    m_r = o_m[:, None] < R
+    tl.store(q + o_m[:, None] * NQ + o_n[None, :], to_bf16(acc, INTERPRET), mask=m_r & (o_n[None, :] < NQ))
+    m_i = m_r & (o_n[None, :] >= NQ) & (o_n[None, :] < NQB)
+    tl.store(qi + o_m[:, None] * (NQB - NQ) + (o_n[None, :] - NQ), acc, mask=m_i)
+
+
+@triton.jit(noinline=True)
+def task_head_gemv(
+    x,
+    w,
+    out,
+    h,
+    n0,
+    R,
+    HQ: tl.constexpr,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    """ABSORB / WUV (head h, rows n0..): out[r, h, n] (bf16, [R, HQ, N]) = Σ_k x[r, h, k] w[h, n, k] for every row:
+    x [R, HQ, K] bf16 (q against W_UKᵀ, or o_lat against W_UV), w [HQ, N, K] bf16."""
+    acc = gemv_tile(x + h * K, HQ * K, w + h * N * K, n0, R, N, K, K, BN, BK, INTERPRET)
+    o_m = tl.arange(0, 16)
+    o_n = n0 + tl.arange(0, BN)
+    at = out + (o_m[:, None] * HQ + h) * N + o_n[None, :]
+    tl.store(at, to_bf16(acc, INTERPRET), mask=(o_m[:, None] < R) & (o_n[None, :] < N))
+
+
+@triton.jit(noinline=True)
+def task_score(
+    qi,
+    wi,
+    pooled,
+    scores,
+    pos,
+    r,
+    b,
+    HI: tl.constexpr,
+    IH: tl.constexpr,
+    KP: tl.constexpr,
+    LMAX: tl.constexpr,
+    BP: tl.constexpr,
+    HBI: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    """SCORE (row r, pools b·BP..): the row's index scores of its complete pools in the block (none past them)."""
+    P = (tl.load(pos + r) + 1) // KP
+    NP: tl.constexpr = LMAX // KP
+    if b * BP < P:
+        scores_block(
+            qi + r * HI * IH, wi + r * HI, pooled + r.to(tl.int64) * NP * IH, scores + r * NP, b * BP, P, HI, IH, BP,
+            IH**-0.5, INTERPRET, HBI,
+        )  # fmt: skip
+
+
+@triton.jit(noinline=True)
+def task_select(
+    scores,
+    idx,
+    pos,
+    r,
+    KP: tl.constexpr,
+    TOPP: tl.constexpr,
+    WIDTH: tl.constexpr,
+    LMAX: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """SELECT (row r): its tokens (`select_row`) from its pools' scores."""
+    select_row(scores + r * (LMAX // KP), idx + r * WIDTH, tl.load(pos + r) + 1, KP, TOPP, WIDTH, BLOCK)
+
+
+@triton.jit(noinline=True)
+def task_attn(
+    q_lat,
+    latent,
+    idx,
+    parts,
+    r,
+    h0,
+    b,
+    scale,
+    HQ: tl.constexpr,
+    C: tl.constexpr,
+    WIDTH: tl.constexpr,
+    NB: tl.constexpr,
+    TB: tl.constexpr,
+    HB: tl.constexpr,
+    LMAX: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    """ATTN (row r, heads h0.., token block b): the block's partial (`attend_block`); parts: (o, m, l)."""
+    attend_block(
+        q_lat, latent, idx, parts[0], parts[1], parts[2], r, h0, b, HQ, C, WIDTH, NB, TB, HB, LMAX, scale, INTERPRET
+    )
+
+
+@triton.jit(noinline=True)
+def task_combine(
+    parts, o_lat, r, h0, HQ: tl.constexpr, C: tl.constexpr, NB: tl.constexpr, HB: tl.constexpr, INTERPRET: tl.constexpr
+):
+    """COMBINE (row r, heads h0..): the blocks' partials in block order (`combine_blocks`)."""
+    combine_blocks(parts[0], parts[1], parts[2], o_lat, r, h0, NB, HQ, C, NB, HB, INTERPRET)

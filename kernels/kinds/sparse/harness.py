@@ -1,0 +1,249 @@
+"""One key of `sparse` with its peers: `kda`'s harness with MLA (and the DSA indexer) as its attention half.
+
+A launch's input is H, every row's position (tokens cached before the step: rows at contexts below and above the
+selection width in one launch) and the DSA caches (replicated on every rank). The caches a check starts from are
+random (bf16 normal rows): a step reads them as they are, so their values need no prefill to prove its math;
+`run` prefills them through the reference instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from glm53ctl.kernels.harness import Inputs, Timed, cloned, nbytes, row_contexts
+from glm53ctl.kernels.kinds.dense.harness import DensePeers
+from glm53ctl.kernels.kinds.dense.launch import prepare_weights
+from glm53ctl.kernels.kinds.dense.table import STAGES
+from glm53ctl.kernels.kinds.kda.harness import KdaHarness
+from glm53ctl.kernels.kinds.sparse.launch import SparseLaunch
+from glm53ctl.kernels.kinds.task_types import (
+    ABSORB,
+    ATTN,
+    COMBINE,
+    EXP_DOWN,
+    EXP_GU,
+    MLA_A,
+    MLA_QB,
+    MLA_ROW,
+    OPROJ,
+    RED_F,
+    ROUTE,
+    ROUTER,
+    SCORE,
+    SELECT,
+    WUV,
+)
+from glm53ctl.kernels.numerics import FP32
+from glm53ctl.kernels.reference import DecodeState, room
+from glm53ctl.kernels.state import DsaCache
+from glm53ctl.kernels.weights import Weights
+
+# the separate-launches baseline: the gates, MLA's steps, the reduces and FFN gates, the MoE
+SPARSE_STAGES = STAGES[:2] + ((MLA_A,), (MLA_ROW,), (MLA_QB,), (ABSORB, SCORE), (SELECT,), (ATTN,), (COMBINE,))
+SPARSE_STAGES += ((WUV,), (OPROJ,)) + STAGES[5:7] + ((ROUTER,), (ROUTE,), (EXP_GU,), (EXP_DOWN,), (RED_F,))
+CACHE_NAMES = ("latent", "index_key", "index_gate", "pooled_key")
+
+
+@dataclass
+class SparseInput:
+    """A `sparse` launch's input: H [R, hc, D] bf16, pos [R] (tokens cached before the step) and the caches
+    [R, slots, ...] bf16."""
+
+    H: torch.Tensor
+    pos: torch.Tensor
+    cache: DsaCache
+
+    def to(self, device) -> SparseInput:
+        c = DsaCache(*(getattr(self.cache, n).to(device) for n in CACHE_NAMES))
+        return SparseInput(self.H.to(device), self.pos.to(device), c)
+
+    def clone_cache(self) -> DsaCache:
+        return DsaCache(*(getattr(self.cache, n).clone() for n in CACHE_NAMES))
+
+
+def check_contexts(spec, rows: int) -> list[int]:
+    """Rows' contexts for a check: below the selection width (every pool attended) and above it (the top pools
+    selected), at every pool phase, and one row completing a pool this step."""
+    w = spec.index_width
+    kp = spec.indexer.kpool
+    pattern = [w // 3, 3 * w + 1, w - 1, 2 * w + kp - 2, 1, 4 * w + 2, w + 1, kp - 1]
+    return pattern[:rows]
+
+
+class SparseHarness(KdaHarness):
+    kind = "sparse"
+    STAGES = SPARSE_STAGES
+    Launch = SparseLaunch
+    # -1 is the selection's padding: its poison is -2
+    POISON_INT = {"dsa.idx": -2}
+
+    def __init__(self, weights: Weights, tp: int, rows: int, knobs: dict | None, device, layer=None, context=None):
+        from glm53ctl.kernels.harness import KindHarness
+        from glm53ctl.kernels.run_key import layer_for
+
+        KindHarness.__init__(self, weights, tp, rows, knobs, device)
+        spec, knobs = self.spec, self.knobs
+        self.layer = layer_for(spec, self.kind, layer)
+        self.contexts = (
+            check_contexts(spec, rows) if context is None else row_contexts(context, rows, spec.indexer.kpool)
+        )
+        self.slots = room(spec, max(self.contexts) + 1)
+        self.w = [
+            prepare_weights(weights.layer(self.layer, r, tp), spec, tp, device, False, "moe", "mla") for r in range(tp)
+        ]
+        mk = lambda **kw: SparseLaunch(spec, tp, rows, knobs, device, slots=self.slots, **kw)  # noqa: E731
+        self.launch = mk()
+        if tp > 1:
+            self.attn = [mk(rank=q, mode="attn") for q in range(tp)]
+            self.ffn = [mk(rank=q, mode="ffn") for q in range(1, tp)]
+
+    @classmethod
+    def build_launches(cls, spec, tp: int, rows: int, knobs: dict) -> list[tuple[str, object]]:
+        slots = room(spec, max(check_contexts(spec, rows)) + 1)
+        return [("launch", SparseLaunch(spec, tp, rows, knobs, "cpu", slots=slots))]
+
+    def inputs(self, seed: int, steps: int = 1, tokens=None) -> list[SparseInput]:
+        """Seeded H, the rows' positions and random caches per step."""
+        gen = Inputs(self.spec, seed, FP32)
+        m, ix, R = self.spec.mla, self.spec.indexer, self.rows
+        out = []
+        for _ in range(steps):
+            H = gen.H(R).to(torch.bfloat16)
+            r = lambda *s: (gen.rows_normal(*s) * 0.5).to(torch.bfloat16)  # noqa: E731
+            L = self.slots
+            cache = DsaCache(
+                r(R, L, m.kv_lora_rank), r(R, L, ix.head_dim), r(R, L, ix.head_dim), r(R, L // ix.kpool, ix.head_dim)
+            )
+            out.append(SparseInput(H, torch.tensor(self.contexts), cache))
+        return out
+
+    def _run(self, launch, x: SparseInput, w, **guard) -> DsaCache:
+        """One launch on a copy of the caches (the input stays as it was); the caches after it."""
+        cache = x.clone_cache()
+        launch(x.H, w, cache, x.pos.to(torch.int32), **guard)
+        return cache
+
+    def peer_partials(self, x: SparseInput) -> DensePeers | None:
+        if self.tp == 1:
+            return None
+        x = x.to(self.device)
+        T, R, D = self.tp, self.rows, self.spec.hidden
+        parts_a = torch.zeros(T, R, D, device=self.device)
+        parts_f = torch.zeros(T, R, D, device=self.device)
+        for q, launch in enumerate(self.attn):
+            launch.poison()
+            self._run(launch, x, self.w[q])
+            parts_a[q] = launch.buf["parts_a"][q]
+        for q, launch in enumerate(self.ffn, start=1):
+            launch.set_peers(parts_a=parts_a)
+            self._run(launch, x, self.w[q])
+            parts_f[q] = launch.buf["parts_f"][q]
+        return DensePeers(parts_a, parts_f, [])
+
+    def __call__(self, x: SparseInput, peers=None, poison: bool = False, **guard) -> dict[str, torch.Tensor]:
+        """One launch of rank 0 (after the peers' partials): every output, and the caches' rows at each row's
+        position (the pooled key's at the pool it completes, or its last complete one)."""
+        x = x.to(self.device)
+        peers = self.peer_partials(x) if peers is None and self.tp > 1 else peers
+        launch = self.launch
+        if peers is not None:
+            launch.set_peers(peers.parts_a, peers.parts_f)
+        if poison:
+            launch.poison()
+        cache = self._run(launch, x, self.w[0], **guard)
+        out = {n: t.clone() for n, t in launch.out.items()}
+        self._last = (x.pos.cpu(), self._untouched(x.cache, cache, x.pos))
+        return out | self._written(cache, x.pos)
+
+    def _written(self, cache: DsaCache, pos: torch.Tensor) -> dict[str, torch.Tensor]:
+        rows = torch.arange(self.rows, device=pos.device)
+        p = pos.long()
+        pool = ((p + 1) // self.spec.indexer.kpool - 1).clamp(min=0)
+        return {
+            "dsa.latent": cache.latent[rows, p],
+            "dsa.index_key": cache.index_key[rows, p],
+            "dsa.index_gate": cache.index_gate[rows, p],
+            "dsa.pooled_key": cache.pooled_key[rows, pool],
+        }
+
+    def reference(self, x: SparseInput) -> dict[str, torch.Tensor]:
+        """The reference layer at this TP width on the launch's inputs: its outputs and its cache writes."""
+        i = self.layer
+        c = DsaCache(*(getattr(x.cache, n).float().cpu() for n in CACHE_NAMES))
+        state = DecodeState(x.pos.long().cpu(), self.slots, {}, {i: c})
+        out, new = self.reference_model().layer(i, x.H.float().cpu(), state)
+        return out | self._written(new.dsa[i], x.pos.long().cpu())
+
+    def invariants(self, out: dict, ref: dict) -> dict[str, bool]:
+        """The routing's (kda), and the selection's: the reference's tokens, every row's valid prefix strictly
+        ascending and below its token count, -1 after it; and nothing written but each row's position (and the
+        pool it completes)."""
+        got = super().invariants(out, ref)
+        idx = out["dsa.idx"].long().cpu()
+        pos, untouched = self._last
+        n = pos.long() + 1
+        prefix_ok = True
+        for r in range(self.rows):
+            valid = idx[r][idx[r] >= 0]
+            k = len(valid)
+            prefix_ok &= bool((idx[r, k:] == -1).all()) and bool((valid < n[r]).all())
+            prefix_ok &= bool((valid[1:] > valid[:-1]).all())
+        return got | {
+            "selection equals the reference's": torch.equal(idx, ref["dsa.idx"].long().cpu()),
+            "selection ascending, in range, -1 padded": prefix_ok,
+            "caches written at each row's position only": untouched,
+        }
+
+    def _untouched(self, before: DsaCache, after: DsaCache, pos: torch.Tensor) -> bool:
+        """Whether the caches after a launch equal those before it everywhere but each row's position (and the
+        pool a row completes)."""
+        R = self.rows
+        rows = torch.arange(R, device=pos.device)
+        p = pos.long()
+        done = (p + 1) % self.spec.indexer.kpool == 0
+        ok = True
+        for name in CACHE_NAMES:
+            a, b = getattr(after, name), getattr(before, name)
+            keep = torch.ones(a.shape[:2], dtype=torch.bool, device=a.device)
+            if name == "pooled_key":
+                keep[rows[done], ((p + 1) // self.spec.indexer.kpool - 1)[done]] = False
+            else:
+                keep[rows, p] = False
+            ok &= torch.equal(a[keep], b[keep])
+        return ok
+
+    def timed(self, x: SparseInput, peers) -> Timed:
+        """Rank 0's launch on copies of its weights: it moves every weight it reads (the experts the rows chose),
+        the caches it reads (each row's pooled keys and the latent rows it selected) and writes, H, the peers'
+        partials and its outputs."""
+        x = x.to(self.device)
+        launch = self.launch
+        if peers is not None:
+            launch.set_peers(peers.parts_a, peers.parts_f)
+        cache = x.clone_cache()
+        pos = x.pos.to(torch.int32)
+        self(x, peers)
+        spec, d = self.spec, launch.d
+        w = self.w[0]
+        untouched = spec.moe.experts - int(launch.buf["n_slots"][0])
+        per_expert = sum(nbytes(w[n]) for n in ("w_eg", "w_eu", "w_ed")) // (spec.moe.experts + 1)
+        weights = nbytes(*w.values()) - untouched * per_expert
+        n = x.pos.long() + 1
+        pools = int((n // d.KP).sum())
+        selected = int((launch.buf["idx"] >= 0).sum())
+        reads = pools * d.IH * 2 + selected * d.C * 2
+        writes = self.rows * (d.C + 2 * d.IH) * 2 + int(((n % d.KP) == 0).sum()) * d.IH * 2
+        moved = weights + reads + writes + nbytes(x.H) + nbytes(*launch.out.values())
+        moved += 2 * (self.tp - 1) * self.rows * spec.hidden * 4
+        call = lambda c: launch(x.H, c, cache, pos, check=False)  # noqa: E731
+        return Timed(call, cloned(w), weights, moved, "rank 0's layer weights")
+
+    def stock(self, x, peers):
+        from glm53ctl.errors import UsageError
+
+        raise UsageError(
+            "the torch and compile baselines of sparse are not built yet",
+            hint="its reference selects tokens on the host; time --baseline separate",
+        )
