@@ -16,11 +16,14 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_build_reports_resources_per_kernel(capsys, tmp_path):
     doc = invoke_json(capsys, "build", "--model", "tiny", "--tp", "1,2", "--rows", "1", "-j", "2", "--out", tmp_path)
     keys = {e["key"]: e for e in doc["keys"]}
-    assert set(keys) == {f"tiny/{kind}/tp{t}/r1" for kind in ("embed", "dense", "kda", "tail") for t in (1, 2)}
+    assert set(keys) == {
+        f"tiny/{kind}/tp{t}/r1" for kind in ("embed", "dense", "kda", "sparse", "tail") for t in (1, 2)
+    }
     assert [k["role"] for k in keys["tiny/tail/tp2/r1"]["kernels"]] == ["launch", "peer"]
     # a dense peer's partial launches run rank 0's code with another table: one kernel per key
     assert [k["role"] for k in keys["tiny/dense/tp2/r1"]["kernels"]] == ["launch"]
     assert [k["role"] for k in keys["tiny/kda/tp2/r1"]["kernels"]] == ["launch"]
+    assert [k["role"] for k in keys["tiny/sparse/tp2/r1"]["kernels"]] == ["launch"]
     for e in doc["keys"]:
         for k in e["kernels"]:
             assert k["symbol"] in ("embed_kernel", "tail_kernel", "dense_kernel")
@@ -39,7 +42,7 @@ def test_build_reports_resources_per_kernel(capsys, tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--kind", "sparse"], "--kind 'sparse': expected values from embed, dense, kda, tail"),
+        (["--kind", "model"], "--kind 'model': expected values from embed, dense, kda, sparse, tail"),
         (["--tp", "3"], "--tp '3': expected values from 1, 2, 4, 8"),
         (["--rows", "x"], "--rows 'x': expected a comma-separated list"),
         (["--target", "hopper"], "--target 'hopper': expected sm_<capability>"),

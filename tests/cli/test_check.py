@@ -266,7 +266,7 @@ def test_a_table_row_fits_100_columns_at_the_widest_key_with_against():
     assert max(len(line) for line in text.splitlines()) <= 100 and "FAIL" in text and "equal" in text
 
 
-@pytest.mark.parametrize("args", [["check", "--tp", "0"], ["fault", "--rows", "3"], ["check", "--kind", "sparse"]])
+@pytest.mark.parametrize("args", [["check", "--tp", "0"], ["fault", "--rows", "3"], ["check", "--kind", "model"]])
 def test_check_and_fault_refuse_bad_keys_before_torch_is_imported(args):
     code = "import sys\nfrom glm53ctl.cli import run_cli\nc = run_cli(sys.argv[1:])\nprint(c, 'torch' in sys.modules)"
     p = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)

@@ -137,8 +137,8 @@ def test_run_triton_backend_matches_the_reference(capsys, tmp_path, kind):
 
 
 def test_run_triton_backend_refuses_kinds_without_kernels(capsys, tmp_path):
-    code, _, err = invoke(capsys, "run", "--kind", "sparse", "--backend", "triton", "--out", tmp_path / "x.safetensors")
-    assert code == 2 and "no sparse launch yet" in err
+    code, _, err = invoke(capsys, "run", "--kind", "model", "--backend", "triton", "--out", tmp_path / "x.safetensors")
+    assert code == 2 and "no model launch yet" in err
 
 
 @pytest.mark.interpreter

@@ -51,3 +51,14 @@ def test_a_128k_context_at_glm53_flash_width():
     scores[0, 1000:3000] = scores[0, 999]  # a run of equal scores somewhere in the top
     got = _check(scores, n, spec)
     assert (got[0, :2048] >= 0).all() and (got[0, 2048:] == -1).all() and (got[2] >= 0).all()
+
+
+def test_the_stock_baselines_selection_is_the_references():
+    """`bench`'s stock baseline selects on the device (a stable sort, no host round trip): the same tokens."""
+    from glm53ctl.kernels.kinds.sparse.stock import select_on_device
+
+    spec = load_model("tiny")
+    g = torch.Generator().manual_seed(3)
+    n = torch.tensor([1, 3, 4, 17, 35, 36, 100, 257])
+    scores = torch.randint(0, 3, (len(n), 65), generator=g).float()  # ties everywhere
+    assert torch.equal(select_on_device(scores, n, spec), select_token_rows(scores, n, spec))

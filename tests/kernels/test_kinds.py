@@ -24,8 +24,8 @@ def test_every_command_reads_the_kinds_from_the_registry():
         assert harness.kind == name and k.bounds and harness.STAGES
     with pytest.raises(UsageError, match="unknown kind 'nope'"):
         get_kind("nope")
-    with pytest.raises(UsageError, match="no sparse launch yet"):
-        get_kind("sparse").load_harness()
+    with pytest.raises(UsageError, match="no model launch yet"):
+        get_kind("model").load_harness()
 
 
 def test_no_kind_is_special_cased_outside_the_registry():

@@ -186,8 +186,8 @@ class DenseLaunch(PersistentLaunch):
         self.stubs = {n: e(1, dtype=bf16) for n in (MOE_WEIGHTS if not d.moe else DENSE_FFN_WEIGHTS)}
         self.stubs |= {"r_bias": e(1)} if not d.moe else {}
         # the other attention half's weights and buffers (a KDA layer's launch: MLA's; sparse's: KDA's)
-        if d.mla:
-            self.stubs |= {n: e(1, dtype=bf16) for n in KDA_WEIGHTS}
+        if d.mla:  # with their dtypes: the KDA tasks are compiled (never run) in an MLA build too
+            self.stubs |= {n: e(1, dtype=f32 if n in ("conv_w", "A_log", "dt_bias") else bf16) for n in KDA_WEIGHTS}
         else:
             self.stubs |= {n: e(1, dtype=t) for n, t in MLA_STUBS.items()}
         st = spec.shards(tp).state_shapes(rows, 1)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from glm53ctl.kernels.harness import Inputs, Timed, cloned, nbytes, row_contexts
+from glm53ctl.kernels.harness import Inputs, RunKey, Timed, bf16_numerics, cloned, layer_state, nbytes, row_contexts
 from glm53ctl.kernels.kinds.dense.harness import DensePeers
 from glm53ctl.kernels.kinds.dense.launch import prepare_weights
 from glm53ctl.kernels.kinds.dense.table import STAGES
@@ -36,7 +36,7 @@ from glm53ctl.kernels.kinds.task_types import (
     WUV,
 )
 from glm53ctl.kernels.numerics import FP32
-from glm53ctl.kernels.reference import DecodeState, room
+from glm53ctl.kernels.reference import DecodeState, Reference, room
 from glm53ctl.kernels.state import DsaCache
 from glm53ctl.kernels.weights import Weights
 
@@ -79,7 +79,9 @@ class SparseHarness(KdaHarness):
     # -1 is the selection's padding: its poison is -2
     POISON_INT = {"dsa.idx": -2}
 
-    def __init__(self, weights: Weights, tp: int, rows: int, knobs: dict | None, device, layer=None, context=None):
+    def __init__(
+        self, weights: Weights, tp: int, rows: int, knobs: dict | None, device, layer=None, context=None, steps: int = 1
+    ) -> None:
         from glm53ctl.kernels.harness import KindHarness
         from glm53ctl.kernels.run_key import layer_for
 
@@ -89,7 +91,7 @@ class SparseHarness(KdaHarness):
         self.contexts = (
             check_contexts(spec, rows) if context is None else row_contexts(context, rows, spec.indexer.kpool)
         )
-        self.slots = room(spec, max(self.contexts) + 1)
+        self.slots = room(spec, max(self.contexts) + steps)
         self.w = [
             prepare_weights(weights.layer(self.layer, r, tp), spec, tp, device, False, "moe", "mla") for r in range(tp)
         ]
@@ -155,6 +157,7 @@ class SparseHarness(KdaHarness):
         cache = self._run(launch, x, self.w[0], **guard)
         out = {n: t.clone() for n, t in launch.out.items()}
         self._last = (x.pos.cpu(), self._untouched(x.cache, cache, x.pos))
+        self.cache_after = cache
         return out | self._written(cache, x.pos)
 
     def _written(self, cache: DsaCache, pos: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -195,6 +198,32 @@ class SparseHarness(KdaHarness):
             "selection ascending, in range, -1 padded": prefix_ok,
             "caches written at each row's position only": untouched,
         }
+
+    @classmethod
+    def run(cls, weights: Weights, key: RunKey, knobs: dict | None, device) -> dict[str, torch.Tensor]:
+        """`run --backend triton`: run_reference's inputs (the same draws: the caches prefilled to each row's
+        context by the reference, then H per step) through the launch, each step's cache writes read by the
+        next."""
+        spec = weights.spec
+        k = cls(weights, key.tp, key.rows, knobs, device, layer=key.layer, context=key.context, steps=key.steps)
+        i = k.layer
+        inputs = Inputs(spec, key.seed, FP32)
+        st = layer_state(Reference(weights), i, k.contexts, inputs, k.slots)
+        cache = DsaCache(*(getattr(st.dsa[i], n).to(torch.bfloat16) for n in CACHE_NAMES))
+        pos = st.pos.clone()
+        for _ in range(key.steps):
+            x = SparseInput(inputs.H(key.rows).to(torch.bfloat16), pos, cache)
+            out = {n: t for n, t in k(x).items() if n in k.launch.out}
+            cache = DsaCache(*(getattr(k.cache_after, n).cpu() for n in CACHE_NAMES))
+            pos = pos + 1
+        pre = f"layers.{i}.dsa."
+        return (
+            {"inputs.contexts": torch.tensor(k.contexts), "inputs.H": x.H, "inputs.layer": torch.tensor(i)}
+            | {"inputs.pos": x.pos}
+            | {f"inputs.state.{pre}{n}": getattr(x.cache, n).float() for n in CACHE_NAMES}
+            | {f"outputs.{n}": t.cpu() for n, t in out.items()}
+            | {f"writes.{pre}{n}": getattr(cache, n).float() for n in CACHE_NAMES}
+        )
 
     def _untouched(self, before: DsaCache, after: DsaCache, pos: torch.Tensor) -> bool:
         """Whether the caches after a launch equal those before it everywhere but each row's position (and the
@@ -240,10 +269,34 @@ class SparseHarness(KdaHarness):
         call = lambda c: launch(x.H, c, cache, pos, check=False)  # noqa: E731
         return Timed(call, cloned(w), weights, moved, "rank 0's layer weights")
 
-    def stock(self, x, peers):
-        from glm53ctl.errors import UsageError
+    def stock(self, x: SparseInput, peers: DensePeers | None) -> Timed:
+        """Rank 0's share of the layer as stock PyTorch ops in bf16, capturable (kinds/sparse/stock.py), the
+        peers' partials given: the `torch` and `compile` baselines."""
+        from glm53ctl.kernels.kinds.sparse.stock import stock_dsa
+        from glm53ctl.kernels.ops.mhc.naive import gate, hc_post
 
-        raise UsageError(
-            "the torch and compile baselines of sparse are not built yet",
-            hint="its reference selects tokens on the host; time --baseline separate",
-        )
+        spec, num = self.spec, bf16_numerics()
+        x = x.to(self.device)
+        H, pos, cache = x.H, x.pos.long(), x.clone_cache()
+        parts_a = list(peers.parts_a[1:].to(torch.bfloat16)) if peers is not None else []
+        parts_f = list(peers.parts_f[1:].to(torch.bfloat16)) if peers is not None else []
+        w0 = self.stock_weights()
+        attn_w = lambda w: {n.removeprefix("self_attn."): t for n, t in w.items() if n.startswith("self_attn.")}  # noqa: E731
+
+        def call(w):
+            xh, post, comb = gate(
+                H, w["hc_attn_fn"], w["hc_attn_base"], w["hc_attn_scale"], w["input_layernorm.weight"], spec, num
+            )
+            a = stock_dsa(xh, attn_w(w), cache, pos, spec, num)
+            for p in parts_a:
+                a = a + p
+            H1 = hc_post(a, H, post, comb, num)
+            norm = w["post_attention_layernorm.weight"]
+            xh, post, comb = gate(H1, w["hc_ffn_fn"], w["hc_ffn_base"], w["hc_ffn_scale"], norm, spec, num)
+            m = self.stock_ffn(xh, w, num)
+            for p in parts_f:
+                m = m + p
+            return hc_post(m, H1, post, comb, num)
+
+        moved = self.timed(x, peers).nbytes
+        return Timed(call, cloned(w0), nbytes(*w0.values()), moved, "rank 0's layer weights")

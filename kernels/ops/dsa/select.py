@@ -31,14 +31,16 @@ def score_key(s):
 
 
 @triton.jit
-def _digit_counts(scores, P, prefix, HIGH: tl.constexpr, SHIFT: tl.constexpr, BLOCK: tl.constexpr):
+def _digit_counts(scores, P, prefix, SHIFT: tl.constexpr, BLOCK: tl.constexpr):
     """Per digit d [256]: the pools whose key has digit d at SHIFT and whose bits above it equal prefix's."""
     counts = tl.zeros((256,), dtype=tl.int32)
     o_b = tl.arange(0, BLOCK)
     for p0 in range(0, P, BLOCK):
         o_p = p0 + o_b
         key = score_key(tl.load(scores + o_p, mask=o_p < P, other=0.0))
-        match = (o_p < P) & ((key & HIGH) == prefix)
+        match = o_p < P
+        if SHIFT < 24:  # the digits found so far: the bits above this one
+            match = match & ((key >> (SHIFT + 8)) == (prefix >> (SHIFT + 8)))
         counts += tl.histogram(((key >> SHIFT) & 255).to(tl.int32), 256, mask=match).to(tl.int32)
     return counts
 
@@ -55,15 +57,13 @@ def select_row(scores, idx, n, KP: tl.constexpr, TOPP: tl.constexpr, WIDTH: tl.c
     left = TOPP + 0 * P
     if P > TOPP:
         for i in tl.static_range(4):
-            shift: tl.constexpr = 24 - 8 * i
-            high: tl.constexpr = (0xFFFFFFFF << (shift + 8)) & 0xFFFFFFFF  # the bits found so far
-            counts = _digit_counts(scores, P, prefix, high, shift, BLOCK)
+            counts = _digit_counts(scores, P, prefix, 24 - 8 * i, BLOCK)
             # the pools with a larger digit, per digit: the threshold's digit is the largest whose count of pools
             # at or above it reaches `left`
             above = tl.sum(tl.where(o_d[None, :] > o_d[:, None], counts[None, :], 0), axis=1)
             d = tl.max(tl.where(above + counts >= left, o_d, -1), axis=0)
             left -= tl.sum(tl.where(o_d > d, counts, 0), axis=0)
-            prefix = prefix | (d.to(tl.uint32) << shift)
+            prefix = prefix | (d.to(tl.uint32) << (24 - 8 * i))
     # the pools taken, in pool order: every pool while P <= TOPP; else those above the threshold, and of those at
     # it the first `left`
     taken = 0 * P

@@ -1,0 +1,106 @@
+"""The `sparse` launch (a DSA layer: MLA with the k-pool indexer, then the MoE) under TRITON_INTERPRET=1 on `tiny`:
+every output and cache write against the reference at every TP x rows key, rows at contexts below and above the
+selection width in one launch; tied index scores selected by pool index; bitwise equal across schedule knobs and
+the separate launches; every MLA site stuck is named."""
+
+import pytest
+import torch
+
+from glm53ctl.kernels.checks import fault_key
+from glm53ctl.kernels.kinds import get_kind
+from glm53ctl.kernels.kinds import task_types as tt
+from glm53ctl.kernels.kinds.sparse.harness import SparseHarness
+from glm53ctl.kernels.numerics import rel_rms
+from glm53ctl.kernels.spec import load_model
+from glm53ctl.kernels.weights import ROOT, Weights
+from tests.helpers import assert_same_bits
+
+BOUNDS = get_kind("sparse").bounds
+MLA_TYPES = tuple(
+    t.value for t in (tt.MLA_A, tt.MLA_ROW, tt.MLA_QB, tt.ABSORB, tt.SCORE, tt.SELECT, tt.ATTN, tt.COMBINE, tt.WUV)
+)
+
+pytestmark = pytest.mark.interpreter
+
+
+@pytest.fixture(scope="module")
+def weights():
+    return Weights(load_model("tiny"), seed=5)
+
+
+def _check(k: SparseHarness, seed: int) -> dict:
+    x = k.inputs(seed=seed)[0]
+    out = k(x, poison=True)
+    ref = k.reference(x)
+    for name, bound in BOUNDS.items():
+        err = rel_rms(ref[name], out[name])
+        assert err <= bound, (name, err)  # NaN fails here too
+    bad = [name for name, holds in k.invariants(out, ref).items() if not holds]
+    assert not bad, bad
+    return out
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+@pytest.mark.parametrize("rows", [1, 2, 4, 8])
+def test_against_the_reference(weights, tp, rows):
+    """Every output and cache write within its bound, the selection and the routing exactly the reference's, at
+    every key (rows 2 and more mix contexts below and above the selection width)."""
+    k = SparseHarness(weights, tp, rows, {"grid": 3}, "cpu")
+    w = load_model("tiny").index_width
+    if rows > 1:
+        assert min(k.contexts) < w < max(k.contexts)
+    _check(k, seed=100 * tp + rows)
+
+
+def test_tied_index_scores_take_the_lower_pools():
+    """The indexer's query weights zero: every pool scores 0, and rows past the width take the first pools (and the
+    tail), as the reference's stable order."""
+    spec = load_model("tiny")
+    pre = f"{ROOT}layers.3.self_attn.indexer."
+    ix = spec.indexer
+    loaded = {pre + "wq_b.weight": torch.zeros(ix.heads * ix.head_dim, spec.mla.q_lora_rank)}
+    k = SparseHarness(Weights(spec, seed=5, loaded=loaded), 2, 2, {}, "cpu")
+    out = _check(k, seed=7)
+    n = max(k.contexts) + 1
+    row = k.contexts.index(max(k.contexts))
+    first = torch.arange(spec.index_pools * ix.kpool)
+    assert torch.equal(out["dsa.idx"][row, : len(first)].long(), first)
+    tail = torch.arange(n // ix.kpool * ix.kpool, n)
+    assert torch.equal(out["dsa.idx"][row, len(first) : len(first) + len(tail)].long(), tail)
+
+
+@pytest.mark.parametrize("knobs", [{"box_words": 16, "handoff": "flag"}, {"block_n_down": 16, "block_n_in": 16}])
+def test_schedule_knobs_keep_every_bit(weights, knobs):
+    k = SparseHarness(weights, 2, 2, {}, "cpu")
+    x = k.inputs(seed=9)[0]
+    peers = k.peer_partials(x)
+    base = {n: t.clone() for n, t in k(x, peers, poison=True).items()}
+    assert_same_bits(base, SparseHarness(weights, 2, 2, knobs, "cpu")(x, peers, poison=True), str(knobs))
+
+
+def test_token_block_is_accurate(weights):
+    """token_block (numeric): 32 tokens per attention task instead of 64, within the bounds."""
+    _check(SparseHarness(weights, 2, 2, {"token_block": 32}, "cpu"), seed=13)
+
+
+def test_separate_launches_keep_every_bit(weights):
+    k = SparseHarness(weights, 4, 2, {}, "cpu")
+    x = k.inputs(seed=11)[0]
+    peers = k.peer_partials(x)
+    base = {n: t.clone() for n, t in k(x, peers, poison=True).items()}
+    assert_same_bits(base, k.separate()(x, peers, poison=True), "separate launches")
+
+
+def test_the_mla_sites_stuck_are_named(weights):
+    """A site of each MLA task type stuck: LaunchFault names it and the retried launch is a clean one's bits."""
+    k = SparseHarness(weights, 2, 1, {}, "cpu")
+    t = k.launch.table
+    sites = {}
+    for i, s in enumerate(t.sites):
+        ttype = t.tasks[s.task][0]
+        if ttype in MLA_TYPES and ttype not in sites:
+            sites[ttype] = i
+    assert len(sites) == len(MLA_TYPES)
+    for s in sites.values():
+        res = fault_key(weights, "sparse", 2, 1, "cpu", s, budget_ns=10**6, wall_s=60)
+        assert res.ok and res.named == 1 and res.retries_equal == 1, res.problems
