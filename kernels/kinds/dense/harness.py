@@ -147,13 +147,12 @@ class DenseHarness(KindHarness):
     def stock(self, x: LayerInput, peers: DensePeers | None) -> Timed:
         """Rank 0's share of the layer as stock PyTorch ops in bf16 (the reference's ops), the peers' partials
         given: the `torch` and `compile` baselines."""
-        from glm53ctl.kernels.ops.kda.naive import kda_attention
         from glm53ctl.kernels.ops.mhc.naive import gate, hc_post
 
         spec, num = self.spec, bf16_numerics()
         x = x.to(self.device)
         H = x.H
-        conv, S = (t.to(torch.bfloat16) for t in self.rank_state(x, 0))
+        attention = self.stock_attention(x)
         parts_a = list(peers.parts_a[1:].to(torch.bfloat16)) if peers is not None else []
         parts_f = list(peers.parts_f[1:].to(torch.bfloat16)) if peers is not None else []
         w0 = self.stock_weights()
@@ -163,7 +162,7 @@ class DenseHarness(KindHarness):
             xh, post, comb = gate(
                 H, w["hc_attn_fn"], w["hc_attn_base"], w["hc_attn_scale"], w["input_layernorm.weight"], spec, num
             )
-            a, _ = kda_attention(xh, attn_w(w), KdaState(conv, S), spec, num)
+            a = attention(xh, attn_w(w), num)
             for p in parts_a:
                 a = a + p
             H1 = hc_post(a, H, post, comb, num)
@@ -176,6 +175,13 @@ class DenseHarness(KindHarness):
 
         moved = self.timed(x, peers).nbytes
         return Timed(call, cloned(w0), nbytes(*w0.values()), moved, "rank 0's layer weights")
+
+    def stock_attention(self, x: LayerInput):
+        """The attention half of `stock` on x's state: (x̂, the attention weights, numerics) -> rank 0's partial."""
+        from glm53ctl.kernels.ops.kda.naive import kda_attention
+
+        conv, S = (t.to(torch.bfloat16) for t in self.rank_state(x, 0))
+        return lambda xh, w, num: kda_attention(xh, w, KdaState(conv, S), self.spec, num)[0]
 
     def stock_weights(self) -> dict[str, torch.Tensor]:
         """Rank 0's layer weights under the checkpoint's names, on the device: what `stock` reads (and rotates)."""

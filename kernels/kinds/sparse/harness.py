@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from glm53ctl.kernels.harness import Inputs, RunKey, Timed, bf16_numerics, cloned, layer_state, nbytes, row_contexts
+from glm53ctl.kernels.harness import Inputs, RunKey, Timed, cloned, layer_state, nbytes, row_contexts
 from glm53ctl.kernels.kinds.dense.harness import DensePeers
 from glm53ctl.kernels.kinds.dense.launch import prepare_weights
 from glm53ctl.kernels.kinds.dense.table import STAGES
@@ -269,34 +269,10 @@ class SparseHarness(KdaHarness):
         call = lambda c: launch(x.H, c, cache, pos, check=False)  # noqa: E731
         return Timed(call, cloned(w), weights, moved, "rank 0's layer weights")
 
-    def stock(self, x: SparseInput, peers: DensePeers | None) -> Timed:
-        """Rank 0's share of the layer as stock PyTorch ops in bf16, capturable (kinds/sparse/stock.py), the
-        peers' partials given: the `torch` and `compile` baselines."""
+    def stock_attention(self, x: SparseInput):
+        """The attention half of `stock`: MLA and the indexer in stock ops a CUDA graph captures
+        (kinds/sparse/stock.py), on x's caches and positions."""
         from glm53ctl.kernels.kinds.sparse.stock import stock_dsa
-        from glm53ctl.kernels.ops.mhc.naive import gate, hc_post
 
-        spec, num = self.spec, bf16_numerics()
-        x = x.to(self.device)
-        H, pos, cache = x.H, x.pos.long(), x.clone_cache()
-        parts_a = list(peers.parts_a[1:].to(torch.bfloat16)) if peers is not None else []
-        parts_f = list(peers.parts_f[1:].to(torch.bfloat16)) if peers is not None else []
-        w0 = self.stock_weights()
-        attn_w = lambda w: {n.removeprefix("self_attn."): t for n, t in w.items() if n.startswith("self_attn.")}  # noqa: E731
-
-        def call(w):
-            xh, post, comb = gate(
-                H, w["hc_attn_fn"], w["hc_attn_base"], w["hc_attn_scale"], w["input_layernorm.weight"], spec, num
-            )
-            a = stock_dsa(xh, attn_w(w), cache, pos, spec, num)
-            for p in parts_a:
-                a = a + p
-            H1 = hc_post(a, H, post, comb, num)
-            norm = w["post_attention_layernorm.weight"]
-            xh, post, comb = gate(H1, w["hc_ffn_fn"], w["hc_ffn_base"], w["hc_ffn_scale"], norm, spec, num)
-            m = self.stock_ffn(xh, w, num)
-            for p in parts_f:
-                m = m + p
-            return hc_post(m, H1, post, comb, num)
-
-        moved = self.timed(x, peers).nbytes
-        return Timed(call, cloned(w0), nbytes(*w0.values()), moved, "rank 0's layer weights")
+        cache, pos = x.clone_cache(), x.pos.long()
+        return lambda xh, w, num: stock_dsa(xh, w, cache, pos, self.spec, num)
