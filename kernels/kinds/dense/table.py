@@ -173,7 +173,7 @@ class Dims:
         self.NQB = self.HQ * self.NOPE + self.HI * self.IH  # q_b | the indexer's wq_b
         self.P = self.HQ * self.V
         self.LMAX = slots
-        self.BP = 256  # pools per score task
+        self.BP = 64  # pools per score task (its fp32 key tile: 32 KB of shared memory at 128 channels)
         self.NSB = -(-(slots // self.KP) // self.BP)
         self.TB = knobs["token_block"]  # tokens per attention task (numeric: the combine's order)
         self.NB = -(-self.WIDTH // self.TB)

@@ -529,9 +529,10 @@ def task_route(
     """ROUTE (row r): the row's routing (`route_row`); the last row to arrive (`arrive_last`) makes the slots
     from every row's choice, so the tasks after wait on every row's ROUTE and find the slots made."""
     route_row(logits, bias, ids, wts, on, r, E, KS, BLOCK_E, TOPK, SCALE)
+    # every thread's stores before the release, and (one row) before make_slots reads `on` in another layout
+    tl.debug_barrier()
     last = True
     if R > 1:
-        tl.debug_barrier()  # every thread's stores before the release
         last = arrive_last(arrive, epoch, R)
     if last:
         make_slots(on, slots, n_slots, slot_of, R, E, BLOCK_E, NSLOT)

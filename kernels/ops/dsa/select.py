@@ -60,7 +60,7 @@ def select_row(scores, idx, n, KP: tl.constexpr, TOPP: tl.constexpr, WIDTH: tl.c
             counts = _digit_counts(scores, P, prefix, 24 - 8 * i, BLOCK)
             # the pools with a larger digit, per digit: the threshold's digit is the largest whose count of pools
             # at or above it reaches `left`
-            above = tl.sum(tl.where(o_d[None, :] > o_d[:, None], counts[None, :], 0), axis=1)
+            above = tl.sum(counts, axis=0) - tl.cumsum(counts, axis=0)
             d = tl.max(tl.where(above + counts >= left, o_d, -1), axis=0)
             left -= tl.sum(tl.where(o_d > d, counts, 0), axis=0)
             prefix = prefix | (d.to(tl.uint32) << (24 - 8 * i))

@@ -142,8 +142,9 @@ def slot_expert(slots, n_slots, j, E: tl.constexpr, NSLOT: tl.constexpr):
     """Slot j's expert in the stacked weights (the shared expert, E, for slot NSLOT) and whether it runs: a
     routed slot past the experts chosen is skipped, so an expert nobody chose is never read."""
     shared = j == NSLOT
-    live = shared | (j < tl.load(n_slots))
-    return tl.where(shared, E, tl.load(slots + tl.minimum(j, NSLOT - 1))), live
+    # the shared slot's tasks wait on no routing: they read none of it
+    live = shared | (j < tl.load(n_slots, mask=~shared, other=0))
+    return tl.where(shared, E, tl.load(slots + tl.minimum(j, NSLOT - 1), mask=~shared, other=0)), live
 
 
 @triton.jit
