@@ -96,15 +96,20 @@ class DenseHarness(KindHarness):
         writes = []
         for q, launch in enumerate(self.attn):
             launch.poison()  # a state element a peer's launch leaves alone fails every check too
-            launch(x.H, self.w[q], *self.rank_state(x, q))
+            written = self.run_peer(launch, x, q)
             parts_a[q] = launch.buf["parts_a"][q]
-            if q:
-                writes.append((launch.conv_out.clone(), launch.S_out.clone()))
+            if q and written is not None:
+                writes.append(written)
         for q, launch in enumerate(self.ffn, start=1):
             launch.set_peers(parts_a=parts_a)
-            launch(x.H, self.w[q], *self.rank_state(x, q))
+            self.run_peer(launch, x, q)
             parts_f[q] = launch.buf["parts_f"][q]
         return DensePeers(parts_a, parts_f, writes)
+
+    def run_peer(self, launch, x: LayerInput, q: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """One partial launch of rank q on its shard of x's state; its state writes (conv, recurrent)."""
+        launch(x.H, self.w[q], *self.rank_state(x, q))
+        return launch.conv_out.clone(), launch.S_out.clone()
 
     def __call__(self, x: LayerInput, peers=None, poison: bool = False, **guard) -> dict[str, torch.Tensor]:
         """One launch of rank 0 (after the peers' partials): every output and the whole layer's state writes."""

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 import torch
 
 from glm53ctl.kernels.harness import Inputs, RunKey, Timed, cloned, layer_state, nbytes, row_contexts
-from glm53ctl.kernels.kinds.dense.harness import DensePeers
 from glm53ctl.kernels.kinds.dense.launch import prepare_weights
 from glm53ctl.kernels.kinds.dense.table import STAGES
 from glm53ctl.kernels.kinds.kda.harness import KdaHarness
@@ -127,22 +126,10 @@ class SparseHarness(KdaHarness):
         launch(x.H, w, cache, x.pos.to(torch.int32), **guard)
         return cache
 
-    def peer_partials(self, x: SparseInput) -> DensePeers | None:
-        if self.tp == 1:
-            return None
-        x = x.to(self.device)
-        T, R, D = self.tp, self.rows, self.spec.hidden
-        parts_a = torch.zeros(T, R, D, device=self.device)
-        parts_f = torch.zeros(T, R, D, device=self.device)
-        for q, launch in enumerate(self.attn):
-            launch.poison()
-            self._run(launch, x, self.w[q])
-            parts_a[q] = launch.buf["parts_a"][q]
-        for q, launch in enumerate(self.ffn, start=1):
-            launch.set_peers(parts_a=parts_a)
-            self._run(launch, x, self.w[q])
-            parts_f[q] = launch.buf["parts_f"][q]
-        return DensePeers(parts_a, parts_f, [])
+    def run_peer(self, launch, x: SparseInput, q: int) -> None:
+        """One partial launch of rank q, on a copy of the replicated caches. (Its state writes are the caches,
+        which every rank writes alike: `check` compares rank 0's.)"""
+        self._run(launch, x, self.w[q])
 
     def __call__(self, x: SparseInput, peers=None, poison: bool = False, **guard) -> dict[str, torch.Tensor]:
         """One launch of rank 0 (after the peers' partials): every output, and the caches' rows at each row's

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from glm53ctl.kernels.kinds.dense.launch import MLA_WEIGHTS, DenseLaunch
+from glm53ctl.kernels.kinds.dense.launch import DenseLaunch
 from glm53ctl.kernels.runtime.launch import DEFAULT_BUDGET_NS
 from glm53ctl.kernels.state import DsaCache
 
@@ -68,4 +68,4 @@ class SparseLaunch(DenseLaunch):
         return super().placeholder_args() | self.state_args(cache, i32)
 
 
-__all__ = ["CACHES", "MLA_WEIGHTS", "SparseLaunch"]
+__all__ = ["CACHES", "SparseLaunch"]
