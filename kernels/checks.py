@@ -32,8 +32,9 @@ def key_seed(seed: int, key: str) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}/{key}".encode()).digest()[:4], "little")
 
 
-def key_name(model: str, kind: str, tp: int, rows: int) -> str:
-    return f"{model}/{kind}/tp{tp}/r{rows}"
+def key_name(model: str, kind: str, tp: int, rows: int, context: int | None = None) -> str:
+    """A key's name; a context given (kinds that read caches) is part of it: `glm53_flash/sparse/tp4/r1/ctx32768`."""
+    return f"{model}/{kind}/tp{tp}/r{rows}" + (f"/ctx{context}" if context is not None else "")
 
 
 @dataclass
@@ -56,23 +57,37 @@ def outputs_equal(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
 
 
-def make_harness(weights: Weights, kind: str, tp: int, rows: int, knobs: dict | None, device):
-    """The launch harness of one key (the kind registry's)."""
-    return get_kind(kind).load_harness()(weights, tp, rows, knobs, device)
+def make_harness(weights: Weights, kind: str, tp: int, rows: int, knobs: dict | None, device, context=None):
+    """The launch harness of one key (the kind registry's); `context`, tokens cached before the step (row r a
+    few fewer), for a kind that reads caches (else None: its own check contexts)."""
+    cls = get_kind(kind).load_harness()
+    given = {} if context is None else {"context": context}
+    return cls(weights, tp, rows, knobs, device, **given)
 
 
-def launch_outputs(weights: Weights, kind: str, tp: int, rows: int, seed: int, device) -> dict[str, torch.Tensor]:
+def build_launches(spec, kind: str, tp: int, rows: int, knobs: dict, context=None) -> list[tuple[str, object]]:
+    """A key's launches, built on the CPU without weights (what `build` compiles and a tune tells apart)."""
+    cls = get_kind(kind).load_harness()
+    given = {} if context is None else {"context": context}
+    return cls.build_launches(spec, tp, rows, knobs, **given)
+
+
+def launch_outputs(
+    weights: Weights, kind: str, tp: int, rows: int, seed: int, device, context=None
+) -> dict[str, torch.Tensor]:
     """The kernel's outputs and writes for a key's seeded inputs (what `check --against` compares bit for bit)."""
-    k = make_harness(weights, kind, tp, rows, {}, device)
-    x = k.inputs(key_seed(seed, key_name(weights.spec.name, kind, tp, rows)))[0]
+    k = make_harness(weights, kind, tp, rows, {}, device, context)
+    x = k.inputs(key_seed(seed, key_name(weights.spec.name, kind, tp, rows, context)))[0]
     return {n: t.cpu() for n, t in k(x, poison=True).items()} | k.writes()
 
 
-def check_key(weights: Weights, kind: str, tp: int, rows: int, seed: int, device) -> tuple[CheckResult, dict]:
+def check_key(
+    weights: Weights, kind: str, tp: int, rows: int, seed: int, device, context=None
+) -> tuple[CheckResult, dict]:
     spec = weights.spec
     bounds = dict(get_kind(kind).bounds)
-    res = CheckResult(key_name(spec.name, kind, tp, rows), bounds=bounds)
-    k = make_harness(weights, kind, tp, rows, {}, device)
+    res = CheckResult(key_name(spec.name, kind, tp, rows, context), bounds=bounds)
+    k = make_harness(weights, kind, tp, rows, {}, device, context)
     x = k.inputs(key_seed(seed, res.key))[0].to(k.device)
     peers = k.peer_partials(x)
     out = k(x, peers, poison=True)
@@ -96,7 +111,7 @@ def check_key(weights: Weights, kind: str, tp: int, rows: int, seed: int, device
     if not written:
         res.problems.append("an output element was not written (NaN poison left)")
     for g in GRIDS:
-        other = make_harness(weights, kind, tp, rows, {"grid": g}, device)(x, peers, poison=True)
+        other = make_harness(weights, kind, tp, rows, {"grid": g}, device, context)(x, peers, poison=True)
         if not outputs_equal(out, other):
             res.grids_equal = False
             res.problems.append(f"grid {g} gives other bits than grid {k.knobs['grid']}")
@@ -180,4 +195,4 @@ def _hang(key: str, site: int, wall_s: float) -> None:
     os._exit(1)
 
 
-__all__ = ["CheckResult", "FaultResult", "check_key", "fault_key", "launch_outputs", "make_harness"]
+__all__ = ["CheckResult", "FaultResult", "build_launches", "check_key", "fault_key", "launch_outputs", "make_harness"]

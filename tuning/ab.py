@@ -18,12 +18,14 @@ HERE = Path(__file__).resolve().parent
 class Worker:
     """A tree's timing process for one key: each call is the µs per launch of one graph replay."""
 
-    def __init__(self, tree: Path, model: str, kind: str, tp: int, rows: int, knobs: dict, seed: int) -> None:
+    def __init__(
+        self, tree: Path, model: str, kind: str, tp: int, rows: int, knobs: dict, seed: int, context=None
+    ) -> None:
         from glm53ctl.worktree import finder_code
 
         code = finder_code(tree) + (HERE / "bench_worker.py").read_text()
         args = [sys.executable, "-c", code, str(HERE / "measure.py"), model, kind, str(tp), str(rows)]
-        args += [json.dumps(knobs), str(seed)]
+        args += [json.dumps(knobs), str(seed)] + ([str(context)] if context is not None else [])
         self.tree = tree
         self.p = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         ready = self.p.stdout.readline().split(maxsplit=3)
@@ -44,12 +46,14 @@ class Worker:
             self.p.wait()
 
 
-def against(this: Path, ref: Path, model: str, kind: str, tp: int, rows: int, knobs: dict, seed: int, rounds: int):
+def against(
+    this: Path, ref: Path, model: str, kind: str, tp: int, rows: int, knobs: dict, seed: int, rounds: int, context=None
+):
     """This tree (A) and REF (B) on one key: the same-against-same run of this tree, δ, and this / REF (below 1:
     this tree is faster) with its interval and the verdict for this tree."""
-    a = Worker(this, model, kind, tp, rows, knobs, seed)
+    a = Worker(this, model, kind, tp, rows, knobs, seed, context)
     try:
-        b = Worker(ref, model, kind, tp, rows, knobs, seed)
+        b = Worker(ref, model, kind, tp, rows, knobs, seed, context)
         try:
             for _ in range(5):  # clocks and caches settle
                 a(), b()

@@ -74,14 +74,15 @@ def bench_key(
     seed: int = 0,
     copy_tb_s: float | None = None,
     trace: bool = False,
+    context: int | None = None,
 ) -> dict:
     """One key's launch: µs (median of `rounds` graph replays), bytes, floor and % of the copy bandwidth, and
     each baseline timed in alternating rounds with it (ratio baseline / launch: above 1, the launch is faster).
     The separate launches are checked bit for bit against the launch first."""
     from glm53ctl.tuning.knobs import defaults
 
-    k = make_harness(weights, kind, tp, rows, knobs, "cuda")
-    x = k.inputs(key_seed(seed, key_name(weights.spec.name, kind, tp, rows)))[0]
+    k = make_harness(weights, kind, tp, rows, knobs, "cuda", context)
+    x = k.inputs(key_seed(seed, key_name(weights.spec.name, kind, tp, rows, context)))[0]
     peers = k.peer_partials(x)
     out = k(x, peers)  # compiles; the peers' partials in place
     out = {n: t.clone() for n, t in out.items()}
@@ -93,6 +94,7 @@ def bench_key(
         "kind": kind,
         "tp": tp,
         "rows": rows,
+        "context": context,
         "knobs": k.knobs,
         "tasks": k.launch.table.n_tasks,
         "us": us,
@@ -109,7 +111,7 @@ def bench_key(
     # the defaults' launch last: it is another harness, with buffers of its own
     for which in sorted(baselines, key=lambda b: b == "defaults"):
         if which == "defaults":
-            kb = make_harness(weights, kind, tp, rows, defaults(kind), "cuda")
+            kb = make_harness(weights, kind, tp, rows, defaults(kind), "cuda", context)
             kb(x, peers)
             t = kb.timed(x, peers)
             extra = {"knobs_equal": kb.knobs == k.knobs}
@@ -171,21 +173,21 @@ def trace_key(k, x, peers) -> dict:
 def _compile(job: tuple) -> str:
     """One key's kernels compiled into Triton's cache (and Inductor's, for baselines that use torch.compile), in
     a worker process: the launch's (and its peers') at these knobs, then each baseline run once."""
-    model, kind, tp, rows, knobs, baselines = job
-    from glm53ctl.kernels.kinds import get_kind
+    model, kind, tp, rows, knobs, baselines, context = job
+    from glm53ctl.kernels.checks import build_launches
     from glm53ctl.kernels.spec import load_model
     from glm53ctl.tuning.knobs import defaults, resolve_grid
 
     spec = load_model(model)
     full = resolve_grid(defaults(kind) | knobs, "cuda")
-    for _, la in get_kind(kind).load_harness().build_launches(spec, tp, rows, full):
+    for _, la in build_launches(spec, kind, tp, rows, full, context):
         args = {n: (v.to("cuda") if isinstance(v, torch.Tensor) else v) for n, v in la.placeholder_args().items()}
         la.kernel.warmup(**args, **la.constexprs(), **la.options(), grid=(la.grid,))
     others = [b for b in baselines if b != "defaults"]
     if others:
         from glm53ctl.kernels.weights import Weights
 
-        k = make_harness(Weights(spec, seed=0, device="cuda"), kind, tp, rows, full, "cuda")
+        k = make_harness(Weights(spec, seed=0, device="cuda"), kind, tp, rows, full, "cuda", context)
         x = k.inputs(0)[0]
         peers = k.peer_partials(x)
         for b in others:
@@ -198,7 +200,7 @@ def _compile(job: tuple) -> str:
 def precompile(jobs: list[tuple], workers: int, log=None) -> None:
     """Compile many keys' kernels at once, in `workers` processes sharing Triton's (and Inductor's) on-disk
     caches, before anything is timed: a launch compiles in seconds to tens of seconds, serially the larger
-    part of a tune or a bench. jobs: (model, kind, tp, rows, knobs, baselines)."""
+    part of a tune or a bench. jobs: (model, kind, tp, rows, knobs, baselines, context)."""
     import multiprocessing
     import time
     from concurrent.futures import ProcessPoolExecutor
@@ -209,7 +211,7 @@ def precompile(jobs: list[tuple], workers: int, log=None) -> None:
     start = time.monotonic()
     ctx = multiprocessing.get_context("spawn")  # CUDA in each worker
     with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=ctx) as pool:
-        list(pool.map(_compile, [(m, k, t, r, dict(kn), b) for m, k, t, r, kn, b in jobs]))
+        list(pool.map(_compile, [(m, k, t, r, dict(kn), b, c) for m, k, t, r, kn, b, c in jobs]))
     if log:
         log(f"  compiled {len(jobs)} launches in {time.monotonic() - start:.0f} s ({workers} processes)")
 

@@ -4,8 +4,9 @@ Run as `python -c <finder code of TREE> + this file's text`, so `glm53ctl` is TR
 tuned files), while the timing code is the running checkout's tuning/measure.py, loaded by path: both trees are
 timed alike, and never imported into one interpreter (docs/design.md §7).
 
-argv: measure.py path, model, kind, tp, rows, knobs (JSON), seed. Prints `ready <bytes> <copies> <knobs JSON>`,
-then answers each `round` line on stdin with the µs per launch of one graph replay, until `quit`.
+argv: measure.py path, model, kind, tp, rows, knobs (JSON), seed[, context]. Prints
+`ready <bytes> <copies> <knobs JSON>`, then answers each `round` line on stdin with the µs per launch of one
+graph replay, until `quit`.
 """
 
 import importlib.util
@@ -28,8 +29,9 @@ measure = importlib.util.module_from_spec(spec_)
 spec_.loader.exec_module(measure)
 model, kind, tp, rows = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 knobs, seed = json.loads(sys.argv[6]), int(sys.argv[7])
+context = {"context": int(sys.argv[8])} if len(sys.argv) > 8 else {}  # a tree from before contexts takes none
 
-k = make_harness(Weights(load_model(model), seed=0, device="cuda"), kind, tp, rows, knobs, "cuda")
+k = make_harness(Weights(load_model(model), seed=0, device="cuda"), kind, tp, rows, knobs, "cuda", **context)
 x = k.inputs(seed=seed)[0]
 peers = k.peer_partials(x)
 k(x, peers)  # compiles; the peers' partials in place

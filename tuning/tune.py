@@ -89,11 +89,13 @@ def space_of(knobs: dict[str, Knob], names: list[str] | None = None) -> dict[str
     return {n: k.values for n, k in knobs.items()}
 
 
-def study_name(model: str, kind: str, tp: int, rows: int, space: dict[str, tuple], code: str) -> str:
-    """One study per key, search space and code: trials timed on other code or over another space are another
-    study's (a resumed study never mixes them)."""
+def study_name(
+    model: str, kind: str, tp: int, rows: int, space: dict[str, tuple], code: str, context: int | None = None
+) -> str:
+    """One study per key (and context), search space and code: trials timed on other code or over another space
+    are another study's (a resumed study never mixes them)."""
     digest = hashlib.sha256(json.dumps([space, code], sort_keys=True, default=str).encode()).hexdigest()[:10]
-    return f"{model}-{kind}-tp{tp}-r{rows}-{digest}"
+    return f"{model}-{kind}-tp{tp}-r{rows}" + (f"-ctx{context}" if context is not None else "") + f"-{digest}"
 
 
 def storage_of(url: str):
@@ -342,19 +344,23 @@ class GpuEvaluator:
     """One key's launches on the GPU: harnesses per knob set (kept while in use), the default's outputs and the
     reference's, computed once on one seeded input."""
 
-    def __init__(self, weights, kind: str, tp: int, rows: int, seed: int = 0, device: str = "cuda") -> None:
+    def __init__(
+        self, weights, kind: str, tp: int, rows: int, seed: int = 0, device: str = "cuda", context=None
+    ) -> None:
         from glm53ctl.kernels.checks import key_name, key_seed
         from glm53ctl.kernels.kinds import get_kind
         from glm53ctl.tuning.knobs import defaults, kind_knobs
 
         self.weights, self.kind, self.tp, self.rows, self.device = weights, kind, tp, rows, device
+        self.context = context
         self.entry = get_kind(kind)
         self.knobs = kind_knobs(kind)
         self.default = defaults(kind)
         self.harnesses: dict[str, Any] = {}
         self.default_identity = self.identity(self.default)
         k = self._harness(self.default)
-        self.x = k.inputs(key_seed(seed, key_name(weights.spec.name, kind, tp, rows)))[0].to(k.device)
+        name = key_name(weights.spec.name, kind, tp, rows, context)
+        self.x = k.inputs(key_seed(seed, name))[0].to(k.device)
         self.default_out = self._outputs(k)
         self.ref = k.reference(self.x)
         self.bounds = dict(self.entry.bounds)
@@ -364,18 +370,20 @@ class GpuEvaluator:
         if ident not in self.harnesses:
             from glm53ctl.kernels.checks import make_harness
 
-            self.harnesses[ident] = make_harness(self.weights, self.kind, self.tp, self.rows, knobs, self.device)
+            self.harnesses[ident] = make_harness(
+                self.weights, self.kind, self.tp, self.rows, knobs, self.device, self.context
+            )
         return self.harnesses[ident]
 
     def _outputs(self, k) -> dict:
         return {n: t.clone() for n, t in k(self.x, poison=True).items()} | k.writes()
 
     def identity(self, knobs: dict) -> str:
+        from glm53ctl.kernels.checks import build_launches
         from glm53ctl.tuning.knobs import resolve_grid
 
-        launches = self.entry.load_harness().build_launches(
-            self.weights.spec, self.tp, self.rows, resolve_grid(knobs, self.device)
-        )
+        full = resolve_grid(knobs, self.device)
+        launches = build_launches(self.weights.spec, self.kind, self.tp, self.rows, full, self.context)
         return launch_identity([la for _, la in launches])
 
     def check(self, knobs: dict) -> str | None:

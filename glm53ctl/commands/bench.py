@@ -29,6 +29,15 @@ def bench(
     kind: Annotated[str | None, typer.Option("--kind", "-k", help="Kinds (default: every kind with kernels).")] = None,
     tp: Annotated[str | None, typer.Option("--tp", help="TP widths, e.g. 4,8 (default: 1,2,4,8).")] = None,
     rows: Annotated[str | None, typer.Option("--rows", help="Rows, e.g. 1,8 (default: 1,2,4,8).")] = None,
+    context: Annotated[
+        str | None,
+        typer.Option(
+            "--context",
+            metavar="N,...",
+            help="Tokens cached before the step, e.g. 4096,32768 (row r: r*3 fewer), for the kinds that read "
+            "caches (sparse); default: the check's contexts, below and above the selection width.",
+        ),
+    ] = None,
     knobs: Annotated[
         str | None,
         typer.Option("--knobs", metavar="K=V,...", help="Time this knob set (over the tuned file and defaults)."),
@@ -79,6 +88,7 @@ def bench(
     tps = parse_list("--tp", tp, TP_WIDTHS, int)
     rowss = parse_list("--rows", rows, ROWS, int)
     baselines = parse_list("--baseline", baseline, BASELINES) if baseline is not None else []
+    contexts = _contexts(context, kinds)
     spec = load_model(model)
     for t in tps:
         spec.check_tp(t)
@@ -103,29 +113,29 @@ def bench(
     bw = measure.copy_bandwidth()
     err_console.print(f"  copy bandwidth {bw:.3f} TB/s")
     weights = Weights(spec, seed=0, device="cuda")
-    keys = [(k, t, r) for k in kinds for t in tps for r in rowss]
+    keys = [(k, t, r, c) for k in kinds for t in tps for r in rowss for c in contexts.get(k, [None])]
     from glm53ctl.tuning.bench import compile_workers, precompile
     from glm53ctl.tuning.knobs import defaults
 
     jobs = []
-    for k, t, r in keys:
+    for k, t, r, c in keys:
         knobs_now = _knobs_in_force(model, k, t, r, overrides[k])
-        jobs.append((model, k, t, r, tuple(sorted(knobs_now.items())), tuple(baselines)))
+        jobs.append((model, k, t, r, tuple(sorted(knobs_now.items())), tuple(baselines), c))
         if "defaults" in baselines:
-            jobs.append((model, k, t, r, tuple(sorted(defaults(k).items())), ()))
+            jobs.append((model, k, t, r, tuple(sorted(defaults(k).items())), (), c))
     precompile(jobs, jobs_ or compile_workers(), err_console.print)
     if compile_only:
         return
     progress = Progress(len(keys))
     results = []
-    for k, t, r in keys:
-        row = bench_key(weights, k, t, r, overrides[k], baselines, rounds, seed, bw, trace)
+    for k, t, r, c in keys:
+        row = bench_key(weights, k, t, r, overrides[k], baselines, rounds, seed, bw, trace, c)
         if ref_tree is not None:
             from glm53ctl.kernels.checks import key_name, key_seed
             from glm53ctl.worktree import this_tree
 
-            s = key_seed(seed, key_name(model, k, t, r))
-            row["against"] = _against(this_tree(), ref_tree, model, k, t, r, overrides[k], s, rounds)
+            s = key_seed(seed, key_name(model, k, t, r, c))
+            row["against"] = _against(this_tree(), ref_tree, model, k, t, r, overrides[k], s, rounds, c)
         results.append(row)
         err_console.print(progress.line(_summary_line(row)))
     env = measure.environment(command)
@@ -152,13 +162,31 @@ def bench(
             if r["trace"] is None:
                 sys.stdout.write(f"\n{r['kind']}: no traced build of this kind yet\n")
                 continue
-            sys.stdout.write(
-                f"\n{r['kind']} TP{r['tp']} r{r['rows']}: traced launch\n" + format_trace(r["trace"]) + "\n"
-            )
+            sys.stdout.write(f"\n{key_label(r)}: traced launch\n" + format_trace(r["trace"]) + "\n")
     slower = [r for r in results if r.get("against", {}).get("verdict") == "slower"]
     if slower:
-        names = ", ".join(f"{r['kind']} TP{r['tp']} r{r['rows']}" for r in slower)
+        names = ", ".join(key_label(r) for r in slower)
         raise CheckFailed(f"{against} is faster beyond the noise at {len(slower)} of {len(results)} keys: {names}")
+
+
+def _contexts(context: str | None, kinds: list[str]) -> dict[str, list[int]]:
+    """Per kind that reads caches, the contexts --context gives (refused when no selected kind reads any)."""
+    from glm53ctl.kernels.kinds import context_kinds
+
+    if context is None:
+        return {}
+    readers = [k for k in kinds if k in context_kinds()]
+    if not readers:
+        raise UsageError(
+            f"--context applies to the kinds that read caches ({', '.join(context_kinds())}), not to {', '.join(kinds)}"
+        )
+    try:
+        values = [int(v) for v in context.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or any(v < 0 for v in values):
+        raise UsageError(f"--context {context!r}: expected a comma-separated list of token counts, 0 or more")
+    return {k: values for k in readers}
 
 
 def _knobs_in_force(model: str, kind: str, tp: int, rows: int, overrides: dict) -> dict:
@@ -185,14 +213,24 @@ def _checkout(against: str, cache: Path) -> Path:
     return tree
 
 
-def _against(this: Path, ref: Path, model, kind, tp, rows, knobs, seed, rounds) -> dict:
+def _against(this: Path, ref: Path, model, kind, tp, rows, knobs, seed, rounds, context=None) -> dict:
     from glm53ctl.tuning.ab import against
 
-    return against(this, ref, model, kind, tp, rows, knobs, seed, rounds)
+    return against(this, ref, model, kind, tp, rows, knobs, seed, rounds, context)
+
+
+def key_label(r: dict) -> str:
+    """A benched key in words: 'sparse TP4 r1 32K' (the context, for the kinds that read caches)."""
+    c = r.get("context")
+    return f"{r['kind']} TP{r['tp']} r{r['rows']}" + ("" if c is None else f" {_tokens(c)}")
+
+
+def _tokens(n: int) -> str:
+    return f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else str(n)
 
 
 def _summary_line(r: dict) -> str:
-    line = f"{r['kind']} TP{r['tp']} r{r['rows']}: {r['us']:.1f} us"
+    line = f"{key_label(r)}: {r['us']:.1f} us"
     if "pct_copy" in r:
         line += f", {r['pct_copy']:.1f}% of copy BW (floor {r['floor_us']:.1f} us)"
     for name, b in r["baselines"].items():
@@ -209,7 +247,7 @@ def _table(results: list[dict], baselines: list[str], against: str | None):
         cols += [f"{against} µs", "this/ref [95% CI]", "δ", "verdict"]
     rows = []
     for r in results:
-        row = [f"{r['kind']} TP{r['tp']} r{r['rows']}", f"{r['us']:.1f}", f"{r.get('floor_us', 0):.1f}"]
+        row = [key_label(r), f"{r['us']:.1f}", f"{r.get('floor_us', 0):.1f}"]
         row += [f"{r.get('pct_copy', 0):.1f}", f"{r['bytes'] / 1e6:.1f}"]
         for b in baselines:
             v = r["baselines"][b]

@@ -22,6 +22,15 @@ KindOpt = Annotated[str | None, typer.Option("--kind", "-k", help="Kinds (defaul
 TpOpt = Annotated[str | None, typer.Option("--tp", help="TP widths, e.g. 4,8 (default: 1,2,4,8).")]
 RowsOpt = Annotated[str | None, typer.Option("--rows", help="Rows, e.g. 1,2 (default: 1,2,4,8).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Results as JSON on stdout.")]
+ContextOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--context",
+        min=0,
+        help="Tokens cached before the step (row r: r*3 fewer), for the kinds that read caches (sparse); "
+        "default: rows below and above the selection width mixed.",
+    ),
+]
 
 
 def register(app: typer.Typer) -> None:
@@ -70,6 +79,7 @@ def check(
     kind: KindOpt = None,
     tp: TpOpt = None,
     rows: RowsOpt = None,
+    context: ContextOpt = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the inputs (fresh per key).")] = 0,
     against: Annotated[
         str | None,
@@ -88,14 +98,15 @@ def check(
 ) -> None:
     """Accuracy against the reference, determinism, invariants; with --against, bitwise equality with REF."""
     o = Output(as_json)
+    _check_context(kind, context)
     device, weights, keys = _setup(model, kind, tp, rows, all_keys)  # first: it may select the interpreter
     jobs = _jobs(jobs, device, keys)
     if save is not None:  # the other side of --against: outputs only, in this tree's process
-        _save_outputs(weights, keys, seed, device, save)
+        _save_outputs(weights, keys, seed, device, save, context)
         return
     with tempfile.TemporaryDirectory(prefix="glm53ctl-against-") as tmp:  # removed however the run ends
-        ref_dir = _run_ref(against, cache, weights, keys, seed, Path(tmp), o) if against is not None else None
-        results = _check_keys(weights, keys, jobs, seed, device, ref_dir)
+        ref_dir = _run_ref(against, cache, weights, keys, seed, Path(tmp), o, context) if against is not None else None
+        results = _check_keys(weights, keys, jobs, seed, device, ref_dir, context)
     passed = sum(r["ok"] for r in results)
     summary = f"{passed} of {len(results)} configs pass"
     if ref_dir is not None:
@@ -113,19 +124,43 @@ def check(
         raise CheckFailed(summary)
 
 
-def _save_outputs(weights, keys, seed: int, device: str, save: Path) -> None:
+def _check_context(kind: str | None, context: int | None) -> None:
+    """--context sizes the caches of the kinds that read them: refused when no selected kind does."""
+    from glm53ctl.kernels.kinds import context_kinds, kernel_kinds
+
+    if context is None:
+        return
+    kinds = parse_list("--kind", kind, kernel_kinds())
+    if not set(kinds) & set(context_kinds()):
+        raise UsageError(
+            f"--context applies to the kinds that read caches ({', '.join(context_kinds())}), not to {', '.join(kinds)}"
+        )
+
+
+def context_of(kind: str, context: int | None) -> int | None:
+    """The context a key of `kind` runs at: the one given, for a kind that reads caches; else None."""
+    from glm53ctl.kernels.kinds import get_kind
+
+    return context if get_kind(kind).reads_context else None
+
+
+def _save_outputs(weights, keys, seed: int, device: str, save: Path, context: int | None = None) -> None:
     from safetensors.torch import save_file
 
     from glm53ctl.kernels.checks import key_name, launch_outputs
 
     save.mkdir(parents=True, exist_ok=True)
     for i, (k, t, r) in enumerate(keys, 1):
-        name = key_name(weights.spec.name, k, t, r)
-        save_file(launch_outputs(weights, k, t, r, seed, device), str(save / (name.replace("/", "_") + ".safetensors")))
+        c = context_of(k, context)
+        name = key_name(weights.spec.name, k, t, r, c)
+        path = str(save / (name.replace("/", "_") + ".safetensors"))
+        save_file(launch_outputs(weights, k, t, r, seed, device, c), path)
         err_console.print(f"  [{i}/{len(keys)}] saved {name}", highlight=False)
 
 
-def _run_ref(against: str, cache: Path, weights, keys, seed: int, ref_dir: Path, o: Output) -> Path:
+def _run_ref(
+    against: str, cache: Path, weights, keys, seed: int, ref_dir: Path, o: Output, context: int | None = None
+) -> Path:
     """REF's outputs for the same keys, saved into ref_dir by REF's own glm53ctl in a process of its own: one
     run for a full TP x rows matrix, else one per (TP, rows) pair (REF may not know this tree's key sets)."""
     from glm53ctl.worktree import checkout, run_cli
@@ -133,6 +168,7 @@ def _run_ref(against: str, cache: Path, weights, keys, seed: int, ref_dir: Path,
     tree, sha = checkout(against, cache)
     base = ["check", "--save", str(ref_dir), "--seed", str(seed), "--model", weights.spec.name]
     base += ["--kind", ",".join(dict.fromkeys(k for k, _, _ in keys))]
+    base += ["--context", str(context)] if context is not None else []
     pairs = list(dict.fromkeys((t, r) for _, t, r in keys))
     tps, rowss = list(dict.fromkeys(t for t, _ in pairs)), list(dict.fromkeys(r for _, r in pairs))
     grids = [(tps, rowss)] if len(pairs) == len(tps) * len(rowss) else [([t], [r]) for t, r in pairs]
@@ -144,7 +180,9 @@ def _run_ref(against: str, cache: Path, weights, keys, seed: int, ref_dir: Path,
     return ref_dir
 
 
-def _check_keys(weights, keys, jobs: int, seed: int, device: str, ref_dir: Path | None) -> list[dict]:
+def _check_keys(
+    weights, keys, jobs: int, seed: int, device: str, ref_dir: Path | None, context: int | None = None
+) -> list[dict]:
     """Every key's check (and, with ref_dir, its bits against REF's), a progress line on stderr as each ends."""
     from safetensors.torch import load_file
 
@@ -154,12 +192,13 @@ def _check_keys(weights, keys, jobs: int, seed: int, device: str, ref_dir: Path 
     err_console.print(f"checking {len(keys)} keys of {weights.spec.name} on {device}{where}", highlight=False)
     progress = Progress(len(keys))
     results: list[dict | None] = [None] * len(keys)
-    for i, row in _per_key(_check_row, weights, keys, jobs, seed, device):
+    for i, row in _per_key(_check_row, weights, keys, jobs, seed, device, context):
         k, t, r = keys[i]
         if ref_dir is not None:
             path = ref_dir / (row["key"].replace("/", "_") + ".safetensors")
             theirs = load_file(str(path)) if path.exists() else {}
-            row["against"] = diff = _bitwise(launch_outputs(weights, k, t, r, seed, device), theirs)
+            ours = launch_outputs(weights, k, t, r, seed, device, context_of(k, context))
+            row["against"] = diff = _bitwise(ours, theirs)
             row["bitwise_equal"] = not diff
             row["ok"] = row["ok"] and not diff
         results[i] = row
@@ -228,15 +267,18 @@ def _table_row(r: dict, against: bool, verbose: bool) -> tuple:
     )
 
 
-def _check_row(model: str, kind: str, tp: int, rows: int, seed: int, device: str, weights=None) -> dict:
+def _check_row(
+    model: str, kind: str, tp: int, rows: int, seed: int, device: str, context: int | None = None, weights=None
+) -> dict:
     """One key's check as a plain dict (what a worker process sends back)."""
     from glm53ctl.kernels.checks import CheckResult, check_key, key_name
 
     weights = _weights(model, device, weights)
+    c = context_of(kind, context)
     try:
-        res, _ = check_key(weights, kind, tp, rows, seed, device)
+        res, _ = check_key(weights, kind, tp, rows, seed, device, c)
     except CheckFailed as e:  # a LaunchFault in a clean launch: this key fails, the others still run
-        res = CheckResult(key_name(weights.spec.name, kind, tp, rows), problems=[f"{type(e).__name__}: {e.message}"])
+        res = CheckResult(key_name(weights.spec.name, kind, tp, rows, c), problems=[f"{type(e).__name__}: {e.message}"])
         res.invariants["every output element written"] = False
     return {
         "key": res.key,

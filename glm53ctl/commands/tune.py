@@ -25,6 +25,15 @@ def tune(
     rows: Annotated[str, typer.Option("--rows", help="Rows, e.g. 2 or 1,2,8.")],
     kind: Annotated[str | None, typer.Option("--kind", "-k", help="Kinds (default: every kind with kernels).")] = None,
     model: Annotated[str, typer.Option("--model", "-m", help="Model.")] = "glm53_flash",
+    context: Annotated[
+        int | None,
+        typer.Option(
+            "--context",
+            min=0,
+            help="Tokens cached before the step (row r: r*3 fewer) for the kinds that read caches (sparse); "
+            "default: the check's contexts.",
+        ),
+    ] = None,
     trials: Annotated[int, typer.Option("--trials", min=1, help="Finished trials per study (all runs together).")] = 30,
     space: Annotated[
         str | None, typer.Option("--space", metavar="KNOB,...", help="Search only these knobs (default: all).")
@@ -73,6 +82,10 @@ def tune(
     from glm53ctl.tuning.tune import space_of
 
     spaces = {k: space_of(kind_knobs(k), names) for k in kinds}
+    from glm53ctl.commands.check import _check_context, context_of
+
+    _check_context(kind, context)
+    ctx = {k: context_of(k, context) for k in kinds}
     if study and len(kinds) * len(tps) * len(rowss) > 1:
         raise UsageError("--study names one study: give one --kind, --tp and --rows with it")
     if write and search_only:
@@ -92,14 +105,14 @@ def tune(
         code = measure.code_digest(folders=("kernels",))  # a study's trials stand while the kernels do
         keys = [(k, t, r) for k in kinds for t in tps for r in rowss]
         for k, t, r in keys:
-            name = study or tuning.study_name(model, k, t, r, spaces[k], code)
+            name = study or tuning.study_name(model, k, t, r, spaces[k], code, ctx[k])
             _plots(_load_study(tuning.storage_of(url), name, url), plots)
         return
     environment_ok()
     from glm53ctl.kernels.weights import Weights
 
     store = tuning.storage_of(url)
-    _precompile(model, kinds, tps, rowss, spaces, trials, jobs)
+    _precompile(model, kinds, tps, rowss, spaces, trials, jobs, ctx)
     measure.warm_clocks()
     weights = Weights(spec, seed=0, device="cuda")
     code = measure.code_digest(folders=("kernels",))  # a study's trials stand while the kernels do
@@ -107,10 +120,10 @@ def tune(
     for k in kinds:
         for t in tps:
             for r in rowss:
-                where = f"at TP{t} rows {r}"
-                name = study or tuning.study_name(model, k, t, r, spaces[k], code)
-                err_console.print(f"tune {k} TP{t} rows {r}: study {name} ({url})")
-                ev = tuning.GpuEvaluator(weights, k, t, r, seed)
+                where = f"at TP{t} rows {r}" + (f" context {ctx[k]}" if ctx[k] is not None else "")
+                name = study or tuning.study_name(model, k, t, r, spaces[k], code, ctx[k])
+                err_console.print(f"tune {k} {where}: study {name} ({url})")
+                ev = tuning.GpuEvaluator(weights, k, t, r, seed, context=ctx[k])
                 s = tuning.search(ev, ev.default, spaces[k], store, name, trials, seed, on_trial=_progress(trials))
                 if plots is not None:
                     _plots(s, plots)
@@ -119,7 +132,8 @@ def tune(
                 res = tuning.decide(ev, s, ev.default, spaces[k], top, rounds, where)
                 for d in res.decisions:
                     err_console.print(escape(f"  {d.reason}"))
-                results.append({"kind": k, "tp": t, "rows": r, "storage": url} | res.to_json())
+                key = {"kind": k, "tp": t, "rows": r} | ({"context": ctx[k]} if ctx[k] is not None else {})
+                results.append(key | {"storage": url} | res.to_json())
                 del ev
     if search_only:
         return
@@ -138,7 +152,7 @@ def tune(
     )
 
 
-def _precompile(model, kinds, tps, rowss, spaces, trials: int, jobs: int) -> None:
+def _precompile(model, kinds, tps, rowss, spaces, trials: int, jobs: int, ctx: dict) -> None:
     """Where a key's space is small enough to be searched whole, every point's kernels compiled first, in
     parallel (tuning/bench.py precompile); a TPE search compiles as it goes."""
     import itertools
@@ -154,7 +168,7 @@ def _precompile(model, kinds, tps, rowss, spaces, trials: int, jobs: int) -> Non
             continue
         for point in itertools.product(*space.values()):
             knobs = defaults(k) | dict(zip(space, point, strict=True))
-            todo += [(model, k, t, r, tuple(sorted(knobs.items())), ()) for t in tps for r in rowss]
+            todo += [(model, k, t, r, tuple(sorted(knobs.items())), (), ctx[k]) for t in tps for r in rowss]
     precompile(todo, jobs or compile_workers(), err_console.print)
 
 

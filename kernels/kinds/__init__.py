@@ -29,6 +29,7 @@ class Kind:
     harness: str | None = None  # "module:Class" of its launch harness; None: no kernels yet
     layer: tuple[str, str] | None = None  # a layer kind's (attention, FFN) shape (kernels/spec.py)
     takes_tokens: bool = False  # its input is token ids (else the streams H)
+    reads_context: bool = False  # it reads caches that grow with the context (`--context` sizes them)
     bounds: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
     knobs: tuple = ()  # its own knobs (tuning.knobs.Knob)
     runtime: tuple[str, ...] = ()  # the runtime's knobs it takes (tuning.knobs.RUNTIME_KNOBS)
@@ -99,6 +100,7 @@ KINDS = {
             "harness:run_layer",
             "kinds.sparse.harness:SparseHarness",
             layer=("dsa", "moe"),
+            reads_context=True,
             **_facts(sparse),
         ),
         Kind(
@@ -108,7 +110,13 @@ KINDS = {
             "kinds.tail.harness:TailHarness",
             **_facts(tail),
         ),
-        Kind("model", "the whole decode step: embed, 45 layers, tail", "harness:run_model", takes_tokens=True),
+        Kind(
+            "model",
+            "the whole decode step: embed, 45 layers, tail",
+            "harness:run_model",
+            takes_tokens=True,
+            reads_context=True,
+        ),
     )
 }
 
@@ -134,6 +142,11 @@ def get_kind(name: str) -> Kind:
     if name not in KINDS:
         raise UsageError(f"unknown kind {name!r}", hint=f"one of {names(with_kernels=False)}")
     return KINDS[name]
+
+
+def context_kinds() -> tuple[str, ...]:
+    """The kinds whose launch reads caches that grow with the context: `--context` applies to them."""
+    return tuple(n for n, k in KINDS.items() if k.reads_context)
 
 
 LAYER_KINDS = {n: k.layer for n, k in KINDS.items() if k.layer is not None}

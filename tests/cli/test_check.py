@@ -266,6 +266,28 @@ def test_a_table_row_fits_100_columns_at_the_widest_key_with_against():
     assert max(len(line) for line in text.splitlines()) <= 100 and "FAIL" in text and "equal" in text
 
 
+def test_check_context_sizes_the_caches_of_the_kinds_that_read_them(capsys):
+    """--context puts sparse's rows at that context (row r: r*3 fewer), is part of the key's name, and is refused
+    for a selection of kinds none of which reads caches."""
+    doc = invoke_json(capsys, "check", "--kind", "sparse,tail", "--tp", "1", "--rows", "2", "--context", "41")
+    assert [k["key"] for k in doc["keys"]] == ["tiny/sparse/tp1/r2/ctx41", "tiny/tail/tp1/r2"]
+    assert all(k["ok"] for k in doc["keys"]), doc["keys"]
+    code, out, err = invoke(capsys, "check", "--kind", "dense", "--context", "41")
+    assert code == 2 and "--context applies to the kinds that read caches" in err
+
+
+def test_a_context_sizes_sparse_rows_and_its_build():
+    from glm53ctl.kernels.checks import build_launches, make_harness
+    from glm53ctl.kernels.spec import load_model
+    from glm53ctl.kernels.weights import Weights
+
+    spec = load_model("tiny")
+    k = make_harness(Weights(spec, seed=0, device="cpu"), "sparse", 1, 3, {}, "cpu", context=100)
+    assert k.contexts == [100, 97, 94] and k.slots > 100 and k.slots % spec.indexer.kpool == 0
+    ((_, launch),) = build_launches(spec, "sparse", 1, 3, dict(k.knobs), context=100)
+    assert launch.d.LMAX == k.slots
+
+
 @pytest.mark.parametrize("args", [["check", "--tp", "0"], ["fault", "--rows", "3"], ["check", "--kind", "model"]])
 def test_check_and_fault_refuse_bad_keys_before_torch_is_imported(args):
     code = "import sys\nfrom glm53ctl.cli import run_cli\nc = run_cli(sys.argv[1:])\nprint(c, 'torch' in sys.modules)"

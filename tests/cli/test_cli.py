@@ -53,6 +53,10 @@ def test_timing_commands_need_a_gpu(capsys, name, monkeypatch):
         (["tune", "--tp", "4", "--rows", "2", "--kind", "dense", "--space", "nope"], "--space: nope"),
         (["tune", "--tp", "4,8", "--rows", "2", "--study", "x"], "--study names one study"),
         (["tune", "--tp", "4", "--rows", "2", "--write", "--search-only"], "a worker decides nothing"),
+        (["bench", "--kind", "dense", "--context", "4096"], "--context applies to the kinds that read caches"),
+        (["bench", "--kind", "sparse", "--context", "4K"], "--context '4K'"),
+        (["bench", "--kind", "sparse", "--context", "-1"], "--context '-1'"),
+        (["tune", "--tp", "4", "--rows", "2", "--kind", "kda", "--context", "8"], "not to kda"),
     ],
 )
 def test_timing_commands_check_their_options_first(capsys, args, says):

@@ -101,8 +101,10 @@ class SparseHarness(KdaHarness):
             self.ffn = [mk(rank=q, mode="ffn") for q in range(1, tp)]
 
     @classmethod
-    def build_launches(cls, spec, tp: int, rows: int, knobs: dict) -> list[tuple[str, object]]:
-        slots = room(spec, max(check_contexts(spec, rows)) + 1)
+    def build_launches(cls, spec, tp: int, rows: int, knobs: dict, context=None) -> list[tuple[str, object]]:
+        # the caches' capacity is a compile-time constant: a launch per capacity (whole pools past the context)
+        longest = max(check_contexts(spec, rows)) if context is None else context
+        slots = room(spec, longest + 1)
         return [("launch", SparseLaunch(spec, tp, rows, knobs, "cpu", slots=slots))]
 
     def inputs(self, seed: int, steps: int = 1, tokens=None) -> list[SparseInput]:
