@@ -163,10 +163,11 @@ class SparseHarness(KdaHarness):
     def reference(self, x: SparseInput) -> dict[str, torch.Tensor]:
         """The reference layer at this TP width on the launch's inputs: its outputs and its cache writes."""
         i = self.layer
-        c = DsaCache(*(getattr(x.cache, n).float().cpu() for n in CACHE_NAMES))
-        state = DecodeState(x.pos.long().cpu(), self.slots, {}, {i: c})
-        out, new = self.reference_model().layer(i, x.H.float().cpu(), state)
-        return out | self._written(new.dsa[i], x.pos.long().cpu())
+        x = x.to(self.weights.device)  # where the reference's weights are
+        c = DsaCache(*(getattr(x.cache, n).float() for n in CACHE_NAMES))
+        state = DecodeState(x.pos.long(), self.slots, {}, {i: c})
+        out, new = self.reference_model().layer(i, x.H.float(), state)
+        return out | self._written(new.dsa[i], x.pos.long())
 
     def invariants(self, out: dict, ref: dict) -> dict[str, bool]:
         """The routing's (kda), and the selection's: the reference's tokens, every row's valid prefix strictly
