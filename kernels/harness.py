@@ -238,7 +238,9 @@ class KindHarness:
         return {}
 
     def reference_model(self) -> Reference:
-        return Reference(self.weights, self.tp)
+        """The reference at this TP width; it takes the launch's routing and selection where its own scores tie
+        them (`follow`, set by `check` from the launch's outputs)."""
+        return Reference(self.weights, self.tp, follow=getattr(self, "follow", None))
 
     def separate(self, pdl: bool = False) -> KindHarness:
         """This key as the separate-launches baseline: the same task bodies, one launch per stage; with `pdl`,

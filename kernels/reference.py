@@ -94,12 +94,15 @@ def head_slice(x: torch.Tensor, rank: int, tp: int) -> torch.Tensor:
 class Reference:
     """The reference of one model at one TP width, over one set of weights."""
 
-    def __init__(self, weights: Weights, tp: int = 1, num: Numerics = FP32) -> None:
+    def __init__(self, weights: Weights, tp: int = 1, num: Numerics = FP32, follow: dict | None = None) -> None:
         self.spec = weights.spec
         self.spec.check_tp(tp)
         self.weights = weights
         self.tp = tp
         self.num = num
+        # a launch's discrete choices ("moe.ids", "dsa.idx") to take where the reference's own scores tie them:
+        # a launch and the reference differ by bf16 hand-offs, and a top-k at a near-tie may go either way
+        self.follow = follow or {}
 
     def _reduce(self, partials: list[torch.Tensor]) -> torch.Tensor:
         """The all-reduce: partials summed in rank order (fixed, so deterministic)."""
@@ -150,7 +153,8 @@ class Reference:
         outs = []
         first = None
         for r in range(self.tp):
-            res = dsa_attention(x_hat, self.weights.layer(i, r, self.tp).sub("self_attn."), c, pos, self.spec, self.num)
+            w = self.weights.layer(i, r, self.tp).sub("self_attn.")
+            res = dsa_attention(x_hat, w, c, pos, self.spec, self.num, self.follow.get("dsa.idx"))
             outs.append(res.out)
             if first is None:
                 first = res
@@ -170,7 +174,8 @@ class Reference:
             return self._reduce(parts), {}
         parts, routing = [], None
         for r in range(self.tp):
-            out, ids, wts = moe(x_hat, self.weights.layer(i, r, self.tp).sub("mlp."), self.spec, self.num)
+            w = self.weights.layer(i, r, self.tp).sub("mlp.")
+            out, ids, wts = moe(x_hat, w, self.spec, self.num, self.follow.get("moe.ids"))
             parts.append(out)
             routing = routing or {"moe.ids": ids, "moe.weights": wts}
         return self._reduce(parts), routing

@@ -350,3 +350,22 @@ def test_mla_projections_shapes_per_rank():
     qr, q, c = mla_projections(x, shard(weights, SPEC, 4, 1), SPEC, FP32)
     assert qr.shape == (2, m.q_lora_rank) and q.shape == (2, m.heads // 4, m.qk_nope_head_dim)
     assert c.shape == (2, m.kv_lora_rank) and c.dtype == torch.float32
+
+
+def test_the_reference_follows_a_launchs_selection_only_at_a_near_tie():
+    """A launch's pools tying the reference's TOPP-th score (within SELECT_TIE of the row's scale) are taken; a pool
+    scoring clearly lower is not."""
+    from glm53ctl.kernels.ops.dsa.naive import SELECT_TIE, follow_selection, select_token_rows
+
+    spec = load_model("tiny")
+    P = spec.index_pools + 2
+    n = torch.tensor([P * spec.indexer.kpool] * 2)
+    scores = torch.linspace(1.0, 2.0, P).repeat(2, 1)  # the reference takes pools 2..P-1
+    scores[0, 1] = scores[0, 2] - SELECT_TIE / 4  # row 0: pool 1 ties pool 2
+    own = select_token_rows(scores, n, spec)
+    tipped = scores.clone()
+    tipped[:, 1], tipped[:, 2] = scores[:, 2], scores[:, 1]
+    theirs = select_token_rows(tipped, n, spec)  # the launch took pool 1, not pool 2
+    assert not torch.equal(own[0], theirs[0])
+    got = follow_selection(scores, n, spec, own, theirs)
+    assert torch.equal(got[0], theirs[0]) and torch.equal(got[1], own[1])

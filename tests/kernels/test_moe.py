@@ -98,3 +98,16 @@ def test_nan_scores_never_choose_an_expert_out_of_range(tiny):
     assert all(len(set(row.tolist())) == spec.moe.top_k for row in ids)
     n = int(got["n_slots"][0])
     assert (got["slots"][:n] < E).all() and (got["slots"][:n] >= 0).all()
+
+
+def test_the_reference_follows_a_launchs_routing_only_at_a_near_tie():
+    """`check` hands the launch's expert ids to the reference: taken for a row where they score within ROUTE_TIE
+    of the reference's own top-k (a bf16 hand-off may tip a near-tie either way), never past it."""
+    from glm53ctl.kernels.ops.ffn.naive import ROUTE_TIE, near_tie
+
+    s = torch.tensor([[0.9, 0.5, 0.5 - ROUTE_TIE / 2, 0.1], [0.9, 0.5, 0.5 - 3 * ROUTE_TIE, 0.1]])
+    own = torch.tensor([[0, 1], [0, 1]])
+    theirs = torch.tensor([[0, 2], [0, 2]])
+    tol = torch.full((2,), ROUTE_TIE)
+    assert near_tie(s, own, theirs, tol).tolist() == [True, False]
+    assert not near_tie(s, own, torch.tensor([[0, 0], [0, 4]]), tol).any()  # repeated, out of range

@@ -35,11 +35,13 @@ def mla_scale(spec: ModelSpec) -> float:
 def mla_projections(
     x_hat: torch.Tensor, weights: Weights, spec: ModelSpec, num: Numerics
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x̂ [R, D] -> qr [R, q_lora], q [R, H_local, nope], c [R, kv_lora] (docs/model.md §5.1)."""
+    """x̂ [R, D] -> qr [R, q_lora], q [R, H_local, nope], c [R, kv_lora] (docs/model.md §5.1). qr and q are
+    handed between the launch's tasks in bf16 (num.store): the indexer's top-k is that sensitive to qr, a
+    bf16 ulp moving pools across the threshold at a long context."""
     eps = spec.model.rms_norm_eps
     x = num.c(x_hat)
-    qr = rms_norm(linear(x, weights["q_a_proj.weight"]), num.c(weights["q_a_layernorm.weight"]), eps)
-    q = linear(qr, weights["q_b_proj.weight"]).unflatten(-1, (-1, spec.mla.qk_nope_head_dim))
+    qr = num.store(rms_norm(linear(x, weights["q_a_proj.weight"]), num.c(weights["q_a_layernorm.weight"]), eps))
+    q = num.store(linear(qr, weights["q_b_proj.weight"])).unflatten(-1, (-1, spec.mla.qk_nope_head_dim))
     kv = linear(x, weights["kv_a_proj_with_mqa.weight"])
     c = rms_norm(kv, num.c(weights["kv_a_layernorm.weight"]), eps)
     return qr, q, c
@@ -109,6 +111,32 @@ def select_token_rows(scores: torch.Tensor, n: torch.Tensor, spec: ModelSpec) ->
     return idx
 
 
+# A launch's selection the reference takes where its own index scores tie it: every pool the launch took scoring
+# within this share of the row's largest |score| of the reference's TOPP-th
+SELECT_TIE = 1e-3
+
+
+def follow_selection(scores: torch.Tensor, n: torch.Tensor, spec: ModelSpec, own, theirs) -> torch.Tensor:
+    """Per row, the launch's tokens `theirs` [R, W] where they take pools tying the reference's own choice `own`
+    (SELECT_TIE), else the reference's."""
+    from glm53ctl.kernels.ops.ffn.naive import near_tie
+
+    kp, W = spec.indexer.kpool, spec.index_width
+    theirs = theirs.to(own.device, torch.long)
+    out = own.clone()
+    for r, m in enumerate(n.tolist()):
+        P = m // kp
+        if P <= spec.index_pools or torch.equal(own[r], theirs[r]):
+            continue  # every pool taken: nothing to tie
+        s = scores[r : r + 1, :P]
+        pools = lambda idx: idx[: spec.index_pools * kp : kp][None] // kp  # noqa: E731
+        tol = SELECT_TIE * s.abs().max().reshape(1)
+        tail_same = torch.equal(own[r, spec.index_pools * kp :], theirs[r, spec.index_pools * kp : W])
+        if tail_same and bool(near_tie(s, pools(own[r]), pools(theirs[r]), tol)[0]):
+            out[r] = theirs[r]
+    return out
+
+
 def sparse_mla(q_lat: torch.Tensor, latent: torch.Tensor, idx: torch.Tensor, scale: float) -> torch.Tensor:
     """q_lat [R, H, kv_lora], latent [R, Lmax, kv_lora], idx [R, W] (-1 = none) -> o_lat [R, H, kv_lora]."""
     valid = idx >= 0  # [R, W]
@@ -132,8 +160,10 @@ def dsa_attention(
     pos: torch.Tensor,
     spec: ModelSpec,
     num: Numerics,
+    follow: torch.Tensor | None = None,
 ) -> DsaOut:
-    """One decode step of rows at positions pos [R] (tokens cached before it); writes slot pos."""
+    """One decode step of rows at positions pos [R] (tokens cached before it); writes slot pos. `follow`: a
+    launch's selection [R, W], taken for the rows where it ties the reference's (SELECT_TIE)."""
     kp = spec.indexer.kpool
     R = x_hat.shape[0]
     assert pos.shape == (R,) and int(pos.min()) >= 0 and int(pos.max()) < cache.latent.shape[1]
@@ -161,8 +191,10 @@ def dsa_attention(
     # the indexer is replicated: every rank selects the same tokens
     scores = index_scores(qi, w, pooled_key[:, : int(n.max()) // kp], spec)  # [R, max P]
     idx = select_token_rows(scores, n, spec)  # [R, W]
+    if follow is not None:
+        idx = follow_selection(scores, n, spec, idx, follow)
 
-    q_lat = torch.einsum("rhd,hdc->rhc", q, W_UK)  # [R, H, kv_lora]
+    q_lat = num.store(torch.einsum("rhd,hdc->rhc", q, W_UK))  # [R, H, kv_lora], handed to attention in bf16
     # docs/model.md §9 #9: the combined o_lat is handed on in bf16
     o_lat = num.store(sparse_mla(q_lat, latent, idx, mla_scale(spec)))  # [R, H, kv_lora]
     o = num.store(torch.einsum("rhc,hvc->rhv", o_lat, W_UV).flatten(1))  # [R, H*v] o_proj reads it in bf16

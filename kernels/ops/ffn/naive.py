@@ -27,8 +27,25 @@ def topk_ordered(scores: torch.Tensor, k: int) -> torch.Tensor:
     return order[..., :k]
 
 
-def route(x_hat, w_router, bias, spec, num: Numerics):
-    """Sigmoid router, noaux_tc: experts chosen by s + bias, weighted by s alone (trap 9).
+# A launch's choice the reference takes where its own scores tie it: the launch's experts, every one scoring within
+# this of the reference's top_k-th (the router's scores carry the bf16 hand-offs' error, about 1e-3, before it)
+ROUTE_TIE = 5e-3
+
+
+def near_tie(scores: torch.Tensor, own: torch.Tensor, theirs: torch.Tensor, tol: torch.Tensor) -> torch.Tensor:
+    """Per row: whether `theirs` (ids [R, k]) is as good a top-k of `scores` [R, N] as `own` within `tol` [R]:
+    distinct, in range, and none scoring below the k-th best by more than tol."""
+    N = scores.shape[-1]
+    ok = (theirs >= 0).all(-1) & (theirs < N).all(-1)
+    ok &= theirs.sort(-1).values.diff(dim=-1).ne(0).all(-1) if theirs.shape[-1] > 1 else ok
+    kth = scores.gather(-1, own).min(-1).values
+    worst = scores.gather(-1, theirs.clamp(0, N - 1)).min(-1).values
+    return ok & (worst >= kth - tol)
+
+
+def route(x_hat, w_router, bias, spec, num: Numerics, follow: torch.Tensor | None = None):
+    """Sigmoid router, noaux_tc: experts chosen by s + bias, weighted by s alone (trap 9). `follow`: a launch's
+    ids [R, top_k], taken for the rows where they tie the reference's choice (ROUTE_TIE).
 
     Returns ids [R, top_k] (ascending) and weights [R, top_k] that sum to routed_scaling_factor.
     """
@@ -45,19 +62,23 @@ def route(x_hat, w_router, bias, spec, num: Numerics):
         mask = torch.ones_like(group_score, dtype=torch.bool).scatter_(1, keep, False)
         s_b = grouped.masked_fill(mask[..., None], float("-inf")).view(R, E)
     ids = topk_ordered(s_b, moe.top_k).sort(dim=-1).values
+    if follow is not None:
+        theirs = follow.to(ids.device, torch.long).sort(dim=-1).values
+        tie = near_tie(s_b, ids, theirs, torch.full(ids.shape[:1], ROUTE_TIE, dtype=s_b.dtype, device=ids.device))
+        ids = torch.where(tie[:, None], theirs, ids)
     chosen = s.gather(1, ids)
     weights = chosen / (chosen.sum(-1, keepdim=True) + 1e-20) * moe.routed_scaling_factor
     return ids, num.c(weights)
 
 
-def moe(x_hat, weights: Mapping[str, torch.Tensor], spec, num: Numerics):
+def moe(x_hat, weights: Mapping[str, torch.Tensor], spec, num: Numerics, follow: torch.Tensor | None = None):
     """Routed experts (weighted) plus the shared expert (unscaled), accumulated in the compute dtype.
 
     `weights` holds this rank's shards: gate.*, experts.{e}.{gate,up,down}_proj.weight,
     shared_experts.*. Returns (partial [R, D], ids, routing weights).
     """
     lim = spec.moe.swiglu_limit
-    ids, w = route(num.c(x_hat), weights["gate.weight"], weights["gate.e_score_correction_bias"], spec, num)
+    ids, w = route(num.c(x_hat), weights["gate.weight"], weights["gate.e_score_correction_bias"], spec, num, follow)
     out = swiglu_mlp(
         x_hat,
         weights["shared_experts.gate_proj.weight"],
