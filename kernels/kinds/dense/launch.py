@@ -314,7 +314,9 @@ class DenseLaunch(PersistentLaunch):
             "QLP": 1 << (d.QL - 1).bit_length(),
             "HBI": max(16, 1 << (d.HI - 1).bit_length()),
             "BK_NOPE": min(self.knobs["block_k"], d.NOPE),
-            "SEL_BLOCK": min(4096, max(16, 1 << (pools - 1).bit_length())),
+            # blocks of 1024 scores: at 4 warps the selection alone took 57 µs over 8,192 pools against 107 µs in
+            # blocks of 4096 (H200, docs/perf/sparse.md)
+            "SEL_BLOCK": min(1024, max(16, 1 << (pools - 1).bit_length())),
         }
 
     def options(self) -> dict:
