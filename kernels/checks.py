@@ -87,13 +87,13 @@ def check_key(
     weights: Weights, kind: str, tp: int, rows: int, seed: int, device, context=None
 ) -> tuple[CheckResult, dict]:
     spec = weights.spec
-    bounds = dict(get_kind(kind).bounds)
-    res = CheckResult(key_name(spec.name, kind, tp, rows, context), bounds=bounds)
     k = make_harness(weights, kind, tp, rows, {}, device, context)
+    bounds = dict(k.bounds)
+    res = CheckResult(key_name(spec.name, kind, tp, rows, context), bounds=bounds)
     x = k.inputs(key_seed(seed, res.key))[0].to(k.device)
     peers = k.peer_partials(x)
     out = k(x, peers, poison=True)
-    k.follow = {n: out[n] for n in FOLLOWED if n in out}  # near-ties in the top-k go the launch's way
+    k.follow = {n: out[n] for n in FOLLOWED if n in out}  # near-ties in a top-k go the launch's way
     ref = k.reference(x)
     for name, bound in bounds.items():
         res.errors[name] = err = rel_rms(ref[name], out[name])
@@ -106,24 +106,26 @@ def check_key(
     # NaN poison in a float output, -1 in an integer one (the routed ids)
     # (a kind whose integer output may hold -1, the selection's padding, poisons it with its own value)
     poison_int = getattr(k, "POISON_INT", {})
+    poisoned = lambda n: next((v for end, v in poison_int.items() if n.endswith(end)), -1)  # noqa: E731
     written = all(
-        not t.isnan().any() if t.is_floating_point() else bool((t != poison_int.get(n, -1)).all())
-        for n, t in out.items()
+        not t.isnan().any() if t.is_floating_point() else bool((t != poisoned(n)).all()) for n, t in out.items()
     )
     res.invariants["every output element written"] = written
     if not written:
         res.problems.append("an output element was not written (NaN poison left)")
-    for g in GRIDS:
+    # a kind of many launches (`model`) checks fewer: its parts' grids and repeats are their own kinds' checks
+    grids, repeats = getattr(k, "CHECK_GRIDS", GRIDS), getattr(k, "CHECK_REPEATS", REPEATS)
+    for g in grids:
         other = make_harness(weights, kind, tp, rows, {"grid": g}, device, context)(x, peers, poison=True)
         if not outputs_equal(out, other):
             res.grids_equal = False
             res.problems.append(f"grid {g} gives other bits than grid {k.knobs['grid']}")
     epoch = k.launch.runtime.epoch
-    for i in range(REPEATS):
+    for i in range(repeats):
         if not outputs_equal(out, k(x, peers, poison=True)):
             res.repeats_equal = False
             res.problems.append(f"launch {i + 2} in a row gives other bits")
-    res.invariants["tag advanced once per launch"] = k.launch.runtime.epoch == epoch + REPEATS
+    res.invariants["tag advanced once per launch"] = k.launch.runtime.epoch == epoch + repeats
     if not res.invariants["tag advanced once per launch"]:
         res.problems.append("the launch tag did not advance once per launch")
     return res, {n: t.cpu() for n, t in out.items()}

@@ -122,12 +122,15 @@ def run_tail(ref: Reference, key: RunKey) -> Tensors:
 
 
 def run_model(ref: Reference, key: RunKey) -> Tensors:
+    """Decode steps from every row's prefilled context: the first step's token ids drawn (or --tokens), each next
+    one the argmax of the logits (greedy); the last step's inputs, outputs and writes."""
     inputs, contexts, max_context, saved = _start(ref, key)
     state = model_state(ref, contexts, inputs, max_context)
-    for step in range(key.steps):
-        tokens = inputs.tokens(key.rows, key.tokens if step == key.steps - 1 else None)
-        before = state
+    nxt = inputs.tokens(key.rows, key.tokens)
+    for _ in range(key.steps):
+        tokens, before = nxt, state
         out, state = ref.step(tokens, state)
+        nxt = out["logits"].argmax(-1)
     return (
         saved
         | {"inputs.tokens": tokens, "inputs.pos": before.pos}
@@ -226,6 +229,11 @@ class KindHarness:
         if tp > 1:
             out.append(("peer", cls.Launch(spec, tp, rows, knobs, "cpu", partial_only=True)))
         return out
+
+    @property
+    def bounds(self) -> dict[str, float]:
+        """Every output's bound on its relative RMS error against the reference (the registry's BOUNDS)."""
+        return dict(get_kind(self.kind).bounds)
 
     def shard(self, name: str, rank: int) -> torch.Tensor:
         return self.weights.shard(name, rank, self.tp).to(self.device).contiguous()

@@ -18,7 +18,7 @@ class RunKey:
     steps: int = 1
     seed: int = 0
     layer: int | None = None
-    tokens: tuple[int, ...] | None = None  # the last step's token ids (embed, model); else seeded
+    tokens: tuple[int, ...] | None = None  # token ids (embed: the last step's; model: the first's); else seeded
 
 
 def row_contexts(context: int, rows: int, kpool: int) -> list[int]:

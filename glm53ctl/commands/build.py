@@ -14,9 +14,10 @@ from glm53ctl.errors import UsageError
 from glm53ctl.output import Output, Progress, err_console
 
 
-def parse_list(flag: str, text: str | None, allowed: tuple, cast=str) -> list:
+def parse_list(flag: str, text: str | None, allowed: tuple, cast=str, default: tuple | None = None) -> list:
+    """A comma-separated option's values, each one of `allowed`; none given: `default` (else all of allowed)."""
     if text is None:
-        return list(allowed)
+        return list(allowed if default is None else default)
     try:
         values = [cast(v.strip()) for v in text.split(",") if v.strip()]
     except ValueError:
@@ -52,7 +53,7 @@ def build(
     from glm53ctl.files import check_replaceable
     from glm53ctl.kernels.build import BuildKey, parse_target
     from glm53ctl.kernels.build import build as run_build
-    from glm53ctl.kernels.kinds import kernel_kinds
+    from glm53ctl.kernels.kinds import kernel_kinds, selectable_kinds
     from glm53ctl.kernels.spec import ROWS, TP_WIDTHS, load_model, model_names
 
     o = Output(as_json)
@@ -67,7 +68,7 @@ def build(
     models = [m.strip() for m in model.split(",")] if model else model_names()
     for m in models:
         load_model(m)
-    kinds = parse_list("--kind", kind, kernel_kinds())
+    kinds = parse_list("--kind", kind, selectable_kinds(), default=kernel_kinds())
     tps = parse_list("--tp", tp, TP_WIDTHS, int)
     rowss = parse_list("--rows", rows, ROWS, int)
     keys = [BuildKey(m, k, t, r) for m in models for k in kinds for t in tps for r in rowss]

@@ -48,10 +48,10 @@ def _setup(model, kind, tp, rows, all_keys: bool = False):
     """Device (a GPU, else Triton's interpreter), weights, and the selected keys: on a GPU, or with --all-keys,
     every TP x rows key; on a CPU, unless --tp or --rows says otherwise, the registry's CPU key set. The options
     are checked before torch is imported: a usage error costs no seconds."""
-    from glm53ctl.kernels.kinds import CPU_KEYS, kernel_kinds
+    from glm53ctl.kernels.kinds import CPU_KEYS, kernel_kinds, selectable_kinds
     from glm53ctl.kernels.spec import ROWS, TP_WIDTHS, load_model
 
-    kinds = parse_list("--kind", kind, kernel_kinds())
+    kinds = parse_list("--kind", kind, selectable_kinds(), default=kernel_kinds())
     tps = parse_list("--tp", tp, TP_WIDTHS, int)
     rowss = parse_list("--rows", rows, ROWS, int)
     if model is not None:
@@ -126,11 +126,11 @@ def check(
 
 def _check_context(kind: str | None, context: int | None) -> None:
     """--context sizes the caches of the kinds that read them: refused when no selected kind does."""
-    from glm53ctl.kernels.kinds import context_kinds, kernel_kinds
+    from glm53ctl.kernels.kinds import context_kinds, kernel_kinds, selectable_kinds
 
     if context is None:
         return
-    kinds = parse_list("--kind", kind, kernel_kinds())
+    kinds = parse_list("--kind", kind, selectable_kinds(), default=kernel_kinds())
     if not set(kinds) & set(context_kinds()):
         raise UsageError(
             f"--context applies to the kinds that read caches ({', '.join(context_kinds())}), not to {', '.join(kinds)}"
@@ -364,7 +364,8 @@ def _site_count(spec, kind: str, tp: int, rows: int, device: str) -> int:
 
     knobs = resolve_grid(knobs_for(spec.name, kind, tp, rows, None, device), device)
     launches = get_kind(kind).load_harness().build_launches(spec, tp, rows, knobs)
-    return len(dict(launches)["launch"].table.sites)
+    # rank 0's launch, or every part's of a step (`layers.3.launch`, ...)
+    return sum(len(la.table.sites) for name, la in launches if name.split(".")[-1] == "launch")
 
 
 def _bitwise(ours: dict, theirs: dict) -> list[str]:

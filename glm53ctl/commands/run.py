@@ -41,7 +41,10 @@ def run(
     steps: Annotated[int, typer.Option("--steps", help="Steps to run; the last one is saved.")] = 1,
     layer: Annotated[int | None, typer.Option("--layer", help="Layer of a layer kind (default: its first).")] = None,
     tokens: Annotated[
-        str | None, typer.Option("--tokens", help="Token ids of the last step, one per row: 1,2 (embed, model).")
+        str | None,
+        typer.Option(
+            "--tokens", help="Token ids, one per row: 1,2 (embed: its last step's; model: its first, then greedy)."
+        ),
     ] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the inputs.")] = 0,
     weights_file: Annotated[

@@ -68,11 +68,14 @@ def tune(
     as_json: Annotated[bool, typer.Option("--json", help="Results as JSON on stdout.")] = False,
 ) -> None:
     """Search each key's knobs with Optuna; keep a knob only where it measures faster (docs/knobs.md)."""
-    from glm53ctl.kernels.kinds import kernel_kinds
+    from glm53ctl.kernels.kinds import kernel_kinds, selectable_kinds
     from glm53ctl.kernels.spec import ROWS, TP_WIDTHS, load_model
     from glm53ctl.tuning.knobs import kind_knobs
 
-    kinds = parse_list("--kind", kind, kernel_kinds())
+    kinds = parse_list("--kind", kind, selectable_kinds(), default=kernel_kinds())
+    from glm53ctl.commands.bench import _refuse_steps
+
+    _refuse_steps(kinds, "tune")
     tps = parse_list("--tp", tp, TP_WIDTHS, int)
     rowss = parse_list("--rows", rows, ROWS, int)
     spec = load_model(model)

@@ -16,7 +16,7 @@ import importlib
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from glm53ctl.kernels.kinds import dense, embed, kda, sparse, tail
+from glm53ctl.kernels.kinds import dense, embed, kda, model, sparse, tail
 
 _PKG = "glm53ctl.kernels"
 
@@ -30,6 +30,8 @@ class Kind:
     layer: tuple[str, str] | None = None  # a layer kind's (attention, FFN) shape (kernels/spec.py)
     takes_tokens: bool = False  # its input is token ids (else the streams H)
     reads_context: bool = False  # it reads caches that grow with the context (`--context` sizes them)
+    # a step of other kinds' launches (`model`): selected by name only (its parts are checked as their kinds)
+    composite: bool = False
     bounds: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
     knobs: tuple = ()  # its own knobs (tuning.knobs.Knob)
     runtime: tuple[str, ...] = ()  # the runtime's knobs it takes (tuning.knobs.RUNTIME_KNOBS)
@@ -112,10 +114,13 @@ KINDS = {
         ),
         Kind(
             "model",
-            "the whole decode step: embed, 45 layers, tail",
+            "the whole decode step: embed, the layers in order, tail (each its kind's launch, chained)",
             "harness:run_model",
+            "kinds.model.harness:ModelHarness",
             takes_tokens=True,
             reads_context=True,
+            composite=True,
+            **_facts(model),
         ),
     )
 }
@@ -132,7 +137,13 @@ def names(with_kernels: bool = True) -> str:
 
 
 def kernel_kinds() -> tuple[str, ...]:
-    """The kinds that have kernels, in registry order (what `check`, `fault` and `build` select by default)."""
+    """The kinds that have kernels of their own, in registry order (what `check`, `fault`, `build`, `bench` and
+    `tune` select by default)."""
+    return tuple(n for n, k in KINDS.items() if k.has_kernels and not k.composite)
+
+
+def selectable_kinds() -> tuple[str, ...]:
+    """Every kind a command's --kind takes: those with kernels, and the steps made of them (`model`)."""
     return tuple(n for n, k in KINDS.items() if k.has_kernels)
 
 

@@ -1,0 +1,264 @@
+"""One key of `model`: a whole decode step (several in a row) as its parts' launches, chained.
+
+A step is `embed`, then each layer in the model's order as its layer kind's launch (`dense`, `kda`, `sparse`; each
+with its TP peers as that kind's harness makes them), then `tail`. Every part is its own kind's harness with its
+own knobs, so a step is proven of the same launches the layer kinds prove one by one, and its data stays on the
+device from the token ids to the logits: a layer's H is the next one's input, its states the next step's.
+
+For `check` and `fault` the step looks like one launch (`StepLaunches`): its guarded waits are its parts' sites
+numbered in step order, and a fault names the part (the layer and its kind), the task and the site. A step's
+cache writes are at each row's position and its states are written to new tensors, so a faulted step retried
+from the same inputs gives the clean step's bits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import torch
+
+from glm53ctl.kernels.harness import Inputs, KindHarness, RunKey, model_state, row_contexts
+from glm53ctl.kernels.kinds import LAYER_KINDS, get_kind
+from glm53ctl.kernels.kinds.dense.harness import LayerInput
+from glm53ctl.kernels.kinds.sparse.harness import CACHE_NAMES, SparseInput, check_contexts
+from glm53ctl.kernels.numerics import FP32
+from glm53ctl.kernels.reference import DecodeState, Reference, room
+from glm53ctl.kernels.runtime import LaunchFault
+from glm53ctl.kernels.state import DsaCache, KdaState
+from glm53ctl.kernels.weights import Weights
+
+# steps a check runs in a row: the second reads the states and caches the first wrote
+STEPS = 2
+SHAPE_KIND = {shape: kind for kind, shape in LAYER_KINDS.items()}
+
+
+@dataclass
+class ModelInput:
+    """A step's inputs: token ids [steps, R] (one row of ids per step), every row's position before the first
+    step, every KDA layer's state (all heads: conv bf16, recurrent fp32) and every DSA layer's caches (bf16)."""
+
+    tokens: torch.Tensor
+    pos: torch.Tensor
+    kda: dict[int, KdaState]
+    dsa: dict[int, DsaCache]
+
+    def to(self, device) -> ModelInput:
+        kda = {i: KdaState(s.conv.to(device), s.recurrent.to(device)) for i, s in self.kda.items()}
+        dsa = {i: DsaCache(*(getattr(c, n).to(device) for n in CACHE_NAMES)) for i, c in self.dsa.items()}
+        return ModelInput(self.tokens.to(device), self.pos.to(device), kda, dsa)
+
+
+class StepLaunches:
+    """A step's launches as `check` and `fault` see one launch: `table.sites` (every part's guarded waits, in
+    step order), `runtime.epoch` (the steps in which every part's launch advanced its tag exactly once)."""
+
+    def __init__(self, parts: list[tuple[str, object]]) -> None:
+        self.parts = parts
+        self.offsets, sites = [], []
+        for _, h in parts:
+            self.offsets.append(len(sites))
+            sites += list(h.launch.table.sites)
+        self.table = SimpleNamespace(sites=sites, n_tasks=sum(h.launch.table.n_tasks for _, h in parts))
+        self.runtime = SimpleNamespace(epoch=0)
+
+    def locate(self, site: int) -> tuple[int, int]:
+        """The part holding step site `site`, and the site's number in that part's launch."""
+        for j in reversed(range(len(self.parts))):
+            if site >= self.offsets[j]:
+                return j, site - self.offsets[j]
+        raise IndexError(site)
+
+    def epochs(self) -> list[int]:
+        return [h.launch.runtime.epoch for _, h in self.parts]
+
+
+class ModelHarness(KindHarness):
+    kind = "model"
+    input_name = "tokens"
+    STAGES = ()
+    # each part's grids and repeats are proven by its own kind's check: the step checks one other grid, once again
+    CHECK_GRIDS = (3,)
+    CHECK_REPEATS = 1
+    POISON_INT = {"dsa.idx": -2}  # as `sparse`: -1 is the selection's padding
+
+    def __init__(
+        self, weights: Weights, tp: int, rows: int, knobs: dict | None, device, layer=None, context=None, steps=STEPS
+    ) -> None:
+        super().__init__(weights, tp, rows, knobs, device)
+        spec = self.spec
+        self.steps = steps
+        self.contexts = (
+            check_contexts(spec, rows) if context is None else row_contexts(context, rows, spec.indexer.kpool)
+        )
+        self.slots = room(spec, max(self.contexts) + steps)
+        runtime = {n: v for n, v in (knobs or {}).items() if n == "grid"}  # the step's grid is every part's
+        make = lambda kind, **kw: get_kind(kind).load_harness()(weights, tp, rows, runtime, device, **kw)  # noqa: E731
+        parts = [("embed", make("embed"))]
+        for i, shape in enumerate(spec.layers):
+            kind = SHAPE_KIND[shape]
+            kw = {"context": max(self.contexts), "steps": steps} if get_kind(kind).reads_context else {}
+            h = make(kind, layer=i, **kw)
+            if kw:
+                h.contexts, h.slots = self.contexts, self.slots  # the step's rows, one capacity for every layer
+            parts.append((f"layers.{i}", h))
+        parts.append(("tail", make("tail")))
+        self.launch = StepLaunches(parts)
+        self.parts = dict(parts)
+        self.chosen: list[dict] = []  # each step's routing and selection: what the reference follows at a near-tie
+
+    @classmethod
+    def build_launches(cls, spec, tp: int, rows: int, knobs: dict, context=None) -> list[tuple[str, object]]:
+        """Every part's launches, under the part's name (`layers.3.launch`, ...)."""
+        from glm53ctl.kernels.checks import build_launches
+        from glm53ctl.tuning.knobs import knobs_for
+
+        runtime = {n: v for n, v in knobs.items() if n == "grid"}
+        out = []
+        parts = [("embed", "embed")] + [(f"layers.{i}", SHAPE_KIND[s]) for i, s in enumerate(spec.layers)]
+        for name, kind in parts + [("tail", "tail")]:
+            k = knobs_for(spec.name, kind, tp, rows, runtime)
+            c = (context or max(check_contexts(spec, rows))) if get_kind(kind).reads_context else None
+            out += [(f"{name}.{n}", la) for n, la in build_launches(spec, kind, tp, rows, k, c)]
+        return out
+
+    @property
+    def bounds(self) -> dict[str, float]:
+        """Every output's bound: each layer's H and state writes, the logits (the kind's BOUNDS by name's end)."""
+        from glm53ctl.kernels.kinds.model import BOUNDS
+
+        names = ["embed.H", "h_hat", "logits"]
+        for i, (att, _) in enumerate(self.spec.layers):
+            names.append(f"layers.{i}.H")
+            names += [f"layers.{i}.moe.weights"] if self.spec.ffn_type(i) == "moe" else []
+            names += [f"layers.{i}.kda.{n}" for n in ("conv", "recurrent")] if att == "kda" else []
+            names += [f"layers.{i}.dsa.{n}" for n in CACHE_NAMES] if att == "dsa" else []
+        return {n: next(b for end, b in BOUNDS.items() if n.endswith(end)) for n in names}
+
+    def peer_partials(self, x):
+        return None  # each part makes its own peers' partials
+
+    def inputs(self, seed: int, steps: int = 1, tokens=None) -> list[ModelInput]:
+        """Seeded token ids for `self.steps` steps, every KDA layer's state drawn at random and every DSA layer's
+        caches random (bf16 normal rows), with the rows at the check's contexts; one input per `steps`."""
+        gen = Inputs(self.spec, seed, FP32)
+        out = []
+        for _ in range(steps):
+            ids = torch.stack([gen.tokens(self.rows) for _ in range(self.steps)])
+            if tokens is not None:
+                ids[-1] = torch.tensor(tokens)
+            kda, dsa = {}, {}
+            for i, (att, _) in enumerate(self.spec.layers):
+                if att == "kda":
+                    kda[i] = gen.kda_state(self.rows)
+                else:
+                    dsa[i] = self._random_caches(gen)
+            out.append(ModelInput(ids, torch.tensor(self.contexts), kda, dsa))
+        return out
+
+    def _random_caches(self, gen: Inputs) -> DsaCache:
+        m, ix, R, L = self.spec.mla, self.spec.indexer, self.rows, self.slots
+        r = lambda *s: (gen.rows_normal(*s) * 0.5).to(torch.bfloat16)  # noqa: E731
+        return DsaCache(
+            r(R, L, m.kv_lora_rank), r(R, L, ix.head_dim), r(R, L, ix.head_dim), r(R, L // ix.kpool, ix.head_dim)
+        )
+
+    def __call__(self, x: ModelInput, peers=None, poison: bool = False, stuck_site: int = -1, budget_ns=None, **_):
+        """`self.steps` steps from x's states, each step's token ids x.tokens[s]: the last step's outputs (every
+        layer's H, routing and selection, the logits) and the states and caches after it. `stuck_site` sticks
+        that step site in the first step."""
+        x = x.to(self.device)
+        stuck = self.launch.locate(stuck_site) if stuck_site >= 0 else None
+        before = self.launch.epochs()
+        kda, dsa, pos = dict(x.kda), dict(x.dsa), x.pos.long()
+        self.chosen = []
+        for s in range(self.steps):
+            H = self._part(0, x.tokens[s], poison, stuck, s, budget_ns)["H"]
+            out: dict[str, torch.Tensor] = {"embed.H": H}
+            for j, (name, h) in enumerate(self.launch.parts[1:-1], start=1):
+                i = h.layer
+                if i in dsa:
+                    o = self._part(j, SparseInput(H, pos, dsa[i]), poison, stuck, s, budget_ns)
+                    dsa[i] = h.cache_after
+                    out[f"{name}.dsa.idx"] = o["dsa.idx"]
+                else:
+                    o = self._part(j, LayerInput(H, kda[i]), poison, stuck, s, budget_ns)
+                    kda[i] = KdaState(o["kda.conv"], o["kda.recurrent"])
+                out |= {f"{name}.{n}": o[n] for n in ("moe.ids", "moe.weights") if n in o}
+                H = o["H"]
+                out[f"{name}.H"] = H
+            out |= self._part(len(self.launch.parts) - 1, H, poison, stuck, s, budget_ns)
+            self.chosen.append({n: t for n, t in out.items() if n.endswith(("moe.ids", "dsa.idx"))})
+            pos = pos + 1
+        if [b - a for a, b in zip(before, self.launch.epochs(), strict=True)] == [self.steps] * len(before):
+            self.launch.runtime.epoch += 1
+        return out | DecodeState(pos, self.slots, kda, dsa).tensors()
+
+    def _part(self, j: int, x, poison: bool, stuck, step: int, budget_ns):
+        """Part j's launch (with its peers) on x; a fault of its launch renamed to the step's site."""
+        name, h = self.launch.parts[j]
+        guard = {"budget_ns": budget_ns} if budget_ns else {}
+        if stuck is not None and stuck[0] == j and step == 0:
+            guard["stuck_site"] = stuck[1]
+        try:
+            return h(x, None, poison=poison, **guard)
+        except LaunchFault as e:
+            what = f"model step {step}: {name} ({h.kind})"
+            site = self.launch.offsets[j] + e.site
+            raise LaunchFault(what, site, e.task, e.producer, e.program, e.expected, e.seen) from None
+
+    def reference(self, x: ModelInput) -> dict[str, torch.Tensor]:
+        """The reference's steps from x's states at this TP width (its weights' device), following the
+        launch's routing and selection where its own scores tie them: the last step's outputs and the states."""
+        dev = self.weights.device
+        x = x.to(dev)
+        kda = {i: KdaState(s.conv.float(), s.recurrent.float()) for i, s in x.kda.items()}
+        dsa = {i: DsaCache(*(getattr(c, n).float() for n in CACHE_NAMES)) for i, c in x.dsa.items()}
+        state = DecodeState(x.pos.long(), self.slots, kda, dsa)
+        for s in range(self.steps):
+            ref = Reference(self.weights, self.tp, follow=self.chosen[s] if s < len(self.chosen) else None)
+            out, state = ref.step(x.tokens[s], state)
+        return out | state.tensors()
+
+    def invariants(self, out: dict, ref: dict) -> dict[str, bool]:
+        """Every layer's routing and selection the reference's (near-ties followed)."""
+        picks = [n for n in out if n.endswith(("moe.ids", "dsa.idx"))]
+        same = all(torch.equal(out[n].long().cpu(), ref[n].long().cpu()) for n in picks)
+        return {"every layer's routing and selection the reference's (near-ties followed)": same}
+
+    @classmethod
+    def run(cls, weights: Weights, key: RunKey, knobs: dict | None, device) -> dict[str, torch.Tensor]:
+        """`run --backend triton`: run_reference's inputs (every row prefilled to its context by the reference,
+        the first step's token ids drawn, or --tokens) through the step's launches, `key.steps` steps, each
+        next token the argmax of the logits (greedy), every state carried."""
+        spec = weights.spec
+        inputs = Inputs(spec, key.seed, FP32)
+        contexts = row_contexts(key.context, key.rows, spec.indexer.kpool)
+        k = cls(weights, key.tp, key.rows, knobs, device, context=max(contexts), steps=1)
+        k.contexts, k.slots = contexts, room(spec, max(contexts) + key.steps)
+        for _, h in k.launch.parts[1:-1]:
+            if get_kind(h.kind).reads_context:  # one cache capacity for the step
+                h.contexts, h.slots = k.contexts, k.slots
+        st = model_state(Reference(weights), contexts, inputs, k.slots)
+        tokens = inputs.tokens(key.rows, key.tokens)
+        kda = {i: KdaState(s.conv.to(torch.bfloat16), s.recurrent) for i, s in st.kda.items()}
+        dsa = {i: DsaCache(*(getattr(c, n).to(torch.bfloat16) for n in CACHE_NAMES)) for i, c in st.dsa.items()}
+        x = ModelInput(tokens[None], st.pos.clone(), kda, dsa)
+        for _ in range(key.steps):
+            before = x
+            out = k(x)
+            nxt = out["logits"].argmax(-1).cpu()
+            kda = {i: KdaState(out[f"layers.{i}.kda.conv"], out[f"layers.{i}.kda.recurrent"]) for i in x.kda}
+            dsa = {i: DsaCache(*(out[f"layers.{i}.dsa.{n}"] for n in CACHE_NAMES)) for i in x.dsa}
+            x = ModelInput(nxt[None], x.pos + 1, kda, dsa)
+        state = DecodeState(before.pos, k.slots, before.kda, before.dsa)
+        written = {n: t for n, t in out.items() if n.startswith("layers.") and (".kda." in n or ".dsa." in n)}
+        written = {n: t for n, t in written.items() if not n.endswith("dsa.idx")}
+        shown = {n: t for n, t in out.items() if n not in written}
+        return (
+            {"inputs.contexts": torch.tensor(contexts), "inputs.tokens": before.tokens[0].cpu()}
+            | {"inputs.pos": before.pos.cpu()}
+            | {f"inputs.state.{n}": t.float().cpu() for n, t in state.tensors().items()}
+            | {f"outputs.{n}": t.cpu() for n, t in shown.items()}
+            | {f"writes.{n}": t.float().cpu() for n, t in written.items()}
+        )
