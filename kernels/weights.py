@@ -140,6 +140,7 @@ class Weights:
     loaded: dict[str, torch.Tensor] = field(default_factory=dict)
     source: Path | None = None  # a file: every tensor used must come from it
     device: str = "cpu"  # where random tensors are drawn (a GPU draws glm53_flash's in seconds)
+    checkpoint: Checkpoint | None = None  # a Hugging Face checkpoint folder: each rank's slice read from it
     touched: set[str] = field(default_factory=set)
     _cache: dict[tuple[str, int, int], torch.Tensor] = field(default_factory=dict, repr=False)
 
@@ -160,9 +161,11 @@ class Weights:
         key = (name, rank if split is not None else 0, tp if split is not None else 1)
         if key in self._cache:
             return self._cache[key]
-        if self.source is not None and name not in self.loaded:
+        if self.checkpoint is not None:
+            out = self.checkpoint.read(name, info, rank, tp, split)
+        elif self.source is not None and name not in self.loaded:
             raise ConfigError(f"{self.source}: missing tensor {name!r}", hint="the run needs it; add it to the file")
-        if name in self.loaded:
+        elif name in self.loaded:
             full = self.loaded[name]
             out = full if split is None else full.chunk(tp, dim=split)[rank].contiguous()
         elif split == 0:
@@ -215,17 +218,94 @@ def save_weights(path: Path, weights: Weights, names: list[str] | None = None) -
     save_file({n: weights.shard(n).contiguous() for n in names}, str(path), metadata={"model": weights.spec.name})
 
 
-def load_weights(path: Path, spec: ModelSpec, partial: bool = False) -> Weights:
-    """Tensors from a safetensors file; every tensor must have its checkpoint shape and dtype.
+SAFETENSORS_DTYPES = {"BF16": torch.bfloat16, "F32": torch.float32, "F16": torch.float16, "F64": torch.float64}
+INDEX = "model.safetensors.index.json"
 
-    partial=True lets the file hold a subset (e.g. one layer): a run that needs a tensor the file
-    lacks fails naming it.
+
+class Checkpoint:
+    """A checkpoint in the Hugging Face layout: a folder of safetensors shards and `model.safetensors.index.json`
+    (its `weight_map`: tensor name -> file; without an index, every *.safetensors file in the folder). Tensors
+    keep the checkpoint's names; a rank reads only its slice of each (safetensors' lazy slices), on first use."""
+
+    def __init__(self, folder: Path, spec: ModelSpec) -> None:
+        import json
+
+        from safetensors import SafetensorError, safe_open
+
+        self.folder, self.spec = Path(folder), spec
+        index = self.folder / INDEX
+        try:
+            if index.exists():
+                try:
+                    wmap = json.loads(index.read_text())["weight_map"]
+                except (ValueError, KeyError, TypeError) as e:
+                    raise ConfigError(f"{index}: not a safetensors index (no weight_map): {e}") from None
+                self.weight_map = {n: self.folder / f for n, f in wmap.items()}
+            else:
+                files = sorted(self.folder.glob("*.safetensors"))
+                if not files:
+                    raise UsageError(f"{folder}: no {INDEX} and no *.safetensors file in it")
+                self.weight_map = {}
+                for f in files:
+                    with safe_open(str(f), framework="pt") as h:
+                        self.weight_map |= dict.fromkeys(h.keys(), f)
+        except (SafetensorError, OSError) as e:
+            raise ConfigError(f"{folder}: not a safetensors checkpoint: {e}") from None
+        self._open: dict[Path, object] = {}
+
+    def _slice(self, name: str):
+        from safetensors import SafetensorError, safe_open
+
+        f = self.weight_map.get(name)
+        if f is None:
+            raise ConfigError(f"{self.folder}: missing tensor {name!r} (the checkpoint's index names no file for it)")
+        if f not in self._open:
+            try:
+                self._open[f] = safe_open(str(f), framework="pt")
+            except (SafetensorError, OSError) as e:
+                raise ConfigError(f"{f}: cannot read it for {name!r}: {e}") from None
+        try:
+            return self._open[f].get_slice(name)
+        except SafetensorError:
+            raise ConfigError(f"{f}: missing tensor {name!r} (the index names this file)") from None
+
+    def check(self, table: dict[str, TensorInfo]) -> None:
+        """Every tensor the model needs, present with its shape and dtype (headers only: nothing is read)."""
+        for name, info in table.items():
+            sl = self._slice(name)
+            shape, dtype = tuple(sl.get_shape()), SAFETENSORS_DTYPES.get(sl.get_dtype(), sl.get_dtype())
+            if shape != info.shape or dtype != info.dtype:
+                raise ConfigError(
+                    f"{self.weight_map[name]}: tensor {name!r} is {shape} {dtype}, expected {info.shape} {info.dtype}"
+                )
+
+    def read(self, name: str, info: TensorInfo, rank: int, tp: int, split: int | None) -> torch.Tensor:
+        """Rank's slice of one tensor (the whole of a replicated one)."""
+        sl = self._slice(name)
+        if split is None:
+            t = sl[:]
+        else:
+            n = info.shape[split] // tp
+            t = sl[rank * n : (rank + 1) * n] if split == 0 else sl[:, rank * n : (rank + 1) * n]
+        return t.contiguous().clone()
+
+
+def load_weights(path: Path, spec: ModelSpec, partial: bool = False) -> Weights:
+    """Tensors from a safetensors file, or a checkpoint folder in the Hugging Face layout (`Checkpoint`); every
+    tensor must have its checkpoint shape and dtype.
+
+    partial=True lets a file hold a subset (e.g. one layer): a run that needs a tensor the file lacks fails naming
+    it. A folder is a whole checkpoint: every tensor the model needs is checked first (names, shapes, dtypes).
     """
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     if not Path(path).exists():
-        raise UsageError(f"{path}: no such weights file")
+        raise UsageError(f"{path}: no such weights file or checkpoint folder")
+    if Path(path).is_dir():
+        ckpt = Checkpoint(Path(path), spec)
+        ckpt.check(tensor_table(spec))
+        return Weights(spec, source=Path(path), checkpoint=ckpt)
     try:
         # cloned: mapped tensors can sit at unaligned addresses, where CPU kernels sum in another
         # order, and a reloaded checkpoint must give the same bits as the one saved

@@ -48,7 +48,12 @@ def run(
     ] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the inputs.")] = 0,
     weights_file: Annotated[
-        Path | None, typer.Option("--weights", help="safetensors checkpoint (a subset is fine).")
+        Path | None,
+        typer.Option(
+            "--weights",
+            help="A safetensors file (a subset is fine) or a checkpoint folder in the Hugging Face layout (shards "
+            "and model.safetensors.index.json): each rank reads only its slice.",
+        ),
     ] = None,
     weights_seed: Annotated[int, typer.Option("--weights-seed", help="Seed of the random weights.")] = 0,
     save_weights_to: Annotated[

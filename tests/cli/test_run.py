@@ -257,3 +257,22 @@ def test_a_triton_run_records_the_kernels_precision_and_saves_inputs_as_the_refe
     assert a["inputs.H"].dtype == b["inputs.H"].dtype == torch.float32 and torch.equal(a["inputs.H"], b["inputs.H"])
     rows = {t["tensor"]: t for t in invoke_json(capsys, "compare", ref, tri)["tensors"]}
     assert rows["outputs.h_hat"]["dtypes"] == "float32 vs bfloat16" and rows["outputs.logits"]["rel_rms"] < 1e-2
+
+
+def test_run_reads_a_hugging_face_checkpoint_folder(capsys, tmp_path):
+    """`--weights DIR` (shards and their index, the checkpoint's names) gives the bits of the same weights drawn
+    in memory; a checkpoint lacking a tensor is refused naming it."""
+    from glm53ctl.kernels.spec import load_model
+    from tests.kernels.test_weights import _checkpoint_folder
+
+    ckpt, a, b = tmp_path / "ckpt", tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    ckpt.mkdir()
+    _checkpoint_folder(ckpt, load_model("tiny"))
+    base = ["run", "--kind", "kda", "--tp", "2", "--rows", "2"]
+    assert invoke(capsys, *base, "--weights", ckpt, "--out", a)[0] == 0
+    assert invoke(capsys, *base, "--weights-seed", "4", "--out", b)[0] == 0
+    ta, tb = load_file(str(a)), load_file(str(b))
+    assert ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta)
+    (ckpt / "model.safetensors.index.json").write_text('{"weight_map": {}}')
+    code, _, err = invoke(capsys, *base, "--weights", ckpt, "--out", a)
+    assert code == 2 and "missing tensor 'model.language_model.embed_tokens.weight'" in err, err

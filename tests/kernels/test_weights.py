@@ -86,3 +86,49 @@ def test_misshapen_or_unknown_tensor_is_named(spec, tmp_path):
         load_weights(tmp_path / "junk.safetensors", spec)
     with pytest.raises(UsageError, match="no such weights file"):
         load_weights(tmp_path / "absent.safetensors", spec)
+
+
+def _checkpoint_folder(folder, spec, drop=None, retype=None):
+    """tiny's seeded weights as a Hugging Face checkpoint: two shard files and their index."""
+    import json
+
+    from safetensors.torch import save_file
+
+    w = Weights(spec, seed=4)
+    names = sorted(w.table)
+    halves = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    weight_map = {}
+    for file, part in halves.items():
+        tensors = {n: w.shard(n).contiguous() for n in part if n != drop}
+        if retype in tensors:
+            tensors[retype] = tensors[retype].float()
+        save_file(tensors, str(folder / file))
+        weight_map |= dict.fromkeys(tensors, file)
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return w
+
+
+def test_a_checkpoint_folder_gives_each_rank_its_slice(tmp_path):
+    """A Hugging Face layout (shards, index, the checkpoint's names): every rank's shard equal to the same
+    weights drawn in memory, rows or columns or whole, read as that slice alone."""
+    spec = load_model("tiny")
+    w = _checkpoint_folder(tmp_path, spec)
+    loaded = load_weights(tmp_path, spec)
+    by_split = {}
+    for name, info in w.table.items():
+        by_split.setdefault(info.split, name)
+    assert set(by_split) == {None, 0, 1}
+    for name in by_split.values():
+        for tp in (1, 4):
+            for rank in range(tp):
+                assert torch.equal(loaded.shard(name, rank, tp), w.shard(name, rank, tp)), (name, tp, rank)
+
+
+@pytest.mark.parametrize("broken", ["drop", "retype"])
+def test_a_checkpoint_folder_names_its_missing_or_mistyped_tensor(tmp_path, broken):
+    spec = load_model("tiny")
+    name = f"{ROOT}layers.3.self_attn.q_a_proj.weight"
+    _checkpoint_folder(tmp_path, spec, **{broken: name})
+    says = f"missing tensor '{name}'" if broken == "drop" else f"'{name}' is .* torch.float32, expected"
+    with pytest.raises(ConfigError, match=says):
+        load_weights(tmp_path, spec)
