@@ -104,6 +104,10 @@ class Reference:
         # a launch and the reference differ by bf16 hand-offs, and a top-k at a near-tie may go either way
         self.follow = follow or {}
 
+    def _followed(self, i: int, name: str) -> torch.Tensor | None:
+        """The launch's choice for layer i (a step's `layers.{i}.<name>`, or a layer launch's `<name>`)."""
+        return self.follow.get(f"layers.{i}.{name}", self.follow.get(name))
+
     def _reduce(self, partials: list[torch.Tensor]) -> torch.Tensor:
         """The all-reduce: partials summed in rank order (fixed, so deterministic)."""
         total = partials[0]
@@ -154,7 +158,7 @@ class Reference:
         first = None
         for r in range(self.tp):
             w = self.weights.layer(i, r, self.tp).sub("self_attn.")
-            res = dsa_attention(x_hat, w, c, pos, self.spec, self.num, self.follow.get("dsa.idx"))
+            res = dsa_attention(x_hat, w, c, pos, self.spec, self.num, self._followed(i, "dsa.idx"))
             outs.append(res.out)
             if first is None:
                 first = res
@@ -175,7 +179,7 @@ class Reference:
         parts, routing = [], None
         for r in range(self.tp):
             w = self.weights.layer(i, r, self.tp).sub("mlp.")
-            out, ids, wts = moe(x_hat, w, self.spec, self.num, self.follow.get("moe.ids"))
+            out, ids, wts = moe(x_hat, w, self.spec, self.num, self._followed(i, "moe.ids"))
             parts.append(out)
             routing = routing or {"moe.ids": ids, "moe.weights": wts}
         return self._reduce(parts), routing

@@ -240,6 +240,8 @@ class Checkpoint:
                     wmap = json.loads(index.read_text())["weight_map"]
                 except (ValueError, KeyError, TypeError) as e:
                     raise ConfigError(f"{index}: not a safetensors index (no weight_map): {e}") from None
+                if not isinstance(wmap, dict) or not all(isinstance(f, str) for f in wmap.values()):
+                    raise ConfigError(f"{index}: weight_map must map tensor names to file names")
                 self.weight_map = {n: self.folder / f for n, f in wmap.items()}
             else:
                 files = sorted(self.folder.glob("*.safetensors"))
@@ -248,7 +250,12 @@ class Checkpoint:
                 self.weight_map = {}
                 for f in files:
                     with safe_open(str(f), framework="pt") as h:
-                        self.weight_map |= dict.fromkeys(h.keys(), f)
+                        for name in h.keys():
+                            if name in self.weight_map:
+                                raise ConfigError(
+                                    f"{folder}: tensor {name!r} in both {self.weight_map[name].name} and {f.name}"
+                                )
+                            self.weight_map[name] = f
         except (SafetensorError, OSError) as e:
             raise ConfigError(f"{folder}: not a safetensors checkpoint: {e}") from None
         self._open: dict[Path, object] = {}

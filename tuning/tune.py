@@ -362,6 +362,9 @@ class GpuEvaluator:
         name = key_name(weights.spec.name, kind, tp, rows, context)
         self.x = k.inputs(key_seed(seed, name))[0].to(k.device)
         self.default_out = self._outputs(k)
+        from glm53ctl.kernels.checks import FOLLOWED
+
+        k.follow = {n: self.default_out[n] for n in FOLLOWED if n in self.default_out}  # as `check`
         self.ref = k.reference(self.x)
         self.bounds = dict(self.entry.bounds)
 

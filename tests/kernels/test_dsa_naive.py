@@ -369,3 +369,17 @@ def test_the_reference_follows_a_launchs_selection_only_at_a_near_tie():
     assert not torch.equal(own[0], theirs[0])
     got = follow_selection(scores, n, spec, own, theirs)
     assert torch.equal(got[0], theirs[0]) and torch.equal(got[1], own[1])
+
+
+def test_the_reference_never_follows_a_selection_that_is_not_whole_pools():
+    """A launch's tokens that are not its pools expanded in order are never followed, tie or not."""
+    from glm53ctl.kernels.ops.dsa.naive import follow_selection, select_token_rows
+
+    spec = load_model("tiny")
+    P = spec.index_pools + 2
+    n = torch.tensor([P * spec.indexer.kpool])
+    scores = torch.ones(1, P)  # every pool ties
+    own = select_token_rows(scores, n, spec)
+    theirs = own.clone()
+    theirs[0, 3] = theirs[0, 3] + 1  # one token of the first pool moved into the next
+    assert torch.equal(follow_selection(scores, n, spec, own, theirs), own)

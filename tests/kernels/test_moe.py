@@ -111,3 +111,14 @@ def test_the_reference_follows_a_launchs_routing_only_at_a_near_tie():
     tol = torch.full((2,), ROUTE_TIE)
     assert near_tie(s, own, theirs, tol).tolist() == [True, False]
     assert not near_tie(s, own, torch.tensor([[0, 0], [0, 4]]), tol).any()  # repeated, out of range
+
+
+def test_a_near_tie_never_drops_a_clearly_better_choice():
+    """Taking the (k+1)-th for the k-th is a tie; dropping the best for the (k+1)-th is not, however close the
+    k-th and the (k+1)-th are."""
+    from glm53ctl.kernels.ops.ffn.naive import near_tie
+
+    s = torch.tensor([[0.90, 0.50, 0.40, 0.300, 0.2995, 0.1]] * 2)
+    own = torch.tensor([[0, 1, 2, 3]] * 2)
+    theirs = torch.tensor([[0, 1, 2, 4], [1, 2, 3, 4]])
+    assert near_tie(s, own, theirs, torch.full((2,), 1e-3)).tolist() == [True, False]

@@ -64,6 +64,8 @@ class StepLaunches:
 
     def locate(self, site: int) -> tuple[int, int]:
         """The part holding step site `site`, and the site's number in that part's launch."""
+        if not 0 <= site < len(self.table.sites):
+            raise IndexError(f"site {site}: the step has sites 0..{len(self.table.sites) - 1}")
         for j in reversed(range(len(self.parts))):
             if site >= self.offsets[j]:
                 return j, site - self.offsets[j]
@@ -110,16 +112,18 @@ class ModelHarness(KindHarness):
     @classmethod
     def build_launches(cls, spec, tp: int, rows: int, knobs: dict, context=None) -> list[tuple[str, object]]:
         """Every part's launches, under the part's name (`layers.3.launch`, ...)."""
-        from glm53ctl.kernels.checks import build_launches
         from glm53ctl.tuning.knobs import knobs_for
 
         runtime = {n: v for n, v in knobs.items() if n == "grid"}
+        longest = context if context is not None else max(check_contexts(spec, rows))
         out = []
         parts = [("embed", "embed")] + [(f"layers.{i}", SHAPE_KIND[s]) for i, s in enumerate(spec.layers)]
         for name, kind in parts + [("tail", "tail")]:
             k = knobs_for(spec.name, kind, tp, rows, runtime)
-            c = (context or max(check_contexts(spec, rows))) if get_kind(kind).reads_context else None
-            out += [(f"{name}.{n}", la) for n, la in build_launches(spec, kind, tp, rows, k, c)]
+            kw = {"context": longest, "steps": STEPS} if get_kind(kind).reads_context else {}  # the check's caches
+            out += [
+                (f"{name}.{n}", la) for n, la in get_kind(kind).load_harness().build_launches(spec, tp, rows, k, **kw)
+            ]
         return out
 
     @property
@@ -146,7 +150,7 @@ class ModelHarness(KindHarness):
         for _ in range(steps):
             ids = torch.stack([gen.tokens(self.rows) for _ in range(self.steps)])
             if tokens is not None:
-                ids[-1] = torch.tensor(tokens)
+                ids[0] = torch.tensor(tokens)  # the first step's, as `run` takes them
             kda, dsa = {}, {}
             for i, (att, _) in enumerate(self.spec.layers):
                 if att == "kda":
@@ -192,7 +196,38 @@ class ModelHarness(KindHarness):
             pos = pos + 1
         if [b - a for a, b in zip(before, self.launch.epochs(), strict=True)] == [self.steps] * len(before):
             self.launch.runtime.epoch += 1
-        return out | DecodeState(pos, self.slots, kda, dsa).tensors()
+        self.state_after = after = DecodeState(pos, self.slots, kda, dsa)
+        self.untouched = all(self._only_written(x.dsa[i], after.dsa[i], x.pos.long()) for i in dsa)
+        return out | self._writes(x.pos.long(), after)
+
+    def _written_at(self, pos0: torch.Tensor):
+        """Per step, the rows' cache slot and the pool slot it writes (a pool completing; else the last one)."""
+        rows = torch.arange(self.rows, device=pos0.device)
+        kp = self.spec.indexer.kpool
+        return [(rows, pos0 + s, ((pos0 + s + 1) // kp - 1).clamp(min=0)) for s in range(self.steps)]
+
+    def _writes(self, pos0: torch.Tensor, state: DecodeState) -> dict[str, torch.Tensor]:
+        """What a step writes: every KDA layer's states; of every DSA layer's caches, the slots the steps wrote
+        ([R, steps, ...]: a cache's other slots are the input's, `untouched`)."""
+        out = {n: t for n, t in state.tensors().items() if ".kda." in n}
+        at = self._written_at(pos0.to(state.pos.device))
+        for i, c in state.dsa.items():
+            for n in CACHE_NAMES:
+                t = getattr(c, n)
+                out[f"layers.{i}.dsa.{n}"] = torch.stack([t[r, (q if n == "pooled_key" else p)] for r, p, q in at], 1)
+        return out
+
+    def _only_written(self, before: DsaCache, after: DsaCache, pos0: torch.Tensor) -> bool:
+        """Whether a DSA layer's caches after the steps equal those before but for the slots the steps wrote."""
+        ok = True
+        for n in CACHE_NAMES:
+            want = getattr(before, n).clone()
+            got = getattr(after, n)
+            for r, p, q in self._written_at(pos0):
+                slot = q if n == "pooled_key" else p
+                want[r, slot] = got[r, slot]
+            ok &= torch.equal(want, got)
+        return ok
 
     def _part(self, j: int, x, poison: bool, stuck, step: int, budget_ns):
         """Part j's launch (with its peers) on x; a fault of its launch renamed to the step's site."""
@@ -218,13 +253,17 @@ class ModelHarness(KindHarness):
         for s in range(self.steps):
             ref = Reference(self.weights, self.tp, follow=self.chosen[s] if s < len(self.chosen) else None)
             out, state = ref.step(x.tokens[s], state)
-        return out | state.tensors()
+        return out | self._writes(x.pos.long(), state)
 
     def invariants(self, out: dict, ref: dict) -> dict[str, bool]:
-        """Every layer's routing and selection the reference's (near-ties followed)."""
+        """Every layer's routing and selection the reference's (near-ties followed); the caches written at each
+        row's positions only."""
         picks = [n for n in out if n.endswith(("moe.ids", "dsa.idx"))]
         same = all(torch.equal(out[n].long().cpu(), ref[n].long().cpu()) for n in picks)
-        return {"every layer's routing and selection the reference's (near-ties followed)": same}
+        return {
+            "every layer's routing and selection the reference's (near-ties followed)": same,
+            "caches written at each row's positions only": self.untouched,
+        }
 
     @classmethod
     def run(cls, weights: Weights, key: RunKey, knobs: dict | None, device) -> dict[str, torch.Tensor]:
@@ -233,12 +272,10 @@ class ModelHarness(KindHarness):
         next token the argmax of the logits (greedy), every state carried."""
         spec = weights.spec
         inputs = Inputs(spec, key.seed, FP32)
-        contexts = row_contexts(key.context, key.rows, spec.indexer.kpool)
-        k = cls(weights, key.tp, key.rows, knobs, device, context=max(contexts), steps=1)
-        k.contexts, k.slots = contexts, room(spec, max(contexts) + key.steps)
-        for _, h in k.launch.parts[1:-1]:
-            if get_kind(h.kind).reads_context:  # one cache capacity for the step
-                h.contexts, h.slots = k.contexts, k.slots
+        # caches with room for every step; then one step a call, each next token from the last logits
+        k = cls(weights, key.tp, key.rows, knobs, device, context=key.context, steps=key.steps)
+        k.steps = 1
+        contexts = k.contexts
         st = model_state(Reference(weights), contexts, inputs, k.slots)
         tokens = inputs.tokens(key.rows, key.tokens)
         kda = {i: KdaState(s.conv.to(torch.bfloat16), s.recurrent) for i, s in st.kda.items()}
@@ -247,18 +284,17 @@ class ModelHarness(KindHarness):
         for _ in range(key.steps):
             before = x
             out = k(x)
-            nxt = out["logits"].argmax(-1).cpu()
-            kda = {i: KdaState(out[f"layers.{i}.kda.conv"], out[f"layers.{i}.kda.recurrent"]) for i in x.kda}
-            dsa = {i: DsaCache(*(out[f"layers.{i}.dsa.{n}"] for n in CACHE_NAMES)) for i in x.dsa}
-            x = ModelInput(nxt[None], x.pos + 1, kda, dsa)
+            after = k.state_after
+            x = ModelInput(out["logits"].argmax(-1).cpu()[None], after.pos, after.kda, after.dsa)
         state = DecodeState(before.pos, k.slots, before.kda, before.dsa)
-        written = {n: t for n, t in out.items() if n.startswith("layers.") and (".kda." in n or ".dsa." in n)}
-        written = {n: t for n, t in written.items() if not n.endswith("dsa.idx")}
-        shown = {n: t for n, t in out.items() if n not in written}
+        shown = {
+            n: t for n, t in out.items() if not n.startswith("layers.") or n.endswith((".H", "moe.ids", "dsa.idx"))
+        }
+        shown |= {n: t for n, t in out.items() if n.endswith("moe.weights")}
         return (
             {"inputs.contexts": torch.tensor(contexts), "inputs.tokens": before.tokens[0].cpu()}
             | {"inputs.pos": before.pos.cpu()}
             | {f"inputs.state.{n}": t.float().cpu() for n, t in state.tensors().items()}
             | {f"outputs.{n}": t.cpu() for n, t in shown.items()}
-            | {f"writes.{n}": t.float().cpu() for n, t in written.items()}
+            | {f"writes.{n}": t.float().cpu() for n, t in after.tensors().items()}
         )

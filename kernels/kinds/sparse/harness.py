@@ -101,10 +101,12 @@ class SparseHarness(KdaHarness):
             self.ffn = [mk(rank=q, mode="ffn") for q in range(1, tp)]
 
     @classmethod
-    def build_launches(cls, spec, tp: int, rows: int, knobs: dict, context=None) -> list[tuple[str, object]]:
+    def build_launches(
+        cls, spec, tp: int, rows: int, knobs: dict, context=None, steps: int = 1
+    ) -> list[tuple[str, object]]:
         # the caches' capacity is a compile-time constant: a launch per capacity (whole pools past the context)
         longest = max(check_contexts(spec, rows)) if context is None else context
-        slots = room(spec, longest + 1)
+        slots = room(spec, longest + steps)
         return [("launch", SparseLaunch(spec, tp, rows, knobs, "cpu", slots=slots))]
 
     def inputs(self, seed: int, steps: int = 1, tokens=None) -> list[SparseInput]:

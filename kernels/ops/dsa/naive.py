@@ -124,15 +124,19 @@ def follow_selection(scores: torch.Tensor, n: torch.Tensor, spec: ModelSpec, own
     kp, W = spec.indexer.kpool, spec.index_width
     theirs = theirs.to(own.device, torch.long)
     out = own.clone()
+    n_tok, arange = spec.index_pools * kp, torch.arange(kp, device=own.device)
     for r, m in enumerate(n.tolist()):
         P = m // kp
         if P <= spec.index_pools or torch.equal(own[r], theirs[r]):
             continue  # every pool taken: nothing to tie
         s = scores[r : r + 1, :P]
-        pools = lambda idx: idx[: spec.index_pools * kp : kp][None] // kp  # noqa: E731
+        mine, took = own[r, :n_tok:kp][None] // kp, theirs[r, :n_tok:kp][None] // kp
+        # theirs must be whole pools, ascending, each expanded to its tokens, then the same tail
+        laid_out = torch.equal(theirs[r, :n_tok], (took[0, :, None] * kp + arange).flatten())
+        laid_out &= bool((took[0, 1:] > took[0, :-1]).all()) and bool((took >= 0).all())
+        tail_same = torch.equal(own[r, n_tok:], theirs[r, n_tok:W])
         tol = SELECT_TIE * s.abs().max().reshape(1)
-        tail_same = torch.equal(own[r, spec.index_pools * kp :], theirs[r, spec.index_pools * kp : W])
-        if tail_same and bool(near_tie(s, pools(own[r]), pools(theirs[r]), tol)[0]):
+        if laid_out and tail_same and bool(near_tie(s, mine, took, tol)[0]):
             out[r] = theirs[r]
     return out
 

@@ -34,13 +34,16 @@ ROUTE_TIE = 5e-3
 
 def near_tie(scores: torch.Tensor, own: torch.Tensor, theirs: torch.Tensor, tol: torch.Tensor) -> torch.Tensor:
     """Per row: whether `theirs` (ids [R, k]) is as good a top-k of `scores` [R, N] as `own` within `tol` [R]:
-    distinct, in range, and none scoring below the k-th best by more than tol."""
+    distinct, in range, and every id it took instead of one of own's scoring within tol of every one it left."""
     N = scores.shape[-1]
     ok = (theirs >= 0).all(-1) & (theirs < N).all(-1)
-    ok &= theirs.sort(-1).values.diff(dim=-1).ne(0).all(-1) if theirs.shape[-1] > 1 else ok
-    kth = scores.gather(-1, own).min(-1).values
-    worst = scores.gather(-1, theirs.clamp(0, N - 1)).min(-1).values
-    return ok & (worst >= kth - tol)
+    if theirs.shape[-1] > 1:
+        ok &= theirs.sort(-1).values.diff(dim=-1).ne(0).all(-1)
+    mine = torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, own, True)
+    took = torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, theirs.clamp(0, N - 1), True)
+    left = scores.masked_fill(~(mine & ~took), float("-inf")).max(-1).values  # own's ids they left out
+    added = scores.masked_fill(~(took & ~mine), float("inf")).min(-1).values  # the ids they took instead
+    return ok & (added >= left - tol)
 
 
 def route(x_hat, w_router, bias, spec, num: Numerics, follow: torch.Tensor | None = None):
