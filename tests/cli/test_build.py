@@ -42,7 +42,7 @@ def test_build_reports_resources_per_kernel(capsys, tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--kind", "model"], "--kind 'model': expected values from embed, dense, kda, sparse, tail"),
+        (["--kind", "nope"], "--kind 'nope': expected values from embed, dense, kda, sparse, tail, model"),
         (["--tp", "3"], "--tp '3': expected values from 1, 2, 4, 8"),
         (["--rows", "x"], "--rows 'x': expected a comma-separated list"),
         (["--target", "hopper"], "--target 'hopper': expected sm_<capability>"),
