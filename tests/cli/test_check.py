@@ -269,8 +269,8 @@ def test_a_table_row_fits_100_columns_at_the_widest_key_with_against():
 def test_check_context_sizes_the_caches_of_the_kinds_that_read_them(capsys):
     """--context puts sparse's rows at that context (row r: r*3 fewer), is part of the key's name, and is refused
     for a selection of kinds none of which reads caches."""
-    doc = invoke_json(capsys, "check", "--kind", "sparse,tail", "--tp", "1", "--rows", "2", "--context", "41")
-    assert [k["key"] for k in doc["keys"]] == ["tiny/sparse/tp1/r2/ctx41", "tiny/tail/tp1/r2"]
+    doc = invoke_json(capsys, "check", "--kind", "sparse,tail", "--tp", "1", "--rows", "1", "--context", "41")
+    assert [k["key"] for k in doc["keys"]] == ["tiny/sparse/tp1/r1/ctx41", "tiny/tail/tp1/r1"]
     assert all(k["ok"] for k in doc["keys"]), doc["keys"]
     code, out, err = invoke(capsys, "check", "--kind", "dense", "--context", "41")
     assert code == 2 and "--context applies to the kinds that read caches" in err
