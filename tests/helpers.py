@@ -55,3 +55,22 @@ def assert_same_bits(a: dict, b: dict, what: str) -> None:
     assert a.keys() == b.keys(), what
     for n in a:
         assert torch.equal(bits(a[n]), bits(b[n])), f"{what}: {n} differs"
+
+
+def assert_separate_launches_keep_bits(k, seed: int = 11) -> None:
+    """A harness's separate-launches baseline (one launch per stage) gives its launch's bits."""
+    x = k.inputs(seed=seed)[0]
+    peers = k.peer_partials(x)
+    base = {n: t.clone() for n, t in k(x, peers, poison=True).items()}
+    assert_same_bits(base, k.separate()(x, peers, poison=True), "separate launches")
+
+
+def first_site_of_each(table, types) -> dict:
+    """Task type -> the first guarded wait (site index) of a task of that type in the table; every type has one."""
+    sites = {}
+    for i, s in enumerate(table.sites):
+        ttype = table.tasks[s.task][0]
+        if ttype in types and ttype not in sites:
+            sites[ttype] = i
+    assert len(sites) == len(types), f"no site of types {set(types) - set(sites)}"
+    return sites

@@ -14,6 +14,7 @@ import typer
 
 from glm53ctl.commands import Command
 from glm53ctl.commands.build import parse_list
+from glm53ctl.commands.keys import context_applies, refuse_steps
 from glm53ctl.errors import CheckFailed, UsageError
 from glm53ctl.output import Output, Progress, err_console
 
@@ -85,7 +86,7 @@ def bench(
     if as_json and markdown:
         raise UsageError("--json and --markdown: choose one")
     kinds = parse_list("--kind", kind, selectable_kinds(), default=kernel_kinds())
-    _refuse_steps(kinds, "bench")
+    refuse_steps(kinds, "bench")
     tps = parse_list("--tp", tp, TP_WIDTHS, int)
     rowss = parse_list("--rows", rows, ROWS, int)
     baselines = parse_list("--baseline", baseline, BASELINES) if baseline is not None else []
@@ -170,29 +171,11 @@ def bench(
         raise CheckFailed(f"{against} is faster beyond the noise at {len(slower)} of {len(results)} keys: {names}")
 
 
-def _refuse_steps(kinds: list[str], verb: str) -> None:
-    """A step of many launches (`model`) is not timed or tuned yet: a clear error, not a traceback."""
-    from glm53ctl.kernels.kinds import get_kind
-
-    steps = [k for k in kinds if get_kind(k).composite]
-    if steps:
-        raise UsageError(
-            f"{verb} of {', '.join(steps)}: a whole step is not timed yet (its parts are: {verb} their kinds)",
-            hint="glm53ctl bench --kind dense,kda,sparse,tail",
-        )
-
-
 def _contexts(context: str | None, kinds: list[str]) -> dict[str, list[int]]:
     """Per kind that reads caches, the contexts --context gives (refused when no selected kind reads any)."""
-    from glm53ctl.kernels.kinds import context_kinds
-
     if context is None:
         return {}
-    readers = [k for k in kinds if k in context_kinds()]
-    if not readers:
-        raise UsageError(
-            f"--context applies to the kinds that read caches ({', '.join(context_kinds())}), not to {', '.join(kinds)}"
-        )
+    readers = context_applies(kinds, True)
     try:
         values = [int(v) for v in context.split(",") if v.strip()]
     except ValueError:

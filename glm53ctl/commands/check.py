@@ -12,6 +12,7 @@ import typer
 
 from glm53ctl.commands import Command
 from glm53ctl.commands.build import parse_list
+from glm53ctl.commands.keys import context_applies, context_of
 from glm53ctl.errors import CheckFailed, UsageError
 from glm53ctl.output import Output, Progress, err_console
 
@@ -98,7 +99,10 @@ def check(
 ) -> None:
     """Accuracy against the reference, determinism, invariants; with --against, bitwise equality with REF."""
     o = Output(as_json)
-    _check_context(kind, context)
+    if context is not None:  # before torch is imported: a usage error costs no seconds
+        from glm53ctl.kernels.kinds import kernel_kinds, selectable_kinds
+
+        context_applies(parse_list("--kind", kind, selectable_kinds(), default=kernel_kinds()), True)
     device, weights, keys = _setup(model, kind, tp, rows, all_keys)  # first: it may select the interpreter
     jobs = _jobs(jobs, device, keys)
     if save is not None:  # the other side of --against: outputs only, in this tree's process
@@ -122,26 +126,6 @@ def check(
     o.text(summary)
     if passed < len(results):
         raise CheckFailed(summary)
-
-
-def _check_context(kind: str | None, context: int | None) -> None:
-    """--context sizes the caches of the kinds that read them: refused when no selected kind does."""
-    from glm53ctl.kernels.kinds import context_kinds, kernel_kinds, selectable_kinds
-
-    if context is None:
-        return
-    kinds = parse_list("--kind", kind, selectable_kinds(), default=kernel_kinds())
-    if not set(kinds) & set(context_kinds()):
-        raise UsageError(
-            f"--context applies to the kinds that read caches ({', '.join(context_kinds())}), not to {', '.join(kinds)}"
-        )
-
-
-def context_of(kind: str, context: int | None) -> int | None:
-    """The context a key of `kind` runs at: the one given, for a kind that reads caches; else None."""
-    from glm53ctl.kernels.kinds import get_kind
-
-    return context if get_kind(kind).reads_context else None
 
 
 def _save_outputs(weights, keys, seed: int, device: str, save: Path, context: int | None = None) -> None:

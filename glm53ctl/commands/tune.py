@@ -12,6 +12,7 @@ from rich.markup import escape
 
 from glm53ctl.commands import Command
 from glm53ctl.commands.build import parse_list
+from glm53ctl.commands.keys import context_applies, context_of, refuse_steps
 from glm53ctl.errors import UsageError
 from glm53ctl.output import Output, err_console, print_warning
 
@@ -73,9 +74,7 @@ def tune(
     from glm53ctl.tuning.knobs import kind_knobs
 
     kinds = parse_list("--kind", kind, selectable_kinds(), default=kernel_kinds())
-    from glm53ctl.commands.bench import _refuse_steps
-
-    _refuse_steps(kinds, "tune")
+    refuse_steps(kinds, "tune")
     tps = parse_list("--tp", tp, TP_WIDTHS, int)
     rowss = parse_list("--rows", rows, ROWS, int)
     spec = load_model(model)
@@ -85,9 +84,7 @@ def tune(
     from glm53ctl.tuning.tune import space_of
 
     spaces = {k: space_of(kind_knobs(k), names) for k in kinds}
-    from glm53ctl.commands.check import _check_context, context_of
-
-    _check_context(kind, context)
+    context_applies(kinds, context is not None)
     ctx = {k: context_of(k, context) for k in kinds}
     if study and len(kinds) * len(tps) * len(rowss) > 1:
         raise UsageError("--study names one study: give one --kind, --tp and --rows with it")

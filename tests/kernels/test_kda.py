@@ -12,7 +12,7 @@ from glm53ctl.kernels.kinds.kda.harness import KdaHarness
 from glm53ctl.kernels.numerics import rel_rms
 from glm53ctl.kernels.spec import load_model
 from glm53ctl.kernels.weights import ROOT, Weights
-from tests.helpers import assert_same_bits
+from tests.helpers import assert_same_bits, assert_separate_launches_keep_bits, first_site_of_each
 
 BOUNDS = get_kind("kda").bounds
 MOE_TYPES = tuple(t.value for t in (tt.ROUTER, tt.ROUTE, tt.EXP_GU, tt.EXP_DOWN))
@@ -99,11 +99,7 @@ def test_expert_k_slices_are_accurate_and_their_late_waits_named(weights, slices
 
 def test_separate_launches_keep_every_bit(weights):
     """The MoE's stages too (router, routing, expert gate/up, expert down) as launches of their own."""
-    k = KdaHarness(weights, 4, 2, {}, "cpu")
-    x = k.inputs(seed=11)[0]
-    peers = k.peer_partials(x)
-    base = {n: t.clone() for n, t in k(x, peers, poison=True).items()}
-    assert_same_bits(base, k.separate()(x, peers, poison=True), "separate launches")
+    assert_separate_launches_keep_bits(KdaHarness(weights, 4, 2, {}, "cpu"))
 
 
 def test_the_moe_sites_stuck_are_named(weights):
@@ -111,12 +107,7 @@ def test_the_moe_sites_stuck_are_named(weights):
     one's bits."""
     k = KdaHarness(weights, 2, 1, {}, "cpu")
     t = k.launch.table
-    sites = {}
-    for i, s in enumerate(t.sites):
-        ttype = t.tasks[s.task][0]
-        if ttype in MOE_TYPES and ttype not in sites:
-            sites[ttype] = i
-    assert len(sites) == len(MOE_TYPES)
+    sites = first_site_of_each(t, MOE_TYPES)
     # and an expert gate/up slice 0's late wait for its other K slices (ksplit_gu 2 by default)
     late = next(i for i, s in enumerate(t.sites) if s.late and t.tasks[s.task][0] == tt.EXP_GU.value)
     for s in [*sites.values(), late]:

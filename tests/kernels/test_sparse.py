@@ -13,7 +13,7 @@ from glm53ctl.kernels.kinds.sparse.harness import SparseHarness
 from glm53ctl.kernels.numerics import rel_rms
 from glm53ctl.kernels.spec import load_model
 from glm53ctl.kernels.weights import ROOT, Weights
-from tests.helpers import assert_same_bits
+from tests.helpers import assert_same_bits, assert_separate_launches_keep_bits, first_site_of_each
 
 BOUNDS = get_kind("sparse").bounds
 MLA_TYPES = tuple(
@@ -85,23 +85,14 @@ def test_token_block_is_accurate(weights):
 
 
 def test_separate_launches_keep_every_bit(weights):
-    k = SparseHarness(weights, 4, 2, {}, "cpu")
-    x = k.inputs(seed=11)[0]
-    peers = k.peer_partials(x)
-    base = {n: t.clone() for n, t in k(x, peers, poison=True).items()}
-    assert_same_bits(base, k.separate()(x, peers, poison=True), "separate launches")
+    assert_separate_launches_keep_bits(SparseHarness(weights, 4, 2, {}, "cpu"))
 
 
 def test_the_mla_sites_stuck_are_named(weights):
     """A site of each MLA task type stuck: LaunchFault names it and the retried launch is a clean one's bits."""
     k = SparseHarness(weights, 2, 1, {}, "cpu")
     t = k.launch.table
-    sites = {}
-    for i, s in enumerate(t.sites):
-        ttype = t.tasks[s.task][0]
-        if ttype in MLA_TYPES and ttype not in sites:
-            sites[ttype] = i
-    assert len(sites) == len(MLA_TYPES)
+    sites = first_site_of_each(t, MLA_TYPES)
     for s in sites.values():
         res = fault_key(weights, "sparse", 2, 1, "cpu", s, budget_ns=10**6, wall_s=60)
         assert res.ok and res.named == 1 and res.retries_equal == 1, res.problems

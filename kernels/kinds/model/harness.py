@@ -18,6 +18,7 @@ from types import SimpleNamespace
 
 import torch
 
+from glm53ctl.kernels.checks import FOLLOWED
 from glm53ctl.kernels.harness import Inputs, KindHarness, RunKey, model_state, row_contexts
 from glm53ctl.kernels.kinds import LAYER_KINDS, get_kind
 from glm53ctl.kernels.kinds.dense.harness import LayerInput
@@ -167,7 +168,7 @@ class ModelHarness(KindHarness):
             r(R, L, m.kv_lora_rank), r(R, L, ix.head_dim), r(R, L, ix.head_dim), r(R, L // ix.kpool, ix.head_dim)
         )
 
-    def __call__(self, x: ModelInput, peers=None, poison: bool = False, stuck_site: int = -1, budget_ns=None, **_):
+    def __call__(self, x: ModelInput, peers=None, poison: bool = False, stuck_site: int = -1, budget_ns=None):
         """`self.steps` steps from x's states, each step's token ids x.tokens[s]: the last step's outputs (every
         layer's H, routing and selection, the logits) and the states and caches after it. `stuck_site` sticks
         that step site in the first step."""
@@ -192,7 +193,7 @@ class ModelHarness(KindHarness):
                 H = o["H"]
                 out[f"{name}.H"] = H
             out |= self._part(len(self.launch.parts) - 1, H, poison, stuck, s, budget_ns)
-            self.chosen.append({n: t for n, t in out.items() if n.endswith(("moe.ids", "dsa.idx"))})
+            self.chosen.append({n: t for n, t in out.items() if n.endswith(FOLLOWED)})
             pos = pos + 1
         if [b - a for a, b in zip(before, self.launch.epochs(), strict=True)] == [self.steps] * len(before):
             self.launch.runtime.epoch += 1
@@ -258,7 +259,7 @@ class ModelHarness(KindHarness):
     def invariants(self, out: dict, ref: dict) -> dict[str, bool]:
         """Every layer's routing and selection the reference's (near-ties followed); the caches written at each
         row's positions only."""
-        picks = [n for n in out if n.endswith(("moe.ids", "dsa.idx"))]
+        picks = [n for n in out if n.endswith(FOLLOWED)]
         same = all(torch.equal(out[n].long().cpu(), ref[n].long().cpu()) for n in picks)
         return {
             "every layer's routing and selection the reference's (near-ties followed)": same,

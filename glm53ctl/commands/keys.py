@@ -1,0 +1,37 @@
+"""What the commands that take keys share about them beyond `parse_list`: which kinds `--context` applies to,
+the context a kind's keys run at, and the kinds that time and tune cannot take yet."""
+
+from __future__ import annotations
+
+from glm53ctl.errors import UsageError
+
+
+def context_applies(kinds: list[str], given: bool) -> list[str]:
+    """The selected kinds that read caches (`--context` sizes them); refused when it is given and none does."""
+    from glm53ctl.kernels.kinds import context_kinds
+
+    readers = [k for k in kinds if k in context_kinds()]
+    if given and not readers:
+        raise UsageError(
+            f"--context applies to the kinds that read caches ({', '.join(context_kinds())}), not to {', '.join(kinds)}"
+        )
+    return readers
+
+
+def context_of(kind: str, context: int | None) -> int | None:
+    """The context a key of `kind` runs at: the one given, for a kind that reads caches; else None."""
+    from glm53ctl.kernels.kinds import get_kind
+
+    return context if get_kind(kind).reads_context else None
+
+
+def refuse_steps(kinds: list[str], verb: str) -> None:
+    """A step of many launches (`model`) is not timed or tuned yet: a clear error, not a traceback."""
+    from glm53ctl.kernels.kinds import get_kind
+
+    steps = [k for k in kinds if get_kind(k).composite]
+    if steps:
+        raise UsageError(
+            f"{verb} of {', '.join(steps)}: a whole step is not timed yet (its parts are: {verb} their kinds)",
+            hint="glm53ctl bench --kind dense,kda,sparse,tail",
+        )
