@@ -59,12 +59,13 @@ def outputs_equal(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
 
 
-def make_harness(weights: Weights, kind: str, tp: int, rows: int, knobs: dict | None, device, context=None):
+def make_harness(weights: Weights, kind: str, tp: int, rows: int, knobs: dict | None, device, context=None, **extra):
     """The launch harness of one key (the kind registry's); `context`, tokens cached before the step (row r a
-    few fewer), for a kind that reads caches (else None: its own check contexts)."""
+    few fewer), for a kind that reads caches (else None: its own check contexts); `extra`, what a kind's harness
+    takes of its own (a step's `timing`)."""
     cls = get_kind(kind).load_harness()
     given = {} if context is None else {"context": context}
-    return cls(weights, tp, rows, knobs, device, **given)
+    return cls(weights, tp, rows, knobs, device, **given, **extra)
 
 
 def build_launches(spec, kind: str, tp: int, rows: int, knobs: dict, context=None) -> list[tuple[str, object]]:

@@ -177,16 +177,20 @@ def bf16_numerics() -> Numerics:
 class Timed:
     """What `bench` times of one key (tuning/bench.py): one launch reading one copy of what it streams.
 
-    `call(copy)` runs the launch on one copy; `copies(n)` makes n copies (the first the harness's own), which
+    `call(copy)` runs the launch on one copy (a `stock` call also takes its input, `call(copy, x)`, so that a step
+    chains them); `copies(n)` makes n copies (the first the harness's own), which
     the timing rotates over so that each launch streams them from HBM, not from the L2; `stream_bytes` is what
     one launch reads of a copy (it sets how many copies that takes); `nbytes` every byte a launch moves
     (weights, states read and written, inputs, the peers' partials, outputs): the floor's bytes."""
 
-    call: Callable[[dict], object]
+    call: Callable[..., object]
     copies: Callable[[int], list[dict]]
     stream_bytes: int
     nbytes: int
     what: str  # what rotates, in words (bench's output says it)
+    # the launch's result buffer (H, or the logits), rewritten by every call: what a step's next part reads
+    output: torch.Tensor | None = None
+    launches: int = 1  # kernel launches per call (a whole step: every part's)
 
 
 def cloned(first: dict[str, torch.Tensor]) -> Callable[[int], list[dict]]:

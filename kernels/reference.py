@@ -94,7 +94,9 @@ def head_slice(x: torch.Tensor, rank: int, tp: int) -> torch.Tensor:
 class Reference:
     """The reference of one model at one TP width, over one set of weights."""
 
-    def __init__(self, weights: Weights, tp: int = 1, num: Numerics = FP32, follow: dict | None = None) -> None:
+    def __init__(
+        self, weights: Weights, tp: int = 1, num: Numerics = FP32, follow: dict | None = None, tie: float = 1.0
+    ) -> None:
         self.spec = weights.spec
         self.spec.check_tp(tp)
         self.weights = weights
@@ -103,6 +105,9 @@ class Reference:
         # a launch's discrete choices ("moe.ids", "dsa.idx") to take where the reference's own scores tie them:
         # a launch and the reference differ by bf16 hand-offs, and a top-k at a near-tie may go either way
         self.follow = follow or {}
+        # how near a tie must be to be followed, in the ops' ROUTE_TIE / SELECT_TIE (infinite: always, a step's
+        # check, which proves each choice on the launch's own inputs instead)
+        self.tie = tie
 
     def _followed(self, i: int, name: str) -> torch.Tensor | None:
         """The launch's choice for layer i (a step's `layers.{i}.<name>`, or a layer launch's `<name>`)."""
@@ -158,7 +163,7 @@ class Reference:
         first = None
         for r in range(self.tp):
             w = self.weights.layer(i, r, self.tp).sub("self_attn.")
-            res = dsa_attention(x_hat, w, c, pos, self.spec, self.num, self._followed(i, "dsa.idx"))
+            res = dsa_attention(x_hat, w, c, pos, self.spec, self.num, self._followed(i, "dsa.idx"), self.tie)
             outs.append(res.out)
             if first is None:
                 first = res
@@ -179,7 +184,7 @@ class Reference:
         parts, routing = [], None
         for r in range(self.tp):
             w = self.weights.layer(i, r, self.tp).sub("mlp.")
-            out, ids, wts = moe(x_hat, w, self.spec, self.num, self._followed(i, "moe.ids"))
+            out, ids, wts = moe(x_hat, w, self.spec, self.num, self._followed(i, "moe.ids"), self.tie)
             parts.append(out)
             routing = routing or {"moe.ids": ids, "moe.weights": wts}
         return self._reduce(parts), routing

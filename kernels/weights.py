@@ -142,10 +142,42 @@ class Weights:
     device: str = "cpu"  # where random tensors are drawn (a GPU draws glm53_flash's in seconds)
     checkpoint: Checkpoint | None = None  # a Hugging Face checkpoint folder: each rank's slice read from it
     touched: set[str] = field(default_factory=set)
+    # layer -> the layer of the same shape whose tensors it reads (`share_layers`: a step too big for one GPU)
+    alias: dict[int, int] = field(default_factory=dict)
     _cache: dict[tuple[str, int, int], torch.Tensor] = field(default_factory=dict, repr=False)
+    _prepared: dict[tuple, dict] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self.table = tensor_table(self.spec)
+
+    def share_layers(self, sets: int) -> Weights:
+        """These weights with the layers of each shape (dense, kda, sparse) reading `sets` distinct layers' tensors
+        in turn: layer i reads the tensors of the (k mod sets)-th layer of its shape, k its place among them. What
+        a whole step times below TP8, where the per-rank weights of every layer do not fit one GPU; the layers
+        that share also share their prepared (kernel-layout) weights (`prepared`)."""
+        by_shape: dict[tuple, list[int]] = {}
+        for i, shape in enumerate(self.spec.layers):
+            by_shape.setdefault(shape, []).append(i)
+        alias = {i: same[k % sets] for same in by_shape.values() for k, i in enumerate(same)}
+        return Weights(self.spec, self.seed, self.loaded, self.source, self.device, self.checkpoint, alias=alias)
+
+    def source_layer(self, i: int) -> int:
+        """The layer whose tensors layer i reads (itself unless shared)."""
+        return self.alias.get(i, i)
+
+    def prepared(self, key: tuple, make) -> dict:
+        """A layer's weights in a kernel's layout, made once per (source layer, ...) `key` where layers share
+        (`share_layers`); else made each time (a key's harness holds its own)."""
+        if not self.alias:
+            return make()
+        if key not in self._prepared:
+            self._prepared[key] = make()
+        return self._prepared[key]
+
+    def drop_raw(self) -> None:
+        """Forget the checkpoint-layout tensors made so far (they come back on demand): a timed step keeps only
+        its prepared weights."""
+        self._cache.clear()
 
     def info(self, name: str) -> TensorInfo:
         try:
@@ -157,6 +189,9 @@ class Weights:
         """Rank `rank`'s shard of tensor `name` at TP `tp` (the whole tensor if replicated)."""
         info = self.info(name)
         self.touched.add(name)
+        if self.alias and name.startswith(f"{ROOT}layers."):
+            i, rest = name[len(f"{ROOT}layers.") :].split(".", 1)
+            name = f"{ROOT}layers.{self.source_layer(int(i))}.{rest}"
         split = info.split if tp > 1 else None
         key = (name, rank if split is not None else 0, tp if split is not None else 1)
         if key in self._cache:

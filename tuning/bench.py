@@ -21,6 +21,7 @@ from dataclasses import replace
 import torch
 
 from glm53ctl.kernels.checks import key_name, key_seed, make_harness, outputs_equal
+from glm53ctl.kernels.kinds import get_kind
 from glm53ctl.tuning import measure
 
 BASELINES = ("separate", "separate-pdl", "torch", "compile", "defaults")
@@ -40,7 +41,7 @@ def timer_for(t, min_launches: int = MIN_LAUNCHES):
         for c in copies:
             t.call(c)
 
-    replay = measure.graph_timer(launches, inner=max(1, math.ceil(min_launches / n)))
+    replay = measure.graph_timer(launches, inner=max(1, math.ceil(min_launches / (n * t.launches))))
     return (lambda: replay() / n), n
 
 
@@ -54,6 +55,9 @@ def variant(k, x, peers, which: str):
         return k.separate(pdl=True).timed(x, peers)
     if which == "torch":
         return k.stock(x, peers)
+    if which == "compile" and get_kind(k.kind).composite:
+        torch._dynamo.reset()
+        return k.stock(x, peers, compile=True)  # each part compiled on its own: one graph of a step is too big
     if which == "compile":
         # every key's stock function is the same code: Dynamo's cache of it would guard the next key against
         # this one's (and past 8 keys stop compiling): a fresh cache per key
@@ -81,7 +85,8 @@ def bench_key(
     The separate launches are checked bit for bit against the launch first."""
     from glm53ctl.tuning.knobs import defaults
 
-    k = make_harness(weights, kind, tp, rows, knobs, "cuda", context)
+    step = get_kind(kind).composite  # a whole step (`model`): its layers share weights where they do not fit
+    k = make_harness(weights, kind, tp, rows, knobs, "cuda", context, **({"timing": True} if step else {}))
     x = k.inputs(key_seed(seed, key_name(weights.spec.name, kind, tp, rows, context)))[0]
     peers = k.peer_partials(x)
     out = k(x, peers)  # compiles; the peers' partials in place
@@ -106,6 +111,8 @@ def bench_key(
     if copy_tb_s:
         row["floor_us"] = measure.floor_us(main.nbytes, copy_tb_s)
         row["pct_copy"] = 100 * row["floor_us"] / us
+    if step:
+        row |= step_breakdown(k, us, rounds, copy_tb_s)
     row["baselines"] = {}
     keep = []  # every harness and timer of the key lives until its end (a graph's buffers must outlive it)
     # the defaults' launch last: it is another harness, with buffers of its own
@@ -127,11 +134,48 @@ def bench_key(
         r = measure.ratio(*measure.ab_rounds(launch_timer, base_timer, rounds))
         row["baselines"][which] = {"us": r["b_us"], "ratio": r["ratio"], "ratio_ci": r["ratio_ci"]} | extra
         keep.append((kb, t, base_timer))
+    # a kind's other schedules that need no other build (`model`'s chain): timed beside it too
+    for label, t in (k.schedules(x, peers) if hasattr(k, "schedules") else {}).items():
+        base_timer, _ = timer_for(t)
+        r = measure.ratio(*measure.ab_rounds(launch_timer, base_timer, rounds))
+        row["baselines"][label] = {"us": r["b_us"], "ratio": r["ratio"], "ratio_ci": r["ratio_ci"]}
+        keep.append((t, base_timer))
     if trace:
         row["trace"] = trace_key(k, x, peers)
     del keep
     torch.cuda.synchronize()
     return row
+
+
+def step_breakdown(k, step_us: float, rounds: int, copy_tb_s: float | None) -> dict:
+    """Where a timed step's time goes: each part's launch timed alone as bench times a launch (its weights
+    rotated past the L2), their sum per kind and its share of the step, and the gaps (the step less the sum of
+    its parts: below 0 where the chained launches overlap); tokens per second per rank."""
+    parts = []
+    for name, kind, t in k.timed_parts:
+        timer, copies = timer_for(t)
+        samples = [timer() for _ in range(max(3, rounds // 3))]
+        parts.append({"part": name, "kind": kind, "us": sorted(samples)[len(samples) // 2], "bytes": t.nbytes})
+        del timer  # its weight copies go with it
+        torch.cuda.empty_cache()
+    by_kind: dict[str, dict] = {}
+    for p in parts:
+        s = by_kind.setdefault(p["kind"], {"parts": 0, "us": 0.0, "bytes": 0})
+        s["parts"] += 1
+        s["us"] += p["us"]
+        s["bytes"] += p["bytes"]
+    for s in by_kind.values():
+        s["share"] = s["us"] / step_us
+        if copy_tb_s:
+            s["pct_copy"] = 100 * measure.floor_us(s["bytes"], copy_tb_s) / s["us"]
+    total = sum(p["us"] for p in parts)
+    return {
+        "parts": parts,
+        "by_kind": by_kind,
+        "parts_us": total,
+        "gaps_us": step_us - total,
+        "tokens_per_s": k.rows * 1e6 / step_us,
+    }
 
 
 def trace_key(k, x, peers) -> dict:
@@ -176,14 +220,19 @@ def _compile(job: tuple) -> str:
     model, kind, tp, rows, knobs, baselines, context = job
     from glm53ctl.kernels.checks import build_launches
     from glm53ctl.kernels.spec import load_model
-    from glm53ctl.tuning.knobs import defaults, resolve_grid
+    from glm53ctl.tuning.knobs import defaults, kind_knobs, resolve_grid
 
     spec = load_model(model)
     full = resolve_grid(defaults(kind) | knobs, "cuda")
-    for _, la in build_launches(spec, kind, tp, rows, full, context):
-        args = {n: (v.to("cuda") if isinstance(v, torch.Tensor) else v) for n, v in la.placeholder_args().items()}
-        la.kernel.warmup(**args, **la.constexprs(), **la.options(), grid=(la.grid,))
-    others = [b for b in baselines if b != "defaults"]
+    step = get_kind(kind).composite
+    # a step's other chain is timed beside it (`schedules`), inside a graph capture: compiled here first
+    variants = [full | {"chain": c} for c in kind_knobs(kind)["chain"].values] if step else [full]
+    for ks in variants:
+        for _, la in build_launches(spec, kind, tp, rows, ks, context):
+            args = {n: (v.to("cuda") if isinstance(v, torch.Tensor) else v) for n, v in la.placeholder_args().items()}
+            la.kernel.warmup(**args, **la.constexprs(), **la.options(), grid=(la.grid,))
+    # a step's baselines need every layer's weights: too much for each of several workers (compiled at bench)
+    others = [b for b in baselines if b != "defaults"] if not step else []
     if others:
         from glm53ctl.kernels.weights import Weights
 

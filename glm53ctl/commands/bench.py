@@ -14,7 +14,7 @@ import typer
 
 from glm53ctl.commands import Command
 from glm53ctl.commands.build import parse_list
-from glm53ctl.commands.keys import context_applies, refuse_steps
+from glm53ctl.commands.keys import context_applies, refuse_step_baselines
 from glm53ctl.errors import CheckFailed, UsageError
 from glm53ctl.output import Output, Progress, err_console
 
@@ -86,10 +86,10 @@ def bench(
     if as_json and markdown:
         raise UsageError("--json and --markdown: choose one")
     kinds = parse_list("--kind", kind, selectable_kinds(), default=kernel_kinds())
-    refuse_steps(kinds, "bench")
     tps = parse_list("--tp", tp, TP_WIDTHS, int)
     rowss = parse_list("--rows", rows, ROWS, int)
     baselines = parse_list("--baseline", baseline, BASELINES) if baseline is not None else []
+    refuse_step_baselines(kinds, baselines)
     contexts = _contexts(context, kinds)
     spec = load_model(model)
     for t in tps:
@@ -157,8 +157,12 @@ def bench(
     if markdown:
         sys.stdout.write(to_markdown(doc))
     else:
-        cols, table = _table(results, baselines, against)
+        cols, table = _table(results, against)
         o.table(f"bench {model} on {env['gpu_name']} (copy {bw:.2f} TB/s)", cols, table)
+        if not as_json:
+            for r in results:
+                if "parts" in r:
+                    sys.stdout.write("\n" + format_step(r))
     if trace and not as_json:
         for r in results:
             if r["trace"] is None:
@@ -237,7 +241,8 @@ def _summary_line(r: dict) -> str:
     return line
 
 
-def _table(results: list[dict], baselines: list[str], against: str | None):
+def _table(results: list[dict], against: str | None):
+    baselines = list(dict.fromkeys(b for r in results for b in r["baselines"]))  # a step adds its other chain
     cols = ["key", "µs", "floor µs", "% copy", "MB"] + [f"{b} µs (×)" for b in baselines]
     if against:
         cols += [f"{against} µs", "this/ref [95% CI]", "δ", "verdict"]
@@ -246,7 +251,10 @@ def _table(results: list[dict], baselines: list[str], against: str | None):
         row = [key_label(r), f"{r['us']:.1f}", f"{r.get('floor_us', 0):.1f}"]
         row += [f"{r.get('pct_copy', 0):.1f}", f"{r['bytes'] / 1e6:.1f}"]
         for b in baselines:
-            v = r["baselines"][b]
+            v = r["baselines"].get(b)
+            if v is None:
+                row.append("—")
+                continue
             bits = "" if v.get("bitwise_equal", True) else " NOT BITWISE"
             row.append(f"{v['us']:.1f} ({v['ratio']:.2f}×){bits}")
         if against:
@@ -261,9 +269,8 @@ def to_markdown(doc: dict) -> str:
     """The results as a markdown table with the environment, for a pull request or docs/perf/."""
     e = doc["environment"]
     results = doc["keys"]
-    baselines = list(results[0]["baselines"]) if results else []
     against = doc["against"]["ref"] if doc.get("against") else None
-    cols, rows = _table(results, baselines, against)
+    cols, rows = _table(results, against)
     lines = [
         f"`{e['command']}`",
         "",
@@ -279,6 +286,25 @@ def to_markdown(doc: dict) -> str:
     lines += ["| " + " | ".join(map(str, r)) + " |" for r in rows]
     rot = sorted({f"{r['kind']}: {r['copies']} copies of {r['rotates']}" for r in results})
     lines += ["", "Rotated past the L2: " + "; ".join(rot) + "."]
+    lines += ["\n" + format_step(r) for r in results if "parts" in r]
+    return "\n".join(lines) + "\n"
+
+
+def format_step(r: dict) -> str:
+    """Where a step's time goes: tokens per second per rank, each kind's launches timed alone (their sum, share
+    of the step and % of the copy bandwidth) and the gaps between them (the step less the sum of its parts)."""
+    us = r["us"]
+    lines = [
+        f"{key_label(r)}: {us:.1f} µs per step, {r['tokens_per_s']:.0f} tokens/s per rank; its {len(r['parts'])} "
+        f"launches timed alone sum to {r['parts_us']:.1f} µs (step / sum {us / r['parts_us']:.3f})",
+        "",
+        "| part | launches | µs (each alone, summed) | share of the step | % copy |",
+        "|---|---|---|---|---|",
+    ]
+    for kind, s in r["by_kind"].items():
+        pct = f"{s['pct_copy']:.1f}" if "pct_copy" in s else ""
+        lines.append(f"| {kind} | {s['parts']} | {s['us']:.1f} | {100 * s['share']:.1f}% | {pct} |")
+    lines.append(f"| gaps (step − sum) | | {r['gaps_us']:.1f} | {100 * r['gaps_us'] / us:.1f}% | |")
     return "\n".join(lines) + "\n"
 
 
@@ -310,3 +336,54 @@ def _save(folder: Path, doc: dict) -> None:
 
     write_atomic_with(path, write)
     err_console.print(f"saved {path}")
+    for r in doc["keys"]:
+        if "parts" in r:  # a step: where its time goes, as a picture beside the JSON
+            label = key_label(r).replace(" ", "-").lower()
+            picture = path.with_name(f"{path.stem}-{label}.svg")
+            write_atomic_with(picture, lambda tmp, r=r: tmp.write_text(step_picture(r)))
+            err_console.print(f"saved {picture}")
+
+
+KIND_COLOURS = {"embed": "#8c8c8c", "dense": "#4c72b0", "kda": "#55a868", "sparse": "#c44e52", "tail": "#8172b2"}
+
+
+def step_picture(r: dict) -> str:
+    """Where a step's time goes, as an SVG: the step as one bar, each part's launch (timed alone) a segment in
+    step order coloured by its kind, then the gaps; below it the floor (every byte at the copy bandwidth) on the
+    same scale; a legend with each kind's sum and share."""
+    width, left, bar = 900, 10, 28
+    scale = (width - 2 * left) / max(r["us"], r["parts_us"], r.get("floor_us", 0))
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{130 + 18 * len(r["by_kind"])}" '
+        'font-family="sans-serif" font-size="12">',
+        f'<text x="{left}" y="16">{key_label(r)}: {r["us"]:.0f} µs per step ({r["tokens_per_s"]:.0f} tokens/s per '
+        f"rank), {r.get('pct_copy', 0):.1f}% of the copy bandwidth</text>",
+    ]
+    x = left
+    for p in r["parts"]:
+        w = p["us"] * scale
+        colour = KIND_COLOURS.get(p["kind"], "#dd8452")
+        out.append(
+            f'<rect x="{x:.2f}" y="26" width="{w:.2f}" height="{bar}" fill="{colour}" stroke="white" '
+            f'stroke-width="0.3"><title>{p["part"]} ({p["kind"]}): {p["us"]:.1f} µs</title></rect>'
+        )
+        x += w
+    if r["gaps_us"] > 0:
+        out.append(
+            f'<rect x="{x:.2f}" y="26" width="{r["gaps_us"] * scale:.2f}" height="{bar}" fill="#f0e442">'
+            f"<title>gaps: {r['gaps_us']:.1f} µs</title></rect>"
+        )
+    if "floor_us" in r:
+        out.append(f'<rect x="{left}" y="{34 + bar}" width="{r["floor_us"] * scale:.2f}" height="10" fill="#333"/>')
+        out.append(
+            f'<text x="{left}" y="{60 + bar}">floor: {r["floor_us"]:.0f} µs (the step\'s bytes at the copy '
+            "bandwidth)</text>"
+        )
+    y = 84 + bar
+    for kind, s in list(r["by_kind"].items()) + [("gaps", {"us": r["gaps_us"], "share": r["gaps_us"] / r["us"]})]:
+        colour = KIND_COLOURS.get(kind, "#f0e442")
+        n = f"{s['parts']} × " if "parts" in s else ""
+        out.append(f'<rect x="{left}" y="{y - 10}" width="10" height="10" fill="{colour}"/>')
+        out.append(f'<text x="{left + 16}" y="{y}">{n}{kind}: {s["us"]:.0f} µs ({100 * s["share"]:.1f}%)</text>')
+        y += 18
+    return "\n".join(out + ["</svg>"]) + "\n"

@@ -26,12 +26,31 @@ def context_of(kind: str, context: int | None) -> int | None:
 
 
 def refuse_steps(kinds: list[str], verb: str) -> None:
-    """A step of many launches (`model`) is not timed or tuned yet: a clear error, not a traceback."""
+    """A step of many launches (`model`) is not tuned (its parts are, as their kinds; bench times its `chain`
+    knob beside it): a clear error, not a traceback."""
     from glm53ctl.kernels.kinds import get_kind
 
     steps = [k for k in kinds if get_kind(k).composite]
     if steps:
         raise UsageError(
-            f"{verb} of {', '.join(steps)}: a whole step is not timed yet (its parts are: {verb} their kinds)",
-            hint="glm53ctl bench --kind dense,kda,sparse,tail",
+            f"{verb} of {', '.join(steps)}: a whole step is not tuned (its parts are: {verb} their kinds; "
+            "bench --kind model times its chain knob beside the step)",
+            hint="glm53ctl tune --kind dense,kda,sparse,tail",
+        )
+
+
+# what a whole step (`model`) is timed beside: its parts' own baselines are their kinds' (bench them)
+STEP_BASELINES = ("torch", "compile")
+
+
+def refuse_step_baselines(kinds: list[str], baselines: list[str]) -> None:
+    from glm53ctl.kernels.kinds import get_kind
+
+    steps = [k for k in kinds if get_kind(k).composite]
+    other = [b for b in baselines if b not in STEP_BASELINES]
+    if steps and other:
+        raise UsageError(
+            f"--baseline {','.join(other)}: not for {', '.join(steps)} (a step is timed beside "
+            f"{' and '.join(STEP_BASELINES)}; its parts' launches beside theirs as their kinds)",
+            hint="glm53ctl bench --kind dense,kda,sparse,tail --baseline separate",
         )

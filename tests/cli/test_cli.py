@@ -57,8 +57,8 @@ def test_timing_commands_need_a_gpu(capsys, name, monkeypatch):
         (["bench", "--kind", "sparse", "--context", "4K"], "--context '4K'"),
         (["bench", "--kind", "sparse", "--context", "-1"], "--context '-1'"),
         (["tune", "--tp", "4", "--rows", "2", "--kind", "kda", "--context", "8"], "not to kda"),
-        (["bench", "--kind", "model"], "a whole step is not timed yet"),
-        (["tune", "--tp", "4", "--rows", "1", "--kind", "model"], "a whole step is not timed yet"),
+        (["bench", "--kind", "model", "--baseline", "separate"], "--baseline separate: not for model"),
+        (["tune", "--tp", "4", "--rows", "1", "--kind", "model"], "a whole step is not tuned"),
     ],
 )
 def test_timing_commands_check_their_options_first(capsys, args, says):

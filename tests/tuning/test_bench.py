@@ -111,6 +111,64 @@ def test_markdown_names_the_environment_and_every_key():
     assert "2 copies of rank 0's layer weights" in md
 
 
+def test_a_step_says_where_its_time_goes():
+    """A step's row (bench --kind model): the table gains its other chain as a column (a dash where a key has
+    none), the breakdown per kind with the gaps, and a well-formed picture with a segment per part."""
+    import xml.dom.minidom
+
+    from glm53ctl.commands.bench import _table, format_step, step_picture
+    from glm53ctl.kernels.kinds.model import KNOBS
+
+    parts = [
+        {"part": "embed", "kind": "embed", "us": 5.0, "bytes": 1e5},
+        {"part": "layers.0", "kind": "kda", "us": 60.0, "bytes": 80e6},
+        {"part": "layers.1", "kind": "sparse", "us": 200.0, "bytes": 100e6},
+        {"part": "tail", "kind": "tail", "us": 50.0, "bytes": 150e6},
+    ]
+    row = {
+        "kind": "model",
+        "tp": 8,
+        "rows": 1,
+        "context": 4096,
+        "us": 320.0,
+        "floor_us": 80.0,
+        "pct_copy": 25.0,
+        "bytes": 330e6,
+        "tokens_per_s": 1e6 / 320.0,
+        "parts": parts,
+        "parts_us": 315.0,
+        "gaps_us": 5.0,
+        "by_kind": {p["kind"]: {"parts": 1, "us": p["us"], "share": p["us"] / 320.0} for p in parts},
+        "baselines": {"chain=pdl": {"us": 330.0, "ratio": 1.03, "ratio_ci": (1.02, 1.04)}},
+    }
+    other = dict(row, kind="tail", context=None, baselines={})
+    cols, rows = _table([row, other], None)
+    assert cols[-1] == "chain=pdl µs (×)" and rows[0][-1] == "330.0 (1.03×)" and rows[1][-1] == "—"
+    text = format_step(row)
+    assert "model TP8 r1 4K: 320.0 µs per step, 3125 tokens/s per rank" in text
+    assert "| sparse | 1 | 200.0 | 62.5% |" in text and "| gaps (step − sum) | | 5.0 | 1.6% | |" in text
+    svg = step_picture(row)
+    xml.dom.minidom.parseString(svg)
+    assert svg.count("<title>layers.") == 2 and "floor: 80 µs" in svg
+    assert {k.name: k.default for k in KNOBS} == {"chain": "stream"}
+
+
+def test_a_steps_launches_chain_as_its_knob_says():
+    """`chain pdl`: every part's own launch made chained by programmatic dependent launch (a peer's launch, the
+    emulation, never); `stream` (the default): none."""
+    from glm53ctl.kernels.kinds.model.harness import ModelHarness
+
+    spec = load_model("tiny")
+    for chain, want in (("pdl", True), ("stream", False)):
+        launches = ModelHarness.build_launches(spec, 2, 1, {"chain": chain, "grid": 0})
+        assert sum(n.endswith(".launch") for n, _ in launches) == spec.model.num_layers + 2
+        assert any(n.endswith(".peer") for n, _ in launches)
+        assert {n: la.pdl for n, la in launches if n.endswith(".launch")} == {
+            n: want for n, la in launches if n.endswith(".launch")
+        }
+        assert not any(la.pdl for n, la in launches if n.endswith(".peer"))
+
+
 def test_a_trial_is_checked_as_its_knobs_class_asks(weights):
     """tune's evaluator on the interpreter: a schedule knob must keep every bit (oproj_first does), a numeric
     knob must stay within the reference bounds (block_k does); a launch that changes a bit under a schedule knob

@@ -69,7 +69,14 @@ class DenseHarness(KindHarness):
         self.layer = layer_for(spec, self.kind, layer)
         fold = folds(knobs["norm"], rows, spec.mhc.streams)
         ffn = self.FFN
-        self.w = [prepare_weights(weights.layer(self.layer, r, tp), spec, tp, device, fold, ffn) for r in range(tp)]
+        src = weights.source_layer(self.layer)
+        self.w = [
+            weights.prepared(
+                (src, r, tp, str(device), fold, ffn, "kda"),
+                lambda r=r: prepare_weights(weights.layer(self.layer, r, tp), spec, tp, device, fold, ffn),
+            )
+            for r in range(tp)
+        ]
         self.launch = DenseLaunch(spec, tp, rows, knobs, device, ffn=ffn)
         if tp > 1:
             self.attn = [DenseLaunch(spec, tp, rows, knobs, device, rank=q, mode="attn", ffn=ffn) for q in range(tp)]
@@ -147,7 +154,7 @@ class DenseHarness(KindHarness):
         moved = nbytes(*w.values()) + 2 * nbytes(conv, S) + nbytes(x.H) + nbytes(*launch.out.values())
         moved += 2 * (self.tp - 1) * self.rows * self.spec.hidden * 4
         call = lambda c: launch(x.H, c, conv, S, check=False)
-        return Timed(call, cloned(w), nbytes(*w.values()), moved, "rank 0's layer weights")
+        return Timed(call, cloned(w), nbytes(*w.values()), moved, "rank 0's layer weights", launch.out["H"])
 
     def stock(self, x: LayerInput, peers: DensePeers | None) -> Timed:
         """Rank 0's share of the layer as stock PyTorch ops in bf16 (the reference's ops), the peers' partials
@@ -163,7 +170,7 @@ class DenseHarness(KindHarness):
         w0 = self.stock_weights()
         attn_w = lambda w: {n.removeprefix("self_attn."): t for n, t in w.items() if n.startswith("self_attn.")}
 
-        def call(w):
+        def call(w, H=H):
             xh, post, comb = gate(
                 H, w["hc_attn_fn"], w["hc_attn_base"], w["hc_attn_scale"], w["input_layernorm.weight"], spec, num
             )

@@ -71,6 +71,7 @@ class EmbedHarness(KindHarness):
             row_bytes,
             moved,
             "token ids (each set gathers R other rows; the table's rows warm in the L2)",
+            out,
         )
 
     def stock(self, x: torch.Tensor, peers: torch.Tensor | None) -> Timed:

@@ -1,10 +1,24 @@
 """The `model` kind: one whole decode step (embed, the model's layers in order, tail). Its facts.
 
 A step is its parts' launches chained on one stream (`harness.py`): each part its own kind's launch with that
-kind's knobs (tuned file, defaults), so the step takes only the runtime's `grid`, handed to every part.
+kind's knobs (tuned file, defaults), so the step takes the runtime's `grid`, handed to every part, and how the
+parts' launches chain.
 """
 
-KNOBS = ()
+from glm53ctl.tuning.knobs import Knob
+
+# chain: plain stream order measured 1.1% (TP8 rows 1) and 0.7% (rows 8) faster than PDL on the H200 at 4K
+# (docs/perf/model.md): a persistent launch fills every SM, so the next one cannot start early anyway
+KNOBS = (
+    Knob(
+        "chain",
+        ("pdl", "stream"),
+        "stream",
+        "schedule",
+        "the parts' launches one after another on the stream (stream), or chained by programmatic dependent "
+        "launch (pdl): each starts while the one before ends, asks L2 for its first weights, then waits for it",
+    ),
+)
 RUNTIME = ("grid",)
 RUNTIME_DEFAULTS: dict = {}
 # the bounds of a step's outputs by the name's end: each layer's H, the states it writes, the logits (harness.py

@@ -91,8 +91,13 @@ class SparseHarness(KdaHarness):
             check_contexts(spec, rows) if context is None else row_contexts(context, rows, spec.indexer.kpool)
         )
         self.slots = room(spec, max(self.contexts) + steps)
+        src = weights.source_layer(self.layer)
         self.w = [
-            prepare_weights(weights.layer(self.layer, r, tp), spec, tp, device, False, "moe", "mla") for r in range(tp)
+            weights.prepared(
+                (src, r, tp, str(device), False, "moe", "mla"),
+                lambda r=r: prepare_weights(weights.layer(self.layer, r, tp), spec, tp, device, False, "moe", "mla"),
+            )
+            for r in range(tp)
         ]
         mk = lambda **kw: SparseLaunch(spec, tp, rows, knobs, device, slots=self.slots, **kw)  # noqa: E731
         self.launch = mk()
@@ -259,7 +264,7 @@ class SparseHarness(KdaHarness):
         moved = weights + reads + writes + nbytes(x.H) + nbytes(*launch.out.values())
         moved += 2 * (self.tp - 1) * self.rows * spec.hidden * 4
         call = lambda c: launch(x.H, c, cache, pos, check=False)  # noqa: E731
-        return Timed(call, cloned(w), weights, moved, "rank 0's layer weights")
+        return Timed(call, cloned(w), weights, moved, "rank 0's layer weights", launch.out["H"])
 
     def stock_attention(self, x: SparseInput):
         """The attention half of `stock`: MLA and the indexer in stock ops a CUDA graph captures

@@ -53,7 +53,8 @@ class TailHarness(KindHarness):
         out = torch.empty(self.rows, launch.width, dtype=torch.float32, device=self.device)
         call = lambda c: launch(x, self.norm, c["lm_head"], peers, out=out, check=False)
         moved = nbytes(self.shards[0], x, self.norm, out) + (nbytes(peers) if peers is not None else 0)
-        return Timed(call, cloned({"lm_head": self.shards[0]}), nbytes(self.shards[0]), moved, "rank 0's lm_head")
+        lm = {"lm_head": self.shards[0]}
+        return Timed(call, cloned(lm), nbytes(self.shards[0]), moved, "rank 0's lm_head", out)
 
     def stock(self, x: torch.Tensor, peers: torch.Tensor | None) -> Timed:
         """Rank 0's tail as stock PyTorch ops in bf16, the peers' logits gathered."""
@@ -62,7 +63,7 @@ class TailHarness(KindHarness):
         x, num, eps = x.to(self.device), bf16_numerics(), self.spec.model.rms_norm_eps
         others = list(peers.unbind(0)) if peers is not None else []
 
-        def call(w):
+        def call(w, x=x):
             h_hat = final_norm(x, self.norm, eps, num)
             return torch.cat([logits_shard(h_hat, w["lm_head"], num).float(), *others], dim=-1)
 

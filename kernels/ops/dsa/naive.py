@@ -8,6 +8,7 @@ Everything is functional: inputs are never written, updated caches come back as 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -116,9 +117,12 @@ def select_token_rows(scores: torch.Tensor, n: torch.Tensor, spec: ModelSpec) ->
 SELECT_TIE = 1e-3
 
 
-def follow_selection(scores: torch.Tensor, n: torch.Tensor, spec: ModelSpec, own, theirs) -> torch.Tensor:
+def follow_selection(
+    scores: torch.Tensor, n: torch.Tensor, spec: ModelSpec, own, theirs, tie: float = 1.0
+) -> torch.Tensor:
     """Per row, the launch's tokens `theirs` [R, W] where they take pools tying the reference's own choice `own`
-    (SELECT_TIE), else the reference's."""
+    (SELECT_TIE times `tie`; infinite: wherever they are whole pools laid out as a selection), else the
+    reference's."""
     from glm53ctl.kernels.ops.ffn.naive import near_tie
 
     kp, W = spec.indexer.kpool, spec.index_width
@@ -135,7 +139,8 @@ def follow_selection(scores: torch.Tensor, n: torch.Tensor, spec: ModelSpec, own
         laid_out = torch.equal(theirs[r, :n_tok], (took[0, :, None] * kp + arange).flatten())
         laid_out &= bool((took[0, 1:] > took[0, :-1]).all()) and bool((took >= 0).all())
         tail_same = torch.equal(own[r, n_tok:], theirs[r, n_tok:W])
-        tol = SELECT_TIE * s.abs().max().reshape(1)
+        # (an infinite tie takes any laid-out selection, also where every score is 0)
+        tol = SELECT_TIE * tie * s.abs().max().reshape(1) if math.isfinite(tie) else torch.full_like(s[:, 0], math.inf)
         if laid_out and tail_same and bool(near_tie(s, mine, took, tol)[0]):
             out[r] = theirs[r]
     return out
@@ -165,9 +170,10 @@ def dsa_attention(
     spec: ModelSpec,
     num: Numerics,
     follow: torch.Tensor | None = None,
+    tie: float = 1.0,
 ) -> DsaOut:
     """One decode step of rows at positions pos [R] (tokens cached before it); writes slot pos. `follow`: a
-    launch's selection [R, W], taken for the rows where it ties the reference's (SELECT_TIE)."""
+    launch's selection [R, W], taken for the rows where it ties the reference's (`follow_selection`)."""
     kp = spec.indexer.kpool
     R = x_hat.shape[0]
     assert pos.shape == (R,) and int(pos.min()) >= 0 and int(pos.max()) < cache.latent.shape[1]
@@ -196,7 +202,7 @@ def dsa_attention(
     scores = index_scores(qi, w, pooled_key[:, : int(n.max()) // kp], spec)  # [R, max P]
     idx = select_token_rows(scores, n, spec)  # [R, W]
     if follow is not None:
-        idx = follow_selection(scores, n, spec, idx, follow)
+        idx = follow_selection(scores, n, spec, idx, follow, tie)
 
     q_lat = num.store(torch.einsum("rhd,hdc->rhc", q, W_UK))  # [R, H, kv_lora], handed to attention in bf16
     # docs/model.md §9 #9: the combined o_lat is handed on in bf16

@@ -46,9 +46,10 @@ def near_tie(scores: torch.Tensor, own: torch.Tensor, theirs: torch.Tensor, tol:
     return ok & (added >= left - tol)
 
 
-def route(x_hat, w_router, bias, spec, num: Numerics, follow: torch.Tensor | None = None):
+def route(x_hat, w_router, bias, spec, num: Numerics, follow: torch.Tensor | None = None, tie: float = 1.0):
     """Sigmoid router, noaux_tc: experts chosen by s + bias, weighted by s alone (trap 9). `follow`: a launch's
-    ids [R, top_k], taken for the rows where they tie the reference's choice (ROUTE_TIE).
+    ids [R, top_k], taken for the rows where they tie the reference's choice (ROUTE_TIE times `tie`; infinite:
+    wherever they are k distinct experts in range).
 
     Returns ids [R, top_k] (ascending) and weights [R, top_k] that sum to routed_scaling_factor.
     """
@@ -67,21 +68,23 @@ def route(x_hat, w_router, bias, spec, num: Numerics, follow: torch.Tensor | Non
     ids = topk_ordered(s_b, moe.top_k).sort(dim=-1).values
     if follow is not None:
         theirs = follow.to(ids.device, torch.long).sort(dim=-1).values
-        tie = near_tie(s_b, ids, theirs, torch.full(ids.shape[:1], ROUTE_TIE, dtype=s_b.dtype, device=ids.device))
-        ids = torch.where(tie[:, None], theirs, ids)
+        tol = torch.full(ids.shape[:1], ROUTE_TIE * tie, dtype=s_b.dtype, device=ids.device)
+        ids = torch.where(near_tie(s_b, ids, theirs, tol)[:, None], theirs, ids)
     chosen = s.gather(1, ids)
     weights = chosen / (chosen.sum(-1, keepdim=True) + 1e-20) * moe.routed_scaling_factor
     return ids, num.c(weights)
 
 
-def moe(x_hat, weights: Mapping[str, torch.Tensor], spec, num: Numerics, follow: torch.Tensor | None = None):
+def moe(x_hat, weights: Mapping[str, torch.Tensor], spec, num: Numerics, follow: torch.Tensor | None = None, tie=1.0):
     """Routed experts (weighted) plus the shared expert (unscaled), accumulated in the compute dtype.
 
     `weights` holds this rank's shards: gate.*, experts.{e}.{gate,up,down}_proj.weight,
     shared_experts.*. Returns (partial [R, D], ids, routing weights).
     """
     lim = spec.moe.swiglu_limit
-    ids, w = route(num.c(x_hat), weights["gate.weight"], weights["gate.e_score_correction_bias"], spec, num, follow)
+    ids, w = route(
+        num.c(x_hat), weights["gate.weight"], weights["gate.e_score_correction_bias"], spec, num, follow, tie
+    )
     out = swiglu_mlp(
         x_hat,
         weights["shared_experts.gate_proj.weight"],
