@@ -154,7 +154,8 @@ def fault_key(
     process ends (a hung GPU launch cannot be recovered from inside it)."""
     spec = weights.spec
     res = FaultResult(key_name(spec.name, kind, tp, rows))
-    k = make_harness(weights, kind, tp, rows, {}, device)
+    # a whole step (`model`): one step a launch (a check runs two; a stuck site is in the first anyway)
+    k = make_harness(weights, kind, tp, rows, {}, device, **({"steps": 1} if get_kind(kind).composite else {}))
     x = k.inputs(key_seed(0, res.key))[0].to(k.device)
     peers = k.peer_partials(x)
     clean = k(x, peers, poison=True)
@@ -202,3 +203,73 @@ def _hang(key: str, site: int, wall_s: float) -> None:
 
 
 __all__ = ["CheckResult", "FaultResult", "build_launches", "check_key", "fault_key", "launch_outputs", "make_harness"]
+
+
+# real ranks (kernels/runtime/ranks.py): `check --gpus T` and `fault --gpus T`
+
+# what a rank's process takes before its first launch (torch and Triton imported, weights drawn): not a hang
+STARTUP_S = 180.0
+
+
+def _on_ranks(weights: Weights, kind: str, tp: int, rows: int, device, seed: int, launches: int):
+    """A key's one-device harness (the emulation), its seeded inputs for `launches` launches, the emulation's
+    outputs for each, and what the ranks are given of the inputs."""
+    k = make_harness(weights, kind, tp, rows, None, device)
+    xs = k.inputs(key_seed(seed, key_name(weights.spec.name, kind, tp, rows)), steps=launches)
+    want = [{n: t.cpu() for n, t in k(x).items()} for x in xs]
+    return xs, want, [x.tolist() for x in xs]
+
+
+def ranks_key(weights: Weights, kind: str, tp: int, rows: int, seed: int, device, launches: int = 3) -> dict:
+    """The key on T real ranks, one process each (a GPU each, or on a CPU a process each under the interpreter),
+    `launches` launches in a row from the key's seeded inputs: every rank's every output bitwise equal to the
+    one-device emulation's (`check --gpus T`)."""
+    from glm53ctl.kernels.runtime.ranks import RankLayout, run_ranks
+
+    layout = RankLayout(tp, tp, torch.device(device).type)
+    _, want, given = _on_ranks(weights, kind, tp, rows, device, seed, launches)
+    fn = get_kind(kind).load_ranks()
+    out = run_ranks(layout, fn, weights.spec.name, tp, rows, given, {}, [], None)
+    problems = []
+    for r, per_launch in enumerate(out):
+        for i, got in enumerate(per_launch):
+            if not isinstance(got, dict):
+                problems.append(f"rank {r} launch {i}: {got}")
+            elif not outputs_equal(got, want[i]):
+                names = [n for n in want[i] if n not in got or not torch.equal(got[n], want[i][n])]
+                problems.append(f"rank {r} launch {i}: {', '.join(names)} differ from the emulation")
+    name = key_name(weights.spec.name, kind, tp, rows)
+    n = tp * launches
+    return {"key": name, "ranks": tp, "launches": n, "equal": n - len(problems), "problems": problems}
+
+
+def ranks_fault_key(weights: Weights, kind: str, tp: int, rows: int, device, budget_ns: int, wall_s: float) -> dict:
+    """Each rank in turn never publishes (its launch runs; its tag never goes out): every other rank's launch
+    raises LaunchFault naming that peer, no rank hangs (`wall_s` for the whole run), and the next launch on every
+    rank gives the emulation's bits (`fault --gpus T`)."""
+    from glm53ctl.kernels.runtime.ranks import RankFailed, RankLayout, run_ranks
+
+    layout = RankLayout(tp, tp, torch.device(device).type)
+    _, want, given = _on_ranks(weights, kind, tp, rows, device, 0, 1)
+    fn = get_kind(kind).load_ranks()
+    named = hangs = clean = 0
+    problems = []
+    for q in range(tp):
+        try:
+            args = (weights.spec.name, tp, rows, given * 2, {}, [q, -1], budget_ns)
+            out = run_ranks(layout, fn, *args, timeout_s=STARTUP_S + 2 * wall_s)
+        except RankFailed as e:
+            hangs += "did not finish" in str(e)
+            problems.append(f"peer {q} mute: {e}")
+            continue
+        said = [out[r][0] for r in range(tp) if r != q]
+        if all(isinstance(s, str) and f"waited for peer rank {q} (" in s for s in said):
+            named += 1
+        else:
+            problems.append(f"peer {q} mute: not named by every other rank: {said}")
+        if all(isinstance(out[r][1], dict) and outputs_equal(out[r][1], want[0]) for r in range(tp)):
+            clean += 1
+        else:
+            problems.append(f"peer {q} mute: the next launch is not the emulation's on every rank")
+    name = key_name(weights.spec.name, kind, tp, rows)
+    return {"key": name, "peers": tp, "named": named, "hangs": hangs, "retries_equal": clean, "problems": problems}

@@ -39,6 +39,41 @@ def register(app: typer.Typer) -> None:
     app.command(name="fault", cls=Command)(fault)
 
 
+GpusOpt = Annotated[
+    int,
+    typer.Option(
+        "--gpus",
+        min=1,
+        help="Ranks in processes of their own: 1 is the one-device emulation (the default); T runs TP-T keys on "
+        "T GPUs, one rank each (on a CPU, T processes under the interpreter), against the emulation.",
+    ),
+]
+
+
+def _real_ranks(gpus: int, kind, tp, rows) -> None:
+    """--gpus T: every selected key at TP T, and every kind one that runs on real ranks (before torch loads)."""
+    from glm53ctl.kernels.kinds import KINDS, get_kind, selectable_kinds
+    from glm53ctl.kernels.spec import ROWS, TP_WIDTHS
+
+    if gpus not in TP_WIDTHS:
+        raise UsageError(f"--gpus {gpus}: one rank per GPU at a TP width ({', '.join(map(str, TP_WIDTHS))})")
+    if tp is None:
+        raise UsageError(f"--gpus {gpus}: say the TP width too (--tp {gpus}): one rank per GPU")
+    wrong = [t for t in parse_list("--tp", tp, TP_WIDTHS, int) if t != gpus]
+    if wrong:
+        raise UsageError(f"--gpus {gpus} runs TP{gpus} keys, one rank per GPU; --tp asks for TP{wrong[0]}")
+    # without --kind: the kinds that run on real ranks
+    for k in parse_list("--kind", kind, selectable_kinds(), default=tuple(n for n, k in KINDS.items() if k.ranks)):
+        get_kind(k).load_ranks()
+    parse_list("--rows", rows, ROWS, int)
+
+
+def _ranks_kinds() -> str:
+    from glm53ctl.kernels.kinds import KINDS
+
+    return ",".join(n for n, k in KINDS.items() if k.ranks)
+
+
 AllKeysOpt = Annotated[
     bool,
     typer.Option("--all-keys", help="On a CPU, every TP x rows key (default there: each TP and each rows once)."),
@@ -94,16 +129,26 @@ def check(
         int, typer.Option("--jobs", "-j", help="Worker processes on a CPU (default: one per core); 1 on a GPU.")
     ] = 0,
     all_keys: AllKeysOpt = False,
+    gpus: GpusOpt = 1,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Every output's error in the table.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Accuracy against the reference, determinism, invariants; with --against, bitwise equality with REF."""
+    """Accuracy against the reference, determinism, invariants; with --against, bitwise equality with REF; with
+    --gpus T, every rank's outputs on real ranks bitwise equal to the one-device emulation."""
     o = Output(as_json)
     if context is not None:  # before torch is imported: a usage error costs no seconds
         from glm53ctl.kernels.kinds import kernel_kinds, selectable_kinds
 
         context_applies(parse_list("--kind", kind, selectable_kinds(), default=kernel_kinds()), True)
+    if gpus > 1:
+        if against is not None or context is not None or save is not None:
+            raise UsageError("--gpus takes no --against, --context or --save yet")
+        _real_ranks(gpus, kind, tp, rows)
+        kind = kind or _ranks_kinds()
     device, weights, keys = _setup(model, kind, tp, rows, all_keys)  # first: it may select the interpreter
+    if gpus > 1:
+        _check_ranks(o, weights, keys, seed, device)
+        return
     jobs = _jobs(jobs, device, keys)
     if save is not None:  # the other side of --against: outputs only, in this tree's process
         _save_outputs(weights, keys, seed, device, save, context)
@@ -125,6 +170,35 @@ def check(
     )
     o.text(summary)
     if passed < len(results):
+        raise CheckFailed(summary)
+
+
+def _check_ranks(o: Output, weights, keys, seed: int, device: str) -> None:
+    """`check --gpus T`: each key on T real ranks against the one-device emulation, bit for bit."""
+    from glm53ctl.kernels.checks import ranks_key
+
+    err_console.print(f"running {len(keys)} keys of {weights.spec.name} on real ranks ({device})", highlight=False)
+    progress = Progress(len(keys))
+    results = []
+    for k, t, r in keys:
+        row = ranks_key(weights, k, t, r, seed, device)
+        row["ok"] = not row["problems"]
+        results.append(row)
+        line = f"{'ok  ' if row['ok'] else 'FAIL'} {row['key']}: {row['equal']}/{row['launches']} bitwise equal"
+        err_console.print(progress.line(line), highlight=False)
+    equal, total = sum(r["equal"] for r in results), sum(r["launches"] for r in results)
+    summary = f"{equal} of {total} rank launches bitwise equal to the one-device emulation"
+    o.json({"device": device, "model": weights.spec.name, "seed": seed, "summary": summary, "keys": results})
+    o.table(
+        f"check {weights.spec.name} on real ranks ({device})",
+        ["key", "ranks", "rank launches", "bitwise equal", "result"],
+        [
+            (r["key"], r["ranks"], r["launches"], r["equal"], "ok" if r["ok"] else "FAIL: " + r["problems"][0])
+            for r in results
+        ],
+    )
+    o.text(summary)
+    if equal < total:
         raise CheckFailed(summary)
 
 
@@ -387,16 +461,26 @@ def fault(
         int, typer.Option("--jobs", "-j", help="Worker processes on a CPU (default: one per core); 1 on a GPU.")
     ] = 0,
     all_keys: AllKeysOpt = False,
+    gpus: GpusOpt = 1,
     list_sites: Annotated[bool, typer.Option("--list", help="List the keys and their sites; stick nothing.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Stick each guarded wait on purpose: LaunchFault names it, nothing hangs, the retry is bitwise clean."""
+    """Stick each guarded wait on purpose: LaunchFault names it, nothing hangs, the retry is bitwise clean. With
+    --gpus T, each rank in turn never publishes: every other rank names it, nothing hangs, the retry is clean."""
     if site is not None and all_sites:
         raise UsageError("--site and --all exclude each other")
     if not (0 < budget_ms < 1e6 and 0 < wall_s < 1e6):  # NaN and inf fail too
         raise UsageError("--budget-ms and --wall-s must be positive and finite (under 10^6)")
+    if gpus > 1:
+        if site is not None or list_sites:
+            raise UsageError("--gpus sticks a peer's publish, not a site: no --site or --list with it")
+        _real_ranks(gpus, kind, tp, rows)
+        kind = kind or _ranks_kinds()
     o = Output(as_json)
     device, weights, keys = _setup(model, kind, tp, rows, all_keys)  # first: it may select the interpreter
+    if gpus > 1:
+        _fault_ranks(o, weights, keys, device, int(budget_ms * 1e6), wall_s)
+        return
     sites = {key: _site_count(weights.spec, *key, device) for key in keys}  # the tables alone: no launch
     if list_sites:
         rows_ = [{"key": _key_name(weights, *key), "sites": n} for key, n in sites.items()]
@@ -440,6 +524,46 @@ def fault(
                 r["retries_equal"],
                 f"{r['worst_s'] * 1e3:.1f} ms",
                 "ok" if r["ok"] else "FAIL: " + "; ".join(r["problems"][:3]),
+            )
+            for r in results
+        ],
+    )
+    o.text(summary)
+    if not all(r["ok"] for r in results):
+        raise CheckFailed(summary)
+
+
+def _fault_ranks(o: Output, weights, keys, device: str, budget_ns: int, wall_s: float) -> None:
+    """`fault --gpus T`: per key, each rank in turn never publishes its tag."""
+    from glm53ctl.kernels.checks import ranks_fault_key
+
+    err_console.print(
+        f"muting each rank of {len(keys)} keys of {weights.spec.name} in turn ({device})", highlight=False
+    )
+    progress = Progress(len(keys))
+    results = []
+    for k, t, r in keys:
+        row = ranks_fault_key(weights, k, t, r, device, budget_ns, wall_s)
+        row["ok"] = not row["problems"]
+        results.append(row)
+        err_console.print(progress.line(f"{'ok  ' if row['ok'] else 'FAIL'} {row['key']}"), highlight=False)
+    tot = {f: sum(r[f] for r in results) for f in ("peers", "named", "hangs", "retries_equal")}
+    summary = (
+        f"{tot['peers']} peers muted, {tot['named']} named by every other rank, {tot['hangs']} hangs, "
+        f"{tot['retries_equal']} retries bitwise equal on every rank"
+    )
+    o.json({"device": device, "model": weights.spec.name, "summary": summary, "totals": tot, "keys": results})
+    o.table(
+        f"fault {weights.spec.name} on real ranks ({device})",
+        ["key", "peers muted", "named", "hangs", "retries equal", "result"],
+        [
+            (
+                r["key"],
+                r["peers"],
+                r["named"],
+                r["hangs"],
+                r["retries_equal"],
+                "ok" if r["ok"] else "FAIL: " + r["problems"][0],
             )
             for r in results
         ],

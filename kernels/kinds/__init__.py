@@ -36,6 +36,9 @@ class Kind:
     knobs: tuple = ()  # its own knobs (tuning.knobs.Knob)
     runtime: tuple[str, ...] = ()  # the runtime's knobs it takes (tuning.knobs.RUNTIME_KNOBS)
     runtime_defaults: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
+    # "module:function" of what one rank's process runs with real ranks (kernels/runtime/ranks.py); None: the
+    # kind runs on one device only (its peers emulated) so far
+    ranks: str | None = None
 
     @property
     def has_kernels(self) -> bool:
@@ -48,6 +51,16 @@ class Kind:
         if self.harness is None:
             raise UsageError(f"the Triton backend has no {self.name} launch yet", hint=f"kinds with kernels: {names()}")
         return _load(self.harness)
+
+    def load_ranks(self):
+        """What one rank runs with real ranks: `fn(group, model, tp, rows, inputs, knobs, mute, budget_ns)` -> per
+        launch its outputs (a dict) or its fault in words (kernels/kinds/embed/ranks.py)."""
+        from glm53ctl.errors import UsageError
+
+        if self.ranks is None:
+            real = ", ".join(n for n, k in KINDS.items() if k.ranks) or "none"
+            raise UsageError(f"{self.name} runs on one device only so far (its peers emulated)", hint=f"--gpus: {real}")
+        return _load(self.ranks)
 
     def run_reference(self, ref, key):
         """`glm53ctl run`'s reference run of this kind (kernels/harness.py)."""
@@ -78,6 +91,7 @@ KINDS = {
             "harness:run_embed",
             "kinds.embed.harness:EmbedHarness",
             takes_tokens=True,
+            ranks="kinds.embed.ranks:rank_launches",
             **_facts(embed),
         ),
         Kind(
@@ -110,6 +124,7 @@ KINDS = {
             "mean of the streams, final norm, lm_head -> logits",
             "harness:run_tail",
             "kinds.tail.harness:TailHarness",
+            ranks="kinds.tail.ranks:rank_launches",
             **_facts(tail),
         ),
         Kind(

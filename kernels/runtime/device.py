@@ -119,18 +119,18 @@ def arrive_last(word, epoch, n):
     """One of n arrivals at `word` in this launch: True for the last to arrive. Release and acquire at gpu
     scope: what every arrival stored before it (after a CTA barrier) is visible to the last one after it.
 
-    The word holds (epoch mod 2^27) << 4 | arrivals, so a word an earlier launch left (an aborted launch's
-    partial count included) counts as no arrivals: no host reset, as for the flags."""
-    tag = (epoch & 0x7FFFFFF) << 4
+    The word holds (epoch mod 2^23) << 8 | arrivals (n < 256), so a word an earlier launch left (an aborted
+    launch's partial count included) counts as no arrivals: no host reset, as for the flags."""
+    tag = (epoch & 0x7FFFFF) << 8
     cur = tl.atomic_add(word, 0, sem="relaxed", scope="gpu")
     new = cur
     done = 0
     while done == 0:  # a compare-and-swap loop among the n arrivals: lock-free, no wait
-        new = tl.where((cur & -16) == tag, cur, tag) + 1
+        new = tl.where((cur & -256) == tag, cur, tag) + 1
         seen = tl.atomic_cas(word, cur, new, sem="acq_rel", scope="gpu")
         done = (seen == cur).to(tl.int32)
         cur = seen
-    return (new & 15) == n
+    return (new & 255) == n
 
 
 @triton.jit
@@ -192,6 +192,13 @@ def task_row(rt, task):
 
 
 @triton.jit
+def _arrived(v, epoch, kind):
+    """Whether a polled word says its producer published this launch: the epoch; for a peer's word, the epoch or
+    the next (a real peer may have published this launch's partial, finished, and published the next one)."""
+    return (v == epoch) | ((kind == 2) & (v == epoch + 1))
+
+
+@triton.jit
 def wait_site(
     ctl,
     flags,
@@ -215,15 +222,23 @@ def wait_site(
     Every thread polls the site's word(s) (a [THREADS] vector, one element per thread); the verdict is
     reduced over the CTA each round, the timer and the abort word every 8th round, so every warp takes the
     same branch. In the interpreter, which runs programs one after another, a wait not satisfied at once
-    never is: it is judged on one poll."""
+    never is: it is judged on one poll, but a peer's words (kind 2, PEER) with real ranks, which another process
+    writes, are polled until the budget (counted in polls there: the interpreter has no clock)."""
     index = index.to(tl.int64)
     o_t = tl.arange(0, THREADS)
     # a flag site: thread i reads word i % count of the consecutive flags from `index` (one word but for the
     # peers' site); a box site: word i % count of the line
-    p = tl.where(kind == 0, flags + index + o_t % n_words, boxes + index * 32 + o_t % n_words)
+    p = tl.where(kind == 1, boxes + index * 32 + o_t % n_words, flags + index + o_t % n_words)
     live = site != stuck_site  # fault injection: a stuck site never sees its epoch
     v = _poll(p, INTERPRET, POLL)
-    ok = (tl.min((v == epoch).to(tl.int32), axis=0) != 0) & live
+    ok = (tl.min(_arrived(v, epoch, kind).to(tl.int32), axis=0) != 0) & live
+    if INTERPRET:
+        if (ok == 0) & (kind == 2) & live:
+            polls = 0
+            while (ok == 0) & (polls < budget_ns // 10_000):
+                v = _poll(p, INTERPRET, POLL)
+                ok = tl.min(_arrived(v, epoch, kind).to(tl.int32), axis=0) != 0
+                polls += 1
     if not INTERPRET:
         if ok == 0:
             # a round is one poll and one CTA-wide verdict; the clock and the abort word (each a CTA-wide
@@ -239,7 +254,7 @@ def wait_site(
                 elif POLL == 2:  # a long wait among hundreds of waiting programs: poll 8x less often
                     _nanosleep(o_t, 512)
                 v = _poll(p, INTERPRET, POLL)
-                ok = (tl.min((v == epoch).to(tl.int32), axis=0) != 0) & live
+                ok = (tl.min(_arrived(v, epoch, kind).to(tl.int32), axis=0) != 0) & live
                 rounds += 1
                 if rounds % 8 == 0:
                     now = tl.max(_globaltimer(o_t), axis=0)
@@ -392,3 +407,46 @@ def finish(ctl, flags, n_tasks, n_peers, n_programs, epoch):
         tl.atomic_xchg(ctl + 1, 0, sem="relaxed", scope="gpu")
         tl.atomic_xchg(ctl + 2, 0, sem="relaxed", scope="gpu")
         tl.atomic_xchg(ctl + 0, epoch, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def fence_sys(INTERPRET: tl.constexpr):
+    """fence.acq_rel.sys: real ranks order their pushes to a peer before their tag, and a reduce's reads of the
+    pushed rows after the peer site it polled at gpu scope (a peer is on another GPU: system scope)."""
+    if not INTERPRET:
+        tl.inline_asm_elementwise(
+            "fence.acq_rel.sys; mov.u32 $0, 0;", "=r,r", [tl.arange(0, 1)], dtype=tl.int32, is_pure=False, pack=1
+        )
+
+
+@triton.jit
+def push_rows(mine, peer_slots, epoch, rank, R, o_d, D: tl.constexpr, TP: tl.constexpr):
+    """Real ranks: this rank's partial rows [R, D] over columns o_d (just written by this program) into slot
+    `rank` of every peer's mailbox [2, TP, R, D] fp32, the half of this launch's parity (a peer may still read
+    the other half: no rank is more than one launch ahead of another). `peer_slots`: every rank's mailbox
+    address as this process maps it (int64)."""
+    tl.debug_barrier()  # this program's stores of `mine` before it reads them back
+    off = (epoch % 2) * TP * R * D + rank * R * D
+    for q in range(TP):
+        if q != rank:
+            dst = tl.load(peer_slots + q).to(tl.pointer_type(tl.float32)) + off
+            for r in range(R):
+                x = tl.load(mine + r * D + o_d, mask=o_d < D, other=0.0)
+                tl.store(dst + r * D + o_d, x, mask=o_d < D)
+
+
+@triton.jit
+def push_tag(peer_flags, arrive, epoch, rank, n_tasks, n_pushers, mute, TP: tl.constexpr, INTERPRET: tl.constexpr):
+    """Real ranks: the last of this launch's `n_pushers` tasks to push its rows (`arrive_last`) writes this
+    rank's tag, the epoch, into its word of every peer's flags (after the peer's task words: this rank's place
+    among that peer's peers), with a release at system scope, so a peer that sees it sees every pushed row.
+    `mute` 1: it never does (fault injection: the peer that never publishes)."""
+    fence_sys(INTERPRET)  # this thread's pushed rows, at system scope, before its arrival
+    tl.debug_barrier()
+    if arrive_last(arrive, epoch, n_pushers):
+        if mute == 0:
+            for q in range(TP):
+                if q != rank:
+                    words = tl.load(peer_flags + q).to(tl.pointer_type(tl.int32))
+                    slot = tl.where(rank < q, rank, rank - 1)
+                    tl.atomic_xchg(words + n_tasks + slot, epoch, sem="release", scope="sys")

@@ -36,6 +36,8 @@ class Runtime:
     table: TaskTable
     device: torch.device
     max_programs: int
+    # real ranks: the flag words live in this rank's mailbox, where its peers write their words (zeroed)
+    flags: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         t, dev = self.table, self.device
@@ -48,8 +50,11 @@ class Runtime:
         self.ctl[CTL_WORDS.value :] = torch.arange(t.n_tasks, dtype=torch.int32)  # the interpreter's claim order
         # tasks' flag words, then one word per peer: a peer's partial is in place before the launch,
         # so its word holds the epoch the next launch expects (the last program keeps it so)
-        self.flags = torch.zeros(t.n_tasks + t.peers, dtype=torch.int32, device=dev)
-        self.flags[t.n_tasks :] = 1
+        if self.flags is None:
+            self.flags = torch.zeros(t.n_tasks + t.peers, dtype=torch.int32, device=dev)
+            self.flags[t.n_tasks :] = 1
+        else:
+            assert self.flags.shape == (t.n_tasks + t.peers,) and self.flags.dtype == torch.int32
         self.boxes = torch.zeros(max(t.box_lines, 1) * BOX_WORDS, dtype=torch.int32, device=dev)
         self.errs = torch.zeros(self.max_programs, 5, dtype=torch.int32, device=dev)
 
@@ -101,7 +106,12 @@ class Runtime:
         self.ctl[6] = INT32_MAX
         self.errs.zero_()
         s = self.table.sites[site] if site >= 0 else None
-        producer = ", ".join(self.table.describe_task(p) for p in s.producers) if s else "?"
+        producers = s.producers if s else []
+        if producers and all(p < 0 for p in producers):  # the peers whose words never came: those named
+            words = self.flags[self.table.n_tasks :].cpu().tolist()
+            late = [p for p in producers if words[-p - 1] not in (epoch, epoch + 1)]
+            producers = late or producers
+        producer = ", ".join(self.table.describe_task(p) for p in producers) if s else "?"
         raise LaunchFault(self.table.kind, site, self.table.describe_task(task), producer, program, expected, seen)
 
     @property

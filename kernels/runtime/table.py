@@ -14,14 +14,15 @@ import torch
 from glm53ctl.kernels.kinds.task_types import TYPE_NAMES
 from glm53ctl.kernels.runtime.device import BOX_WORDS, TASK_FIELDS
 
-FLAG, BOX = 0, 1
+# a peer site polls flag words too, ones its peers write (with real ranks, from their own processes)
+FLAG, BOX, PEER = 0, 1, 2
 INT32_MAX = 2**31 - 1
 
 
 @dataclass
 class Site:
     task: int  # the waiting task
-    kind: int  # FLAG or BOX
+    kind: int  # FLAG, BOX or PEER
     index: int  # flag word, or box line
     count: int  # words polled
     producers: list[int]  # producer task ids (peers as -rank)
@@ -38,6 +39,8 @@ class TaskTable:
 
     kind: str = ""
     peers: int = 0
+    # the rank each peer word stands for (real ranks: this rank's peers in rank order); None: ranks 1..peers
+    peer_ranks: list[int] | None = None
     tasks: list[tuple[int, int, int, int]] = field(default_factory=list)
     sites: list[Site] = field(default_factory=list)
     first_site: list[int] = field(default_factory=list)
@@ -80,14 +83,14 @@ class TaskTable:
     def wait_peer(self, task: int, rank: int) -> None:
         """Wait until peer `rank`'s partial has arrived (its flag word follows the tasks' words)."""
         assert 1 <= rank <= self.peers
-        self.sites.append(Site(task, FLAG, -rank, 1, [-rank]))
+        self.sites.append(Site(task, PEER, -rank, 1, [-rank]))
 
     def wait_peers(self, task: int) -> None:
         """Wait until every peer's partial has arrived: one site polling their consecutive flag words at once
         (a site per peer cost an all-reduce a poll, a time check and a CTA-wide verdict per peer)."""
         assert self.peers >= 1 and task == len(self.tasks) - 1
         assert not any(s.late for s in self.sites[self.first_site[task] :]), "early sites come first"
-        self.sites.append(Site(task, FLAG, -1, self.peers, [-q for q in range(1, self.peers + 1)]))
+        self.sites.append(Site(task, PEER, -1, self.peers, [-q for q in range(1, self.peers + 1)]))
 
     @property
     def n_tasks(self) -> int:
@@ -95,7 +98,7 @@ class TaskTable:
 
     def describe_task(self, t: int) -> str:
         if t < 0:
-            return f"peer rank {-t}"
+            return f"peer rank {self.peer_ranks[-t - 1] if self.peer_ranks else -t}"
         return f"task {t} ({self.type_name(t)})"
 
     def type_name(self, t: int) -> str:

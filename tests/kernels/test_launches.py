@@ -13,7 +13,7 @@ from glm53ctl.kernels.numerics import rel_rms
 from glm53ctl.kernels.reference import Reference
 from glm53ctl.kernels.runtime import LaunchFault
 from glm53ctl.kernels.runtime.device import TASK_FIELDS
-from glm53ctl.kernels.runtime.table import BOX, FLAG, TaskTable
+from glm53ctl.kernels.runtime.table import BOX, FLAG, PEER, TaskTable
 from glm53ctl.kernels.spec import load_model
 from glm53ctl.kernels.weights import Weights
 from glm53ctl.tuning.knobs import kind_knobs
@@ -193,7 +193,7 @@ def test_every_peer_in_one_site():
     c = t.add(HOP)
     t.wait(c, [a])
     t.wait_peers(c)
-    assert [(s.kind, s.count, s.producers) for s in t.sites] == [(FLAG, 1, [a]), (FLAG, 3, [-1, -2, -3])]
+    assert [(s.kind, s.count, s.producers) for s in t.sites] == [(FLAG, 1, [a]), (PEER, 3, [-1, -2, -3])]
     assert t.build("cpu")["wait_index"].tolist() == [a, t.n_tasks]
     assert [t.describe_task(p) for p in t.sites[1].producers] == ["peer rank 1", "peer rank 2", "peer rank 3"]
 
@@ -210,12 +210,12 @@ def test_arrive_last_tells_the_last_of_n_per_launch():
     launch left (an aborted one's partial count, 2 of 3 here) counts as none in the next epoch: no reset."""
     word = torch.zeros(1, dtype=torch.int32)
     seen = []
-    for epoch, arrivals, n in ((1, 3, 3), (2, 2, 3), (3, 3, 3), (4, 1, 1)):
+    for epoch, arrivals, n in ((1, 3, 3), (2, 2, 3), (3, 3, 3), (4, 1, 1), (5, 24, 24)):
         out = torch.full((arrivals,), -1, dtype=torch.int32)
         _arrive_kernel[(arrivals,)](word, out, epoch, n)  # the interpreter runs the programs one by one
         seen.append(out.tolist())
-    assert seen == [[0, 0, 1], [0, 0], [0, 0, 1], [1]]
-    assert word.item() == (4 << 4) | 1
+    assert seen == [[0, 0, 1], [0, 0], [0, 0, 1], [1], [0] * 23 + [1]]
+    assert word.item() == (5 << 8) | 24
 
 
 def test_an_unchecked_fault_does_not_leak_into_the_next_launch(weights):

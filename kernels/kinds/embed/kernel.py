@@ -8,18 +8,21 @@ import triton.language as tl
 from glm53ctl.kernels.kinds.task_types import EMBED_GATHER
 from glm53ctl.kernels.ops.embed.kernel import gather_row, reduce_row
 from glm53ctl.kernels.runtime.device import (
+    fence_sys,
     finish,
     launch_epoch,
     next_task,
     pdl_enter,
     publish,
+    push_rows,
+    push_tag,
     runtime_buffers,
     task_row,
     wait_task,
 )
 
 
-@triton.jit(do_not_specialize=["stuck_site", "budget_ns"])
+@triton.jit(do_not_specialize=["stuck_site", "budget_ns", "rank", "mute"])
 def embed_kernel(
     ctl,
     flags,
@@ -35,7 +38,12 @@ def embed_kernel(
     partial,
     peer_partials,
     H,
+    peer_slots,
+    peer_flags,
+    arrive,
     R,
+    rank,
+    mute,
     vocab_offset,
     n_tasks,
     n_peers,
@@ -51,24 +59,41 @@ def embed_kernel(
     POLL: tl.constexpr,
     THREADS: tl.constexpr,
     PDL: tl.constexpr,
+    REMOTE: tl.constexpr,
 ):
     rt = runtime_buffers(ctl, flags, boxes, errs, tasks, wait_kind, wait_index, wait_count, pub_slot)
     if PDL:  # a stage of separate-pdl: the token ids are the launch's input, so nothing to ask for first
         pdl_enter(INTERPRET)
     epoch = launch_epoch(ctl, INTERPRET)
+    # where this rank's partial goes and what the reduce sums (slot 0, then the rest, in rank order): the
+    # emulation's own buffers; real ranks' mailbox [2, TP, R, D], the half of this launch's parity
+    mine = partial
+    first = partial
+    rest = peer_partials
+    if REMOTE:
+        first = partial + (epoch % 2) * TP * R * D
+        mine = first + rank * R * D
+        rest = first + R * D
     n_done = 0
     task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET)
     while task >= 0:
         row = task_row(rt, task)
         ttype, d0 = row[0], row[1]
         ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, False)
+        if REMOTE:
+            if ttype != EMBED_GATHER:
+                fence_sys(INTERPRET)  # the peers' rows after their tags, seen at system scope
         if ok:
             o_d = d0 + tl.arange(0, CHUNK)
             for r in range(R):
                 if ttype == EMBED_GATHER:
-                    gather_row(tokens, table, partial, r, vocab_offset, o_d, D, V_LOCAL)
+                    gather_row(tokens, table, mine, r, vocab_offset, o_d, D, V_LOCAL)
                 else:
-                    reduce_row(partial, peer_partials, H, r, R, o_d, D, HC, TP)
+                    reduce_row(first, rest, H, r, R, o_d, D, HC, TP)
+            if REMOTE:
+                if ttype == EMBED_GATHER:
+                    push_rows(mine, peer_slots, epoch, rank, R, o_d, D, TP)
+                    push_tag(peer_flags, arrive, epoch, rank, n_tasks, (D + CHUNK - 1) // CHUNK, mute, TP, INTERPRET)
             publish(rt, row, task, epoch, INTERPRET)
         n_done += 1
         task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET, ok)

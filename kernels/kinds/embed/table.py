@@ -8,12 +8,19 @@ from glm53ctl.kernels.kinds.task_types import EMBED_GATHER, EMBED_REDUCE
 from glm53ctl.kernels.runtime.table import TaskTable
 
 
-def add_embed(t: TaskTable, D: int, chunk: int, tp: int, handoff: str, partial_only: bool) -> list[int]:
+def add_embed(
+    t: TaskTable, D: int, chunk: int, tp: int, handoff: str, partial_only: bool, gathers_first: bool = False
+) -> list[int]:
     """Append embed's tasks to `t` (nothing to wait for: its input is the token ids); the tasks that produce H
-    (or, partial_only, the partial), one per chunk."""
+    (or, partial_only, the partial), one per chunk. `gathers_first` (real ranks): every GATHER before the first
+    REDUCE, since a rank's tag says its whole partial is pushed (a reduce waiting in table order before its
+    rank's last gather would wait on peers that wait on it)."""
+    chunks = range(0, D, chunk)
+    if gathers_first:
+        gathers = [t.add(EMBED_GATHER, d0) for d0 in chunks]
     out = []
-    for d0 in range(0, D, chunk):
-        g = t.add(EMBED_GATHER, d0)
+    for c, d0 in enumerate(chunks):
+        g = gathers[c] if gathers_first else t.add(EMBED_GATHER, d0)
         if partial_only:
             out.append(g)
             continue
@@ -25,7 +32,10 @@ def add_embed(t: TaskTable, D: int, chunk: int, tp: int, handoff: str, partial_o
     return out
 
 
-def build_table(D: int, chunk: int, tp: int, handoff: str, partial_only: bool) -> TaskTable:
-    t = TaskTable("embed", peers=0 if partial_only else tp - 1)
-    add_embed(t, D, chunk, tp, handoff, partial_only)
+def build_table(
+    D: int, chunk: int, tp: int, handoff: str, partial_only: bool, peer_ranks: list[int] | None = None
+) -> TaskTable:
+    """`peer_ranks` (real ranks): this rank's peers in rank order."""
+    t = TaskTable("embed", peers=0 if partial_only else tp - 1, peer_ranks=peer_ranks)
+    add_embed(t, D, chunk, tp, handoff, partial_only, gathers_first=peer_ranks is not None)
     return t

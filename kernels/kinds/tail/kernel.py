@@ -9,19 +9,21 @@ from glm53ctl.kernels.kinds.task_types import TAIL_LM_HEAD, TAIL_NORM
 from glm53ctl.kernels.ops.gemv.kernel import gemv_tile
 from glm53ctl.kernels.ops.tail.kernel import final_norm_row, lm_head_folded
 from glm53ctl.kernels.runtime.device import (
+    fence_sys,
     finish,
     launch_epoch,
     next_task,
     pdl_enter,
     prefetch_l2,
     publish,
+    push_tag,
     runtime_buffers,
     task_row,
     wait_task,
 )
 
 
-@triton.jit(do_not_specialize=["stuck_site", "budget_ns"])
+@triton.jit(do_not_specialize=["stuck_site", "budget_ns", "rank", "mute", "n_pushers"])
 def tail_kernel(
     ctl,
     flags,
@@ -39,8 +41,14 @@ def tail_kernel(
     lm_w,
     logits,
     peer_logits,
+    peer_slots,
+    peer_flags,
+    arrive,
     R,
     eps,
+    rank,
+    mute,
+    n_pushers,
     n_tasks,
     n_peers,
     n_programs,
@@ -60,6 +68,8 @@ def tail_kernel(
     NORM_FOLD: tl.constexpr,
     M: tl.constexpr,
     PDL: tl.constexpr,
+    TP: tl.constexpr,
+    REMOTE: tl.constexpr,
 ):
     rt = runtime_buffers(ctl, flags, boxes, errs, tasks, wait_kind, wait_index, wait_count, pub_slot)
     if PDL:  # a stage of separate-pdl: ask for this program's first weights while the launch before ends
@@ -70,6 +80,13 @@ def tail_kernel(
             prefetch_l2(lm_w + o_n[:, None].to(tl.int64) * D + o_l[None, :])
         pdl_enter(INTERPRET)
     epoch = launch_epoch(ctl, INTERPRET)
+    # real ranks: this rank's logits columns start at rank * V_LOCAL, and the peers' come through the local
+    # mailbox [2, TP, R, V_LOCAL], the half of this launch's parity
+    own = 0
+    half = 0
+    if REMOTE:
+        own = rank * V_LOCAL
+        half = (epoch % 2) * TP * R * V_LOCAL
     n_done = 0
     task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET)
     while task >= 0:
@@ -106,18 +123,35 @@ def tail_kernel(
                 else:
                     o_m = tl.arange(0, 16)
                     acc = gemv_tile(h_hat, D, lm_w, a0, R, n_end, D, D, BLOCK_N, BLOCK_K, INTERPRET)
-                p_o = logits + o_m[:, None].to(tl.int64) * V + o_n[None, :]
-                tl.store(p_o, acc, mask=(o_m[:, None] < R) & (o_n[None, :] < n_end) & ok)
+                p_o = logits + o_m[:, None].to(tl.int64) * V + own + o_n[None, :]
+                m_o = (o_m[:, None] < R) & (o_n[None, :] < n_end) & ok
+                tl.store(p_o, acc, mask=m_o)
+                if REMOTE:
+                    # this tile into slot `rank` of every peer's mailbox; the last tile's task writes the tag
+                    for q in range(TP):
+                        if q != rank:
+                            dst = tl.load(peer_slots + q).to(tl.pointer_type(tl.float32)) + half + rank * R * V_LOCAL
+                            tl.store(dst + o_m[:, None] * V_LOCAL + o_n[None, :], acc, mask=m_o)
+                    if ok:
+                        push_tag(peer_flags, arrive, epoch, rank, n_tasks, n_pushers, mute, TP, INTERPRET)
             else:
                 # GATHER: peer a0's logits columns a1.. into their place in the full rows, every row at once
                 # (a loop over rows is R dependent round trips: at 8 rows the copies outlasted the stream), in
                 # 256-column pieces (a whole [8, 1024] tile's addresses take 250 registers)
                 o_r = tl.arange(0, 8)
+                src_p = peer_logits + (a0 - 1) * R * V_LOCAL
+                dst_p = logits + a0 * V_LOCAL
+                if REMOTE:
+                    # the a0-th peer (1-based, in rank order without this rank): its rows in this rank's mailbox
+                    peer = a0 - 1 + (a0 - 1 >= rank).to(tl.int32)
+                    fence_sys(INTERPRET)  # its rows after its tag, seen at system scope
+                    src_p = peer_logits + half + peer * R * V_LOCAL
+                    dst_p = logits + peer * V_LOCAL
                 for c0 in range(a1, a1 + GATHER_COLS, 256):
                     o_c = c0 + tl.arange(0, 256)
                     m_rc = (o_r[:, None] < R) & (o_c[None, :] < V_LOCAL)
-                    src = peer_logits + ((a0 - 1) * R + o_r[:, None]) * V_LOCAL + o_c[None, :]
-                    dst = logits + o_r[:, None] * V + a0 * V_LOCAL + o_c[None, :]
+                    src = src_p + o_r[:, None] * V_LOCAL + o_c[None, :]
+                    dst = dst_p + o_r[:, None] * V + o_c[None, :]
                     tl.store(dst, tl.load(src, mask=m_rc), mask=m_rc)
             if ok:
                 publish(rt, row, task, epoch, INTERPRET)

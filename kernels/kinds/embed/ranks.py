@@ -1,0 +1,37 @@
+"""`embed` on real ranks (kernels/runtime/ranks.py): what one rank's process runs."""
+
+from __future__ import annotations
+
+import torch
+
+
+def rank_launches(group, model: str, tp: int, rows: int, tokens: list, knobs: dict, mute: list, budget_ns):
+    """One rank of a TP-`tp` embed: its shard of the table, its mailboxes, its launch; one launch per row of
+    token ids in `tokens`. `mute[i]`: the rank that never publishes at launch i (fault injection; -1: none). Per
+    launch its outputs ({"H": on the CPU}) or its fault, in words."""
+    from glm53ctl.kernels.kinds.embed.launch import EmbedLaunch
+    from glm53ctl.kernels.runtime.ranks import Mailbox, PeerLinks, launches_on_rank
+    from glm53ctl.kernels.spec import load_model
+    from glm53ctl.kernels.weights import ROOT, Weights
+    from glm53ctl.tuning.knobs import knobs_for, resolve_grid
+
+    spec = load_model(model)
+    dev = group.device
+    full = resolve_grid(knobs_for(model, "embed", tp, rows, knobs, dev), dev)
+    # drawn on the rank's device type, as the emulation's (a CPU and a GPU draw other numbers)
+    table = Weights(spec, seed=0, device=dev.type).shard(f"{ROOT}embed_tokens.weight", group.rank, tp)
+    table = table.to(dev).contiguous()
+    shape = EmbedLaunch.mailbox_shapes(spec, tp, rows, full)
+    links = PeerLinks(
+        group.rank,
+        Mailbox(group, "embed.slots", shape["slots"], torch.float32),
+        Mailbox(group, "embed.flags", shape["flags"], torch.int32),
+    )
+    launch = EmbedLaunch(spec, tp, rows, full, dev, links=links)
+
+    def run(ids, mute_: bool, budget):
+        H = torch.full((rows, spec.mhc.streams, spec.hidden), float("nan"), dtype=torch.bfloat16, device=dev)
+        launch(torch.tensor(ids, device=dev), table, out=H, mute=mute_, budget_ns=budget)
+        return {"H": H.cpu()}
+
+    return launches_on_rank(group, launch, run, tokens, mute, budget_ns)

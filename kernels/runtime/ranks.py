@@ -1,0 +1,236 @@
+"""Real tensor parallelism: one process per rank, and each rank's mailbox that its peers write into.
+
+A TP-T launch on one GPU runs rank 0's shard and reads its peers' partials from same-GPU stand-ins (the
+emulation). With real ranks every rank runs its own launch in its own process; an all-reduce is a push: each
+rank writes its partial into slot `rank` of every peer's mailbox, then its tag into that peer's flag word for it
+(`Mailbox`), and each rank's reduce waits on its own flag words and sums the slots in rank order, the order of
+the emulation, so every rank's result is the emulation's bit for bit. Pushing keeps every poll local (a rank
+polls its own memory, never a peer's across the link) and leaves the reduce body and the guarded wait as they
+are: the guard names the peer that never published.
+
+- `RankLayout`: which device each rank runs on (`--gpus N`: N = 1, the emulation, or N = T, a rank per GPU).
+- `run_ranks`: spawns the ranks (NVLink multicast off in each), sets up `torch.distributed` (NCCL on GPUs, gloo
+  on the CPU; for set-up only: nothing of a launch goes through it), runs a function on every rank and gathers
+  the results on the caller; a rank that raises is named; a rank that hangs is killed at the timeout.
+- `Mailbox`: a rank's buffers its peers write into. On the CPU, shared-memory files mapped by every rank (what
+  CI tests, under the interpreter: the ranks' launches really run concurrently and poll each other's writes);
+  on GPUs, torch symmetric memory (not yet run: no machine with several GPUs was lent; see docs/perf/ranks.md).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from glm53ctl.errors import CheckFailed, UsageError
+
+# NVLink multicast stays off (docs/design.md; the machines' KINDS.md): in this process and every child
+NVLS_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+@dataclass(frozen=True)
+class RankLayout:
+    """Where the ranks of a TP-T key run: `gpus` 1 is the one-device emulation (rank 0's launch, its peers'
+    partials made first on the same device); `gpus` T is one rank per GPU (or, on a CPU, one process per rank)."""
+
+    tp: int
+    gpus: int = 1
+    device_type: str = "cuda"
+
+    def __post_init__(self) -> None:
+        if self.gpus not in (1, self.tp):
+            raise UsageError(
+                f"--gpus {self.gpus} at TP{self.tp}: one rank per GPU (--gpus {self.tp}) or the one-GPU "
+                "emulation (--gpus 1)"
+            )
+        if self.device_type == "cuda" and self.gpus > 1:
+            have = torch.cuda.device_count()
+            if have < self.gpus:
+                raise UsageError(f"--gpus {self.gpus}: this machine has {have} GPU(s)")
+
+    @property
+    def real(self) -> bool:
+        """Whether each rank runs in its own process (else the emulation)."""
+        return self.gpus > 1
+
+    def device(self, rank: int) -> torch.device:
+        if self.device_type == "cpu":
+            return torch.device("cpu")
+        return torch.device("cuda", rank if self.real else 0)
+
+
+class RankFailed(CheckFailed):
+    """A rank raised, or did not finish in time: names the rank and what it said."""
+
+
+@dataclass
+class Group:
+    """What a rank's function is given: its rank, the world size, its device, and where the mailboxes live."""
+
+    rank: int
+    world: int
+    device: torch.device
+    folder: Path  # the CPU mailboxes' files
+
+    def barrier(self) -> None:
+        torch.distributed.barrier()
+
+
+def _child(rank: int, world: int, layout: RankLayout, folder: str, init: str, fn, args, queue) -> None:
+    os.environ.update(NVLS_OFF)
+    try:
+        device = layout.device(rank)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        torch.distributed.init_process_group(backend, init_method=init, rank=rank, world_size=world)
+        try:
+            out = fn(Group(rank, world, device, Path(folder)), *args)
+        finally:
+            torch.distributed.destroy_process_group()
+        # as bytes: a tensor put on a queue as itself is shared by a file descriptor that dies with this process
+        buf = io.BytesIO()
+        torch.save(out, buf)
+        message = (rank, True, buf.getvalue())
+    except BaseException as e:  # noqa: BLE001 - every failure goes back to the caller, named by rank
+        message = (rank, False, f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
+    queue.put(message)  # once: a result, or why there is none
+
+
+def run_ranks(layout: RankLayout, fn: Callable, *args, timeout_s: float = 600.0) -> list:
+    """fn(group, *args) on every rank of `layout`, each in its own process; the results in rank order. A rank
+    that raises fails the run, named (`RankFailed`); one still running at the timeout is killed with the rest.
+    fn and its arguments must be picklable (a module-level function)."""
+    import multiprocessing as mp
+    import queue as queue_mod
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    world = layout.gpus
+    with tempfile.TemporaryDirectory(prefix="glm53ctl-ranks-") as folder:
+        init = f"file://{Path(folder) / 'rendezvous'}"
+        env = {k: os.environ.get(k) for k in NVLS_OFF}
+        os.environ.update(NVLS_OFF)  # a spawned child reads its environment at start: set it here too
+        procs = [
+            ctx.Process(target=_child, args=(r, world, layout, folder, init, fn, args, queue), daemon=True)
+            for r in range(world)
+        ]
+        try:
+            for p in procs:
+                p.start()
+            results, failed = {}, {}
+            import time
+
+            deadline = time.monotonic() + timeout_s
+            # the first failure ends the wait: the other ranks may be stuck on the failed one (they are killed)
+            while len(results) < world and not failed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                try:
+                    rank, ok, out = queue.get(timeout=min(left, 1.0))
+                except queue_mod.Empty:
+                    if any(p.exitcode not in (None, 0) for p in procs) and queue.empty():
+                        for r, p in enumerate(procs):
+                            if p.exitcode not in (None, 0) and r not in results and r not in failed:
+                                failed[r] = f"exited with code {p.exitcode}"
+                    continue
+                if ok:
+                    results[rank] = torch.load(io.BytesIO(out), weights_only=False)
+                else:
+                    failed[rank] = out
+        finally:
+            for p in procs:
+                if p.pid is None:  # never started (its start raised): nothing to stop
+                    continue
+                if p.is_alive():
+                    p.kill()
+                p.join(timeout=10)
+            queue.close()
+            for k, v in env.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+    if failed:
+        r = min(failed)
+        raise RankFailed(f"rank {r} of {world} failed: {failed[r].strip().splitlines()[0]}", hint=failed[r][-2000:])
+    missing = [r for r in range(world) if r not in results]
+    if missing:
+        raise RankFailed(f"ranks {missing} of {world} did not finish in {timeout_s:.0f} s (killed)")
+    return [results[r] for r in range(world)]
+
+
+@dataclass
+class PeerLinks:
+    """What a launch on real ranks is given: its rank, and its mailboxes: `slots` [2, T, R, N] fp32 (every
+    rank's share of an all-reduce or all-gather, pushed by its owner, in two halves by launch parity) and `flags`
+    (the table's flag words, then one word per peer, written by that peer)."""
+
+    rank: int
+    slots: Mailbox
+    flags: Mailbox
+
+
+class Mailbox:
+    """This rank's buffer that every peer writes into (`shape`, `dtype`), and this process's view of every
+    rank's (`views[q]`; `views[rank]` is `local`), with their addresses as a tensor on the device (`bases`): what
+    a launch pushes through. `name` tells one mailbox of a rank from another."""
+
+    def __init__(self, group: Group, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+        self.group, self.name, self.shape, self.dtype = group, name, shape, dtype
+        n = 1
+        for s in shape:
+            n *= s
+        if group.device.type == "cpu":
+            path = lambda q: group.folder / f"{name}.rank{q}"  # noqa: E731
+            # each rank makes its own file, zeroed, before anyone maps it
+            mine = torch.from_file(str(path(group.rank)), shared=True, size=n, dtype=dtype)
+            mine.zero_()
+            group.barrier()
+            self.views = [
+                mine if q == group.rank else torch.from_file(str(path(q)), shared=True, size=n, dtype=dtype)
+                for q in range(group.world)
+            ]
+            self.views = [v.view(shape) for v in self.views]
+        else:  # torch symmetric memory: every rank's buffer mapped into this one's address space (not yet run)
+            from torch.distributed import _symmetric_memory as symm_mem
+
+            mine = symm_mem.empty(n, dtype=dtype, device=group.device)
+            mine.zero_()
+            handle = symm_mem.rendezvous(mine, torch.distributed.group.WORLD.group_name)
+            self.views = [handle.get_buffer(q, (n,), dtype).view(shape) for q in range(group.world)]
+            group.barrier()
+        self.local = self.views[group.rank]
+        self.bases = torch.tensor([v.data_ptr() for v in self.views], dtype=torch.int64, device=group.device)
+
+
+def launches_on_rank(group: Group, launch, run: Callable, inputs: list, mute: list, budget_ns) -> list:
+    """What every kind's rank function ends with: its launch compiled (on a GPU) before the ranks first meet,
+    then per input a barrier (the ranks start far apart, and after a fault none may drift a launch ahead: it
+    would push into the half of a peer's mailbox the peer still reads) and `run(x, mute, budget_ns)`, which
+    launches once and returns the outputs (on the CPU); a LaunchFault comes back in words. `mute[i]`: the rank
+    that never publishes at launch i (-1: none); only those launches wait `budget_ns` (the others, the default)."""
+    from glm53ctl.kernels.runtime.launch import LaunchFault
+
+    if group.device.type == "cuda":  # ranks that compile seconds apart would fault their first launch
+        args = {
+            n: (v.to(group.device) if isinstance(v, torch.Tensor) else v) for n, v in launch.placeholder_args().items()
+        }
+        launch.kernel.warmup(**args, **launch.constexprs(), **launch.options(), grid=(launch.grid,))
+    out = []
+    for i, x in enumerate(inputs):
+        group.barrier()
+        silent = bool(mute) and mute[i] == group.rank
+        try:
+            out.append(run(x, silent, budget_ns if mute and mute[i] >= 0 else None))
+        except LaunchFault as e:
+            out.append(str(e))
+    return out

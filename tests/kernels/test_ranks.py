@@ -1,0 +1,89 @@
+"""Real ranks on the CPU (issue 22's part that needs no GPU): one process per rank, each rank's launch in the
+interpreter pushing its partial and tag into its peers' shared-memory mailboxes; every rank's result the
+emulation's bit for bit; a peer that never publishes named by the rank waiting on it, nothing hanging, the
+retried launch clean; the launcher's failure paths."""
+
+import os
+import time
+
+import pytest
+import torch
+
+from glm53ctl.errors import UsageError
+from glm53ctl.kernels.runtime.ranks import NVLS_OFF, RankFailed, RankLayout, run_ranks
+
+pytestmark = [pytest.mark.interpreter]
+
+
+def _env_and_rank(group):
+    return group.rank, {k: os.environ.get(k) for k in NVLS_OFF}, str(group.device)
+
+
+def _fail_on_one(group):
+    if group.rank == 1:
+        raise ValueError("rank 1 says no")
+    return group.rank
+
+
+def _hang_on_one(group):
+    if group.rank == 1:
+        time.sleep(600)
+    return group.rank
+
+
+def test_one_rank_per_gpu_or_the_emulation():
+    assert not RankLayout(4, 1).real and RankLayout(4, 4, "cpu").real
+    with pytest.raises(UsageError, match="one rank per GPU"):
+        RankLayout(4, 2, "cpu")
+    if torch.cuda.device_count() < 8:
+        with pytest.raises(UsageError, match="this machine has"):
+            RankLayout(8, 8)
+
+
+def test_ranks_run_in_their_own_processes_with_multicast_off():
+    out = run_ranks(RankLayout(2, 2, "cpu"), _env_and_rank, timeout_s=120)
+    assert [r for r, _, _ in out] == [0, 1]
+    assert all(env == NVLS_OFF for _, env, _ in out) and {d for *_, d in out} == {"cpu"}
+
+
+def test_a_rank_that_raises_or_hangs_is_named():
+    with pytest.raises(RankFailed, match="rank 1 of 2 failed: ValueError: rank 1 says no"):
+        run_ranks(RankLayout(2, 2, "cpu"), _fail_on_one, timeout_s=120)
+    start = time.monotonic()
+    with pytest.raises(RankFailed, match=r"ranks \[1\] of 2 did not finish"):
+        run_ranks(RankLayout(2, 2, "cpu"), _hang_on_one, timeout_s=8)
+    assert time.monotonic() - start < 40
+
+
+def test_check_and_fault_on_real_ranks(capsys):
+    """`check --gpus 2`: three launches in a row on two processes (the mailboxes' halves in turn, no reset), every
+    rank's outputs the emulation's bit for bit (embed's H; tail's ĥ and the full logits on every rank);
+    `fault --gpus 2`: each rank muted in turn is named by the other, nothing hangs, the next launch is clean.
+    (Every TP x rows key: docs/perf/ranks.md.)"""
+    from tests.helpers import invoke_json
+
+    res = invoke_json(capsys, "check", "--tp", "2", "--rows", "2", "--gpus", "2")  # the kinds on real ranks
+    assert [r["key"] for r in res["keys"]] == ["tiny/embed/tp2/r2", "tiny/tail/tp2/r2"]
+    assert res["summary"] == "12 of 12 rank launches bitwise equal to the one-device emulation"
+    key = ("--kind", "embed", "--tp", "2", "--rows", "1", "--gpus", "2")
+    res = invoke_json(capsys, "fault", *key, "--budget-ms", "20")
+    assert res["totals"] == {"peers": 2, "named": 2, "hangs": 0, "retries_equal": 2}
+
+
+def test_a_peer_that_never_publishes_is_named_and_the_retry_is_clean():
+    """Rank 2 of TP4 never publishes its tag: every other rank's reduce times out naming peer rank 2 alone (its
+    other peers did publish) and the site; rank 2, whose peers published, finishes; nobody hangs; the next
+    launch on every rank gives the emulation's bits."""
+    from glm53ctl.kernels.kinds.embed.harness import EmbedHarness
+    from glm53ctl.kernels.kinds.embed.ranks import rank_launches
+    from glm53ctl.kernels.spec import load_model
+    from glm53ctl.kernels.weights import Weights
+
+    tokens = [[900], [900]]
+    out = run_ranks(RankLayout(4, 4, "cpu"), rank_launches, "tiny", 4, 1, tokens, {}, [2, -1], int(2e7), timeout_s=600)
+    want = EmbedHarness(Weights(load_model("tiny"), seed=0), 4, 1, None, "cpu")(torch.tensor(tokens[0]))["H"]
+    for rank in (0, 1, 3):
+        assert isinstance(out[rank][0], str), rank
+        assert "embed launch fault at site 1: task 1 (embed reduce) waited for peer rank 2 (" in out[rank][0]
+    assert torch.equal(out[2][0]["H"], want)
+    assert all(torch.equal(out[rank][1]["H"], want) for rank in range(4))  # the retry, on every rank
