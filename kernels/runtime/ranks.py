@@ -178,6 +178,13 @@ class PeerLinks:
     slots: Mailbox
     flags: Mailbox
 
+    @classmethod
+    def open(cls, group: Group, kind: str, shapes: dict[str, tuple[int, ...]]) -> PeerLinks:
+        """This rank's two mailboxes of a launch of `kind`, at the shapes its launch class says
+        (`mailbox_shapes`), made and mapped by every rank together."""
+        slots = Mailbox(group, f"{kind}.slots", shapes["slots"], torch.float32)
+        return cls(group.rank, slots, Mailbox(group, f"{kind}.flags", shapes["flags"], torch.int32))
+
 
 class Mailbox:
     """This rank's buffer that every peer writes into (`shape`, `dtype`), and this process's view of every

@@ -10,7 +10,7 @@ def rank_launches(group, model: str, tp: int, rows: int, tokens: list, knobs: di
     token ids in `tokens`. `mute[i]`: the rank that never publishes at launch i (fault injection; -1: none). Per
     launch its outputs ({"H": on the CPU}) or its fault, in words."""
     from glm53ctl.kernels.kinds.embed.launch import EmbedLaunch
-    from glm53ctl.kernels.runtime.ranks import Mailbox, PeerLinks, launches_on_rank
+    from glm53ctl.kernels.runtime.ranks import PeerLinks, launches_on_rank
     from glm53ctl.kernels.spec import load_model
     from glm53ctl.kernels.weights import ROOT, Weights
     from glm53ctl.tuning.knobs import knobs_for, resolve_grid
@@ -21,12 +21,7 @@ def rank_launches(group, model: str, tp: int, rows: int, tokens: list, knobs: di
     # drawn on the rank's device type, as the emulation's (a CPU and a GPU draw other numbers)
     table = Weights(spec, seed=0, device=dev.type).shard(f"{ROOT}embed_tokens.weight", group.rank, tp)
     table = table.to(dev).contiguous()
-    shape = EmbedLaunch.mailbox_shapes(spec, tp, rows, full)
-    links = PeerLinks(
-        group.rank,
-        Mailbox(group, "embed.slots", shape["slots"], torch.float32),
-        Mailbox(group, "embed.flags", shape["flags"], torch.int32),
-    )
+    links = PeerLinks.open(group, "embed", EmbedLaunch.mailbox_shapes(spec, tp, rows, full))
     launch = EmbedLaunch(spec, tp, rows, full, dev, links=links)
 
     def run(ids, mute_: bool, budget):

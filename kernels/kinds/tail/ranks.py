@@ -10,7 +10,7 @@ def rank_launches(group, model: str, tp: int, rows: int, streams: list, knobs: d
     (nested lists of bf16 values). `mute[i]`: the rank that never publishes at launch i (-1: none). Per launch
     its outputs ({"h_hat", "logits"}: every rank the full logits) or its fault, in words."""
     from glm53ctl.kernels.kinds.tail.launch import TailLaunch
-    from glm53ctl.kernels.runtime.ranks import Mailbox, PeerLinks, launches_on_rank
+    from glm53ctl.kernels.runtime.ranks import PeerLinks, launches_on_rank
     from glm53ctl.kernels.spec import load_model
     from glm53ctl.kernels.weights import ROOT, Weights
     from glm53ctl.tuning.knobs import knobs_for, resolve_grid
@@ -19,12 +19,7 @@ def rank_launches(group, model: str, tp: int, rows: int, streams: list, knobs: d
     dev = group.device
     full = resolve_grid(knobs_for(model, "tail", tp, rows, knobs, dev), dev)
     weights = Weights(spec, seed=0, device=dev.type)  # as the emulation's: a CPU and a GPU draw other numbers
-    shape = TailLaunch.mailbox_shapes(spec, tp, rows, full)
-    links = PeerLinks(
-        group.rank,
-        Mailbox(group, "tail.slots", shape["slots"], torch.float32),
-        Mailbox(group, "tail.flags", shape["flags"], torch.int32),
-    )
+    links = PeerLinks.open(group, "tail", TailLaunch.mailbox_shapes(spec, tp, rows, full))
     launch = TailLaunch(spec, tp, rows, full, dev, links=links)
     norm = weights.shard(f"{ROOT}norm.weight").to(dev)
     lm_w = launch.prepare_lm_head(norm, weights.shard("lm_head.weight", group.rank, tp).to(dev).contiguous())
