@@ -212,12 +212,12 @@ STARTUP_S = 180.0
 
 
 def _on_ranks(weights: Weights, kind: str, tp: int, rows: int, device, seed: int, launches: int):
-    """A key's one-device harness (the emulation), its seeded inputs for `launches` launches, the emulation's
-    outputs for each, and what the ranks are given of the inputs."""
+    """The emulation's outputs (the key's one-device harness) for its seeded inputs of `launches` launches, and
+    what the ranks are given of those inputs."""
     k = make_harness(weights, kind, tp, rows, None, device)
     xs = k.inputs(key_seed(seed, key_name(weights.spec.name, kind, tp, rows)), steps=launches)
     want = [{n: t.cpu() for n, t in k(x).items()} for x in xs]
-    return xs, want, [x.tolist() for x in xs]
+    return want, [x.tolist() for x in xs]
 
 
 def ranks_key(weights: Weights, kind: str, tp: int, rows: int, seed: int, device, launches: int = 3) -> dict:
@@ -227,7 +227,7 @@ def ranks_key(weights: Weights, kind: str, tp: int, rows: int, seed: int, device
     from glm53ctl.kernels.runtime.ranks import RankLayout, run_ranks
 
     layout = RankLayout(tp, tp, torch.device(device).type)
-    _, want, given = _on_ranks(weights, kind, tp, rows, device, seed, launches)
+    want, given = _on_ranks(weights, kind, tp, rows, device, seed, launches)
     fn = get_kind(kind).load_ranks()
     out = run_ranks(layout, fn, weights.spec.name, tp, rows, given, {}, [], None)
     problems = []
@@ -250,7 +250,7 @@ def ranks_fault_key(weights: Weights, kind: str, tp: int, rows: int, device, bud
     from glm53ctl.kernels.runtime.ranks import RankFailed, RankLayout, run_ranks
 
     layout = RankLayout(tp, tp, torch.device(device).type)
-    _, want, given = _on_ranks(weights, kind, tp, rows, device, 0, 1)
+    want, given = _on_ranks(weights, kind, tp, rows, device, 0, 1)
     fn = get_kind(kind).load_ranks()
     named = hangs = clean = 0
     problems = []

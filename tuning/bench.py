@@ -153,7 +153,7 @@ def step_breakdown(k, step_us: float, rounds: int, copy_tb_s: float | None) -> d
     its parts: below 0 where the chained launches overlap); tokens per second per rank."""
     parts = []
     for name, kind, t in k.timed_parts:
-        timer, copies = timer_for(t)
+        timer, _ = timer_for(t)
         samples = [timer() for _ in range(max(3, rounds // 3))]
         parts.append({"part": name, "kind": kind, "us": sorted(samples)[len(samples) // 2], "bytes": t.nbytes})
         del timer  # its weight copies go with it

@@ -52,7 +52,7 @@ GpusOpt = Annotated[
 
 def _real_ranks(gpus: int, kind, tp, rows) -> None:
     """--gpus T: every selected key at TP T, and every kind one that runs on real ranks (before torch loads)."""
-    from glm53ctl.kernels.kinds import KINDS, get_kind, selectable_kinds
+    from glm53ctl.kernels.kinds import get_kind, ranks_kinds, selectable_kinds
     from glm53ctl.kernels.spec import ROWS, TP_WIDTHS
 
     if gpus not in TP_WIDTHS:
@@ -63,15 +63,15 @@ def _real_ranks(gpus: int, kind, tp, rows) -> None:
     if wrong:
         raise UsageError(f"--gpus {gpus} runs TP{gpus} keys, one rank per GPU; --tp asks for TP{wrong[0]}")
     # without --kind: the kinds that run on real ranks
-    for k in parse_list("--kind", kind, selectable_kinds(), default=tuple(n for n, k in KINDS.items() if k.ranks)):
+    for k in parse_list("--kind", kind, selectable_kinds(), default=ranks_kinds()):
         get_kind(k).load_ranks()
     parse_list("--rows", rows, ROWS, int)
 
 
 def _ranks_kinds() -> str:
-    from glm53ctl.kernels.kinds import KINDS
+    from glm53ctl.kernels.kinds import ranks_kinds
 
-    return ",".join(n for n, k in KINDS.items() if k.ranks)
+    return ",".join(ranks_kinds())
 
 
 AllKeysOpt = Annotated[

@@ -58,7 +58,7 @@ class Kind:
         from glm53ctl.errors import UsageError
 
         if self.ranks is None:
-            real = ", ".join(n for n, k in KINDS.items() if k.ranks) or "none"
+            real = ", ".join(ranks_kinds()) or "none"
             raise UsageError(f"{self.name} runs on one device only so far (its peers emulated)", hint=f"--gpus: {real}")
         return _load(self.ranks)
 
@@ -168,6 +168,11 @@ def get_kind(name: str) -> Kind:
     if name not in KINDS:
         raise UsageError(f"unknown kind {name!r}", hint=f"one of {names(with_kernels=False)}")
     return KINDS[name]
+
+
+def ranks_kinds() -> tuple[str, ...]:
+    """The kinds that run on real ranks, one process per rank (`--gpus T`): the default selection there."""
+    return tuple(n for n, k in KINDS.items() if k.ranks)
 
 
 def context_kinds() -> tuple[str, ...]:

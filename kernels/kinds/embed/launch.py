@@ -32,10 +32,9 @@ class EmbedLaunch(PersistentLaunch):
         self.runtime = Runtime(self.table, torch.device(device), max_programs=self.grid, flags=flags)
         if links:
             self.partial = links.slots.local
-            self.arrive = torch.zeros(1, dtype=torch.int32, device=device)
         else:
             self.partial = torch.zeros(rows, self.D, dtype=torch.float32, device=device)
-            self.arrive = torch.zeros(1, dtype=torch.int32, device=device)  # no pushes: a stand-in
+        self.arrive = torch.zeros(1, dtype=torch.int32, device=device)  # the pushing tasks' arrivals (real ranks)
         self._no_peers = torch.zeros(1, dtype=torch.int64, device=device)
 
     @staticmethod

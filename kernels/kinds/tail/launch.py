@@ -33,6 +33,7 @@ class TailLaunch(PersistentLaunch):
         flags = links.flags.local if links else None
         self.runtime = Runtime(self.table, torch.device(device), max_programs=self.grid, flags=flags)
         self.arrive = torch.zeros(1, dtype=torch.int32, device=device)
+        self.n_pushers = sum(t[0] == TAIL_LM_HEAD for t in self.table.tasks)  # real ranks: the tasks that push
         self._no_peers = torch.zeros(1, dtype=torch.int64, device=device)
         self.h_hat = torch.zeros(16, self.D, dtype=torch.bfloat16, device=device)
         self.rstd = torch.zeros(16, dtype=torch.float32, device=device)
@@ -92,7 +93,7 @@ class TailLaunch(PersistentLaunch):
             "eps": self.spec.model.rms_norm_eps,
             "rank": links.rank if links else 0,
             "mute": int(mute),
-            "n_pushers": sum(t[0] == TAIL_LM_HEAD for t in self.table.tasks),
+            "n_pushers": self.n_pushers,
         }
         if links:
             args["n_peers"] = 0  # the peers write their own words: the last program leaves them alone
