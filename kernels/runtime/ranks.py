@@ -9,9 +9,11 @@ polls its own memory, never a peer's across the link) and leaves the reduce body
 are: the guard names the peer that never published.
 
 - `RankLayout`: which device each rank runs on (`--gpus N`: N = 1, the emulation, or N = T, a rank per GPU).
-- `run_ranks`: spawns the ranks (NVLink multicast off in each), sets up `torch.distributed` (NCCL on GPUs, gloo
-  on the CPU; for set-up only: nothing of a launch goes through it), runs a function on every rank and gathers
-  the results on the caller; a rank that raises is named; a rank that hangs is killed at the timeout.
+- `run_ranks`: spawns the ranks (NVLink multicast off in each), sets up what they meet through (on GPUs
+  `torch.distributed` with NCCL, which symmetric memory needs; on the CPU a file store in the run's folder, with
+  no sockets: gloo's TCP mesh failed to connect now and then on a loaded CI machine), for set-up and barriers
+  only: nothing of a launch goes through it; runs a function on every rank and gathers the results on the
+  caller; a rank that raises is named; a rank that hangs is killed at the timeout.
 - `Mailbox`: a rank's buffers its peers write into. On the CPU, shared-memory files mapped by every rank (what
   CI tests, under the interpreter: the ranks' launches really run concurrently and poll each other's writes);
   on GPUs, torch symmetric memory (not yet run: no machine with several GPUs was lent; see docs/perf/ranks.md).
@@ -25,11 +27,16 @@ import tempfile
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import torch
 
 from glm53ctl.errors import CheckFailed, UsageError
+
+# the longest a rank waits at a CPU barrier for its peers (a peer that never comes has failed or hangs, and the
+# launcher kills every rank at its own timeout first)
+STORE_WAIT_S = 3600
 
 # NVLink multicast stays off (docs/design.md; the machines' KINDS.md): in this process and every child
 NVLS_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -78,9 +85,19 @@ class Group:
     world: int
     device: torch.device
     folder: Path  # the CPU mailboxes' files
+    store: object | None = None  # on the CPU, a torch.distributed.FileStore the ranks meet through; else NCCL
+    _barriers: int = 0
 
     def barrier(self) -> None:
-        torch.distributed.barrier()
+        """Every rank waits here until all have come."""
+        if self.store is None:
+            torch.distributed.barrier()
+            return
+        self._barriers += 1
+        key = f"barrier{self._barriers}"
+        if self.store.add(key, 1) == self.world:  # the last to come opens it
+            self.store.set(f"{key}.open", "1")
+        self.store.wait([f"{key}.open"])
 
 
 def _child(rank: int, world: int, layout: RankLayout, folder: str, init: str, fn, args, queue) -> None:
@@ -89,12 +106,16 @@ def _child(rank: int, world: int, layout: RankLayout, folder: str, init: str, fn
         device = layout.device(rank)
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        torch.distributed.init_process_group(backend, init_method=init, rank=rank, world_size=world)
-        try:
-            out = fn(Group(rank, world, device, Path(folder)), *args)
-        finally:
-            torch.distributed.destroy_process_group()
+        if device.type == "cuda":
+            torch.distributed.init_process_group("nccl", init_method=init, rank=rank, world_size=world)
+            try:
+                out = fn(Group(rank, world, device, Path(folder)), *args)
+            finally:
+                torch.distributed.destroy_process_group()
+        else:
+            store = torch.distributed.FileStore(str(Path(folder) / "store"), world)
+            store.set_timeout(timedelta(seconds=STORE_WAIT_S))
+            out = fn(Group(rank, world, device, Path(folder), store), *args)
         # as bytes: a tensor put on a queue as itself is shared by a file descriptor that dies with this process
         buf = io.BytesIO()
         torch.save(out, buf)
