@@ -16,7 +16,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 from glm53ctl.errors import ConfigError, Glm53Error
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 def _kind(v: str) -> str:
@@ -39,9 +39,16 @@ def _knob_value(v: object) -> object:
 KnobValue = Annotated[bool | int | str, BeforeValidator(_knob_value)]
 Rows = Annotated[int, Field(ge=1, le=8)]
 
-# schema_version N -> function turning a version-N document into a version-(N+1) one.
-# Empty at version 1; a bump adds `migrate_v1_to_v2` here and a CHANGELOG "Changed" entry.
-MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+
+def _v1_to_v2(doc: dict[str, Any]) -> dict[str, Any]:
+    """Version 2 records the context an entry was tuned at (`Entry.context`); a version-1 entry has none: it
+    reads as tuned at the check's contexts, as a tune without --context is."""
+    return doc
+
+
+# schema_version N -> function turning a version-N document into a version-(N+1) one (each bump adds one here
+# and a CHANGELOG "Changed" entry).
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2}
 
 
 class _Strict(BaseModel):
@@ -89,15 +96,17 @@ class DroppedKnob(_Strict):
 
 
 class Entry(_Strict):
-    """The knobs kept for one (kind, rows), why, and what was dropped."""
+    """The knobs kept for one (kind, rows), why, and what was dropped; for a kind that reads caches, the context
+    (tokens) it was tuned at (None: the check's contexts, rows below and above the selection width)."""
 
     knobs: dict[str, KnobValue] = {}
+    context: int | None = Field(default=None, ge=0)
     evidence: Evidence | None = None
     dropped: list[DroppedKnob] = []
 
 
 class TunedConfig(_Strict):
-    schema_version: Literal[1]
+    schema_version: Literal[2]
     model: str
     tp: int
 
@@ -205,10 +214,14 @@ def _check_knobs(path: Path, cfg: TunedConfig) -> None:
         load_model(cfg.model)
     except Glm53Error as e:
         raise ConfigError(f"{path}: model: {e.message}", hint=e.hint) from None
+    from glm53ctl.kernels.kinds import get_kind
+
     for kind, per_rows in cfg.entries.items():
         known = kind_knobs(kind)
         for rows, entry in per_rows.items():
             where = f"{path}: entries.{kind}.{rows}"
+            if entry.context is not None and not get_kind(kind).reads_context:
+                raise ConfigError(f"{where}.context: {kind} reads no caches, so it is tuned at no context (null)")
             pairs = [(f"knobs.{k}", k, v) for k, v in entry.knobs.items()]
             pairs += [(f"dropped.{i}", d.knob, d.value) for i, d in enumerate(entry.dropped)]
             for at, name, value in pairs:
@@ -274,11 +287,12 @@ def lookup(
     defaults: dict[str, KnobValue],
     gpu_capability: str | None = None,
     triton_version: str | None = None,
+    context: int | None = None,
 ) -> tuple[dict[str, KnobValue], str, list[str]]:
     """The knobs in force for (kind, rows): tuned entry over the defaults, its source, and warnings.
 
-    An entry measured on another GPU capability or another Triton minor version is still used,
-    with a warning (docs/design.md §6).
+    An entry measured on another GPU capability or another Triton minor version, or (a kind that reads caches,
+    `context` given) at another context, is still used, with a warning (docs/design.md §6).
     """
     entry = cfg.entry(kind, rows) if cfg else None
     if cfg is None or entry is None:
@@ -289,8 +303,13 @@ def lookup(
         warnings.append(f"tuned on capability {p.gpu_capability}, this GPU is {gpu_capability}")
     if triton_version and _minor(p.triton) != _minor(triton_version):
         warnings.append(f"tuned with Triton {p.triton}, this is Triton {triton_version}")
+    again = f"glm53ctl tune --tp {cfg.tp} --rows {rows} --kind {kind}"
+    if context is not None and entry.context != context:
+        at = "the check's contexts" if entry.context is None else f"context {entry.context}"
+        warnings.append(f"tuned at {at}, this key runs at context {context}")
+        again += f" --context {context}"
     if warnings:
-        warnings.append(f"re-run `glm53ctl tune --tp {cfg.tp} --rows {rows} --kind {kind}`")
+        warnings.append(f"re-run `{again}`")
     return {**defaults, **entry.knobs}, f"tuned r{cfg.revision}", warnings
 
 

@@ -28,10 +28,14 @@ class Worker:
         args += [json.dumps(knobs), str(seed)] + ([str(context)] if context is not None else [])
         self.tree = tree
         self.p = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        ready = self.p.stdout.readline().split(maxsplit=3)
+        line = self.p.stdout.readline()
+        ready = line.split(maxsplit=3)
         if not ready or ready[0] != "ready":
             self.p.kill()
-            raise Glm53Error(f"{tree}: its timing worker for {kind} TP{tp} rows {rows} did not start (see above)")
+            self.p.wait()
+            why = line.split(maxsplit=1)[1].strip() if ready and ready[0] == "error" else "it exited (see above)"
+            at = "" if context is None else f" at context {context}"
+            raise Glm53Error(f"{tree}: cannot time {kind} TP{tp} rows {rows}{at}: {why}")
         self.nbytes, self.copies, self.knobs = int(ready[1]), int(ready[2]), json.loads(ready[3])
 
     def __call__(self) -> float:

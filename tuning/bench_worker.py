@@ -6,7 +6,7 @@ timed alike, and never imported into one interpreter (docs/design.md §7).
 
 argv: measure.py path, model, kind, tp, rows, knobs (JSON), seed[, context]. Prints
 `ready <bytes> <copies> <knobs JSON>`, then answers each `round` line on stdin with the µs per launch of one
-graph replay, until `quit`.
+graph replay, until `quit`; or, when the key cannot be set up in this tree, `error <why>` (one line) and exits.
 """
 
 import importlib.util
@@ -14,10 +14,19 @@ import json
 import math
 import sys
 
-import torch
 
-from glm53ctl.kernels.spec import load_model
-from glm53ctl.kernels.weights import Weights
+def _say_why(kind_, e, tb) -> None:
+    """Whatever stops this worker before it is ready, the parent reads why on its first line."""
+    print("error", f"{kind_.__name__}: {e}".replace("\n", " "), flush=True)
+    sys.__excepthook__(kind_, e, tb)
+
+
+sys.excepthook = _say_why
+
+import torch  # noqa: E402
+
+from glm53ctl.kernels.spec import load_model  # noqa: E402
+from glm53ctl.kernels.weights import Weights  # noqa: E402
 
 try:  # a tree with the kind registry; before it (git f418783), the launches module
     from glm53ctl.kernels.checks import make_harness
@@ -29,9 +38,19 @@ measure = importlib.util.module_from_spec(spec_)
 spec_.loader.exec_module(measure)
 model, kind, tp, rows = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 knobs, seed = json.loads(sys.argv[6]), int(sys.argv[7])
-context = {"context": int(sys.argv[8])} if len(sys.argv) > 8 else {}  # a tree from before contexts takes none
+context = {"context": int(sys.argv[8])} if len(sys.argv) > 8 else {}
 
-k = make_harness(Weights(load_model(model), seed=0, device="cuda"), kind, tp, rows, knobs, "cuda", **context)
+
+def set_up():
+    try:
+        return make_harness(Weights(load_model(model), seed=0, device="cuda"), kind, tp, rows, knobs, "cuda", **context)
+    except TypeError as e:
+        if context and "context" in str(e):  # a tree from before --context (git 06ceb1a)
+            raise RuntimeError(f"its {kind} takes no context (the tree predates --context)") from None
+        raise
+
+
+k = set_up()
 x = k.inputs(seed=seed)[0]
 peers = k.peer_partials(x)
 k(x, peers)  # compiles; the peers' partials in place
@@ -65,6 +84,7 @@ def launches() -> None:
 
 replay = measure.graph_timer(launches, inner=max(1, math.ceil(40 / len(copies))))
 print(f"ready {nbytes} {len(copies)} {json.dumps(k.knobs)}", flush=True)
+sys.excepthook = sys.__excepthook__
 for line in sys.stdin:
     if line.strip() != "round":
         break

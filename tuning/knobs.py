@@ -92,10 +92,13 @@ def check_knobs(kind: str, knobs: dict) -> None:
             raise UsageError(f"knob {name}={value!r}: expected one of {', '.join(map(str, k.values))}")
 
 
-def knobs_for(model: str, kind: str, tp: int, rows: int, overrides: dict | None = None, device=None) -> dict:
+def knobs_for(
+    model: str, kind: str, tp: int, rows: int, overrides: dict | None = None, device=None, context: int | None = None
+) -> dict:
     """The knobs in force for one build key (docs/design.md §6): the registry's defaults, then the tuned entry of
     configs/tuned/<model>/tp<T>.json for (kind, rows) if there is one, then explicit overrides. A tuned
-    entry measured on another GPU capability or Triton minor version is used with a warning."""
+    entry measured on another GPU capability or Triton minor version, or at another `context` than the key's
+    (a kind that reads caches, run at a given context), is used with a warning."""
     from glm53ctl import tuned
     from glm53ctl.output import print_warning
     from glm53ctl.paths import tuned_path
@@ -110,7 +113,7 @@ def knobs_for(model: str, kind: str, tp: int, rows: int, overrides: dict | None 
 
             major, minor = torch.cuda.get_device_capability(device)
             cap, triton_version = f"{major}.{minor}", triton.__version__
-        knobs, _, warnings = tuned.lookup(tuned.load(path), kind, rows, knobs, cap, triton_version)
+        knobs, _, warnings = tuned.lookup(tuned.load(path), kind, rows, knobs, cap, triton_version, context)
         for w in warnings:
             print_warning(f"{path}: {kind} rows={rows}: {w}")
     knobs = {**knobs, **(overrides or {})}

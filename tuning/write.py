@@ -17,7 +17,7 @@ def entry_of(result: dict) -> tuned.Entry:
     dropped = [tuned.DroppedKnob(knob=d["knob"], value=d["value"], reason=d["reason"]) for d in result["decisions"]]
     dropped = [d for d in dropped if d.knob not in result["kept"]]
     evidence = tuned.Evidence(**result["evidence"]) if result["evidence"] else None
-    return tuned.Entry(knobs=dict(result["kept"]), evidence=evidence, dropped=dropped)
+    return tuned.Entry(knobs=dict(result["kept"]), context=result.get("context"), evidence=evidence, dropped=dropped)
 
 
 def write_results(model: str, results: list[dict], env: dict, root: Path | None = None) -> list[Path]:
@@ -55,7 +55,8 @@ def changelog_line(path: Path, cfg: tuned.TunedConfig, results: list[dict]) -> s
         kept = ", ".join(f"{n}={v}" for n, v in r["kept"].items())
         e = r["evidence"]
         said = f"keeps {kept} ({e['ratio']:.3f}× the default's µs)" if kept else "keeps the defaults"
-        parts.append(f"{r['kind']} rows {r['rows']} {said}")
+        at = "" if r.get("context") is None else f" at context {r['context']}"
+        parts.append(f"{r['kind']} rows {r['rows']}{at} {said}")
     rel = f"configs/tuned/{cfg.model}/{path.name}"
     return f"- Tuned `{rel}` (revision {cfg.revision}, `{cfg.provenance.command}`): " + "; ".join(parts) + "."
 

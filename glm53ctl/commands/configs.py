@@ -257,6 +257,8 @@ def diff(
             if ka.get(knob) != kb.get(knob):
                 changes.append({"where": where, "knob": knob, "a": ka.get(knob), "b": kb.get(knob)})
         if ea is not None and eb is not None:
+            if ea.context != eb.context:  # tuned at another context (a kind that reads caches)
+                changes.append({"where": where, "knob": "context", "a": ea.context, "b": eb.context})
             va = ea.evidence.model_dump() if ea.evidence else {}
             vb = eb.evidence.model_dump() if eb.evidence else {}
             for k in sorted(set(va) | set(vb)):

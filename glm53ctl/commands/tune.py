@@ -181,7 +181,9 @@ def _row(r: dict) -> list:
     trials = f"{t['complete']} timed, {t['rejected']} rejected, {t['same_launch']} same launch"
     default_us = f"{r['default_us']:.1f}" if r["default_us"] else "-"
     us = f"{e['chosen_us']:.1f}" if e else default_us
-    return [f"{r['kind']} TP{r['tp']} r{r['rows']}", trials, default_us, kept, us, ratio, dropped]
+    from glm53ctl.commands.bench import key_label
+
+    return [key_label(r), trials, default_us, kept, us, ratio, dropped]
 
 
 def _progress(trials: int):

@@ -27,7 +27,7 @@ PROVENANCE = {
 
 def doc(**over):
     d = {
-        "schema_version": 1,
+        "schema_version": 2,
         "model": "tiny",
         "tp": 4,
         "revision": 3,
@@ -119,8 +119,8 @@ def test_malformed_json(root):
 
 
 def test_newer_schema_is_refused_naming_what_this_reads(root):
-    with pytest.raises(ConfigError, match=r"schema_version 2 is newer than this glm53ctl reads \(up to 1\)"):
-        tuned.load(_bad(root, json.dumps(doc(schema_version=2))))
+    with pytest.raises(ConfigError, match=r"schema_version 3 is newer than this glm53ctl reads \(up to 2\)"):
+        tuned.load(_bad(root, json.dumps(doc(schema_version=3))))
     with pytest.raises(ConfigError, match=r"schema_version: expected a positive integer"):
         tuned.load(_bad(root, json.dumps(doc(schema_version="1"))))
 
@@ -132,7 +132,7 @@ def test_migration_chain_applies_steps_in_order(root, monkeypatch):
     old = doc(schema_version=0)
     old["rev"] = old.pop("revision")
     migrated, start = tuned.migrate_document(root / "x.json", old)
-    assert start == 0 and migrated["schema_version"] == 1 and migrated["revision"] == 3
+    assert start == 0 and migrated["schema_version"] == tuned.SCHEMA_VERSION and migrated["revision"] == 3
     bad = doc(schema_version=0)
     with pytest.raises(ConfigError, match="missing key 'rev'"):
         tuned.migrate_document(root / "x.json", bad)
@@ -147,6 +147,33 @@ def test_lookup_precedence_and_provenance_warning(root):
     assert tuned.lookup(None, "dense", 2, defaults)[1] == "defaults"
     _, _, warns = tuned.lookup(cfg, "dense", 2, defaults, "10.0", "3.7.0")
     assert any("capability 9.0" in w for w in warns) and any("Triton 3.6.0" in w for w in warns)
+
+
+def test_a_version_1_file_migrates_and_an_entry_keeps_its_context(root, capsys):
+    """Version 2 records the context a kind that reads caches was tuned at: a version-1 file reads as tuned at
+    the check's contexts; a key run at another context than its entry's is warned of, naming both and the tune
+    to re-run; `configs diff` shows a changed context."""
+    v1 = doc(schema_version=1)
+    path = write(root / "tuned" / "tiny" / "tp4.json", json.dumps(v1))
+    assert tuned.load(path).entry("dense", 2).context is None
+    res = invoke_json(capsys, "configs", "migrate")
+    assert res["files"][0]["status"] == "migrated schema_version 1 → 2"
+    assert json.loads(path.read_text())["schema_version"] == 2
+
+    d = doc(entries={"sparse": {"1": {"context": 32768, "knobs": {}}}})
+    cfg = tuned.load_document(root / "x.json", d)
+    defaults = {"grid": 0}
+    assert tuned.lookup(cfg, "sparse", 1, defaults, context=32768)[2] == []
+    _, _, warns = tuned.lookup(cfg, "sparse", 1, defaults, context=4096)
+    assert warns == [
+        "tuned at context 32768, this key runs at context 4096",
+        "re-run `glm53ctl tune --tp 4 --rows 1 --kind sparse --context 4096`",
+    ]
+    a = write(root / "a" / "tp4.json", json.dumps(d))
+    d["entries"]["sparse"]["1"]["context"] = 4096
+    b = write(root / "b" / "tp4.json", json.dumps(d))
+    changes = invoke_json(capsys, "configs", "diff", str(a), str(b))["changes"]
+    assert {"where": "sparse rows=1", "knob": "context", "a": 32768, "b": 4096} in changes
 
 
 # ---- the CLI on real files ---------------------------------------------------------------------
@@ -201,10 +228,10 @@ def test_migrate_says_current(root, capsys):
     path = root / "tuned" / "tiny" / "tp4.json"
     before = path.read_text()
     res = invoke_json(capsys, "configs", "migrate")
-    assert res["files"][0]["status"] == "current (schema_version 1)"
+    assert res["files"][0]["status"] == "current (schema_version 2)"
     assert path.read_text() == before
     code, _, err = invoke(capsys, "configs", "migrate", str(_bad(root, json.dumps(doc(schema_version=7)))))
-    assert code == 2 and "schema_version 7 is newer than this glm53ctl reads (up to 1)" in err
+    assert code == 2 and "schema_version 7 is newer than this glm53ctl reads (up to 2)" in err
 
 
 @pytest.mark.parametrize(
@@ -294,6 +321,7 @@ def test_show_tp_needs_model(capsys):
         ({"tail": {"1": {"knobs": {"grid": "abc"}}}}, "tiny", "knobs.grid: 'abc' is not a value of grid"),
         ({"tail": {"1": {"knobs": {"grid": -7}}}}, "tiny", "knobs.grid: -7 is not a value of grid"),
         ({"tail": {"1": {"knobs": {"poll": True}}}}, "tiny", "knobs.poll: True is not a value of poll"),
+        ({"dense": {"1": {"context": 4096}}}, "tiny", "entries.dense.1.context: dense reads no caches"),
     ],
 )
 def test_validate_refuses_knobs_and_models_the_registry_does_not_know(capsys, tmp_path, entries, model, message):

@@ -183,3 +183,26 @@ def test_a_trial_is_checked_as_its_knobs_class_asks(weights):
     assert ev.identity(d) != ev.identity(d | {"oproj_first": 1})
     ev.default_out = {n: t + 1 if n == "H" else t for n, t in ev.default_out.items()}  # as if the default moved
     assert ev.check(d | {"oproj_first": 1}) == "not bitwise equal to the default: H"
+
+
+def test_a_tree_that_cannot_time_a_key_says_why(tmp_path):
+    """`bench --against REF`'s worker that cannot set its key up answers why, in one line, and the error names
+    the tree and the key: a tree from before --context (its harness takes none), and, on a machine without a
+    GPU, this very tree."""
+    from glm53ctl.errors import Glm53Error
+    from glm53ctl.tuning.ab import Worker
+    from glm53ctl.worktree import this_tree
+
+    old = tmp_path / "old"  # this tree but for its kernels, whose make_harness predates contexts
+    (old / "kernels").mkdir(parents=True)
+    (old / "kernels" / "__init__.py").write_text("")
+    for pkg in ("glm53ctl", "tuning", "configs"):
+        (old / pkg).symlink_to(this_tree() / pkg)
+    (old / "kernels" / "spec.py").write_text("def load_model(name):\n    return name\n")
+    (old / "kernels" / "weights.py").write_text("class Weights:\n    def __init__(self, *a, **k):\n        pass\n")
+    (old / "kernels" / "checks.py").write_text("def make_harness(w, kind, tp, rows, knobs, device):\n    pass\n")
+    with pytest.raises(Glm53Error, match=r"old: cannot time sparse TP2 rows 1 at context 4096: .*predates --context"):
+        Worker(old, "tiny", "sparse", 2, 1, {}, 0, 4096)
+    if not torch.cuda.is_available():
+        with pytest.raises(Glm53Error, match=r"cannot time dense TP1 rows 1: .*(CUDA|cuda)"):
+            Worker(this_tree(), "tiny", "dense", 1, 1, {}, 0)

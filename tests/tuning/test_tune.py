@@ -173,7 +173,7 @@ def test_a_written_file_validates_loads_and_changes_what_check_and_build_use(con
     from glm53ctl.kernels.spec import load_model
     from glm53ctl.kernels.weights import Weights
     from glm53ctl.tuning.knobs import knobs_for
-    from glm53ctl.tuning.write import add_changelog_line, write_results
+    from glm53ctl.tuning.write import add_changelog_line, changelog_line, write_results
     from tests.helpers import invoke
 
     env = measure.environment("glm53ctl tune --tp 4 --rows 2 --kind dense --write")
@@ -199,6 +199,14 @@ def test_a_written_file_validates_loads_and_changes_what_check_and_build_use(con
     cfg = tuned.load(path)
     assert cfg.revision == 2 and cfg.entry("dense", 2).knobs == {"oproj_first": 1}
     assert cfg.entry("dense", 8).knobs == {} and cfg.entry("dense", 8).evidence is None
+    # a kind that reads caches, tuned at a context: its entry says which (the line too); knobs_for warns at another
+    at_32k = _result("sparse", rows=1, kept={}) | {"context": 32768, "decisions": []}
+    (path,) = write_results("tiny", [at_32k], env, root=config_dir)
+    cfg = tuned.load(path)
+    assert cfg.entry("sparse", 1).context == 32768 and cfg.entry("dense", 8).context is None
+    assert "sparse rows 1 at context 32768 keeps the defaults" in changelog_line(path, cfg, [at_32k])
+    knobs_for("tiny", "sparse", 4, 1, context=4096)
+    assert "tuned at context 32768, this key runs at context 4096" in capsys.readouterr().err
     # the CHANGELOG line goes first under Unreleased / Changed
     log = tmp_path / "CHANGELOG.md"
     log.write_text("# Changelog\n\n## [Unreleased]\n\n### Added\n\n- a\n\n## [0.1.0]\n\n- old\n")
