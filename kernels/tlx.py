@@ -11,6 +11,12 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+if interpreting():  # before any kernel runs: glm53ctl's settings of the interpreter
+    from glm53ctl.kernels import interpreter
+
+    interpreter.configure()
+
+
 @triton.jit
 def to_bf16(x, INTERPRET: tl.constexpr):
     """fp32 -> bf16, round to nearest even everywhere: the interpreter's cast truncates, the GPU's rounds."""

@@ -7,7 +7,7 @@ import triton.language as tl
 
 from glm53ctl.kernels.checks import make_harness
 from glm53ctl.kernels.harness import RunKey, run_reference, run_triton
-from glm53ctl.kernels.kinds import get_kind
+from glm53ctl.kernels.kinds import get_kind, kernel_kinds
 from glm53ctl.kernels.kinds.task_types import EMBED_GATHER, HOP
 from glm53ctl.kernels.numerics import rel_rms
 from glm53ctl.kernels.reference import Reference
@@ -17,6 +17,7 @@ from glm53ctl.kernels.runtime.table import BOX, FLAG, PEER, TaskTable
 from glm53ctl.kernels.spec import load_model
 from glm53ctl.kernels.weights import Weights
 from glm53ctl.tuning.knobs import kind_knobs
+from tests.helpers import assert_same_bits
 
 pytestmark = pytest.mark.interpreter
 
@@ -250,3 +251,53 @@ def test_the_interpreter_spreads_tasks_over_programs(weights):
             k(x, peers, stuck_site=site)
         programs.add(e.value.program)
     assert len(programs) > 1, programs
+
+
+@pytest.mark.parametrize("kind", kernel_kinds())
+def test_the_faster_interpreter_gives_the_stock_interpreters_bits(weights, kind):
+    """glm53ctl runs Triton's interpreter with its language patched once per launch and the integer-overflow check
+    off (kernels/interpreter.py): every kind's launch gives the same bits as the interpreter as shipped, which also
+    finds no overflow in it."""
+    from glm53ctl.kernels.interpreter import interpreter_as_shipped
+
+    k = make_harness(weights, kind, 2, 2, None, "cpu")
+    x = k.inputs(seed=5)[0]
+    peers = k.peer_partials(x)
+    fast = k(x, peers, poison=True)
+    with interpreter_as_shipped():
+        stock = k(x, peers, poison=True)
+    assert_same_bits(fast, stock, "the interpreter as shipped")
+
+
+@triton.jit
+def _doubled(p):
+    tl.store(p, tl.load(p) * 2)
+
+
+def test_the_interpreter_as_shipped_is_what_the_test_above_compares_with():
+    """Inside `interpreter_as_shipped` Triton's own patching and overflow check are in force, and outside them
+    glm53ctl's; the overflow check acts only under TRITON_DEBUG (then it catches an int32 overflow), so without it
+    both wrap as the GPU does: leaving it off loses nothing."""
+    from dataclasses import replace
+
+    from triton.runtime import interpreter as ti
+
+    from glm53ctl.kernels.interpreter import interpreter_as_shipped
+
+    def doubled():
+        x = torch.tensor([2**30 + 1], dtype=torch.int32)
+        _doubled[(1,)](x)
+        return x.item()
+
+    assert doubled() == -(2**31) + 2  # wrapped
+    with interpreter_as_shipped():
+        assert ti._patch_lang is ti._glm53ctl_stock[0] and ti.interpreter_builder.options.sanitize_overflow
+        assert doubled() == -(2**31) + 2
+        shipped = ti.interpreter_builder.options
+        ti.interpreter_builder.options = replace(shipped, debug=True)
+        try:
+            with pytest.raises(BaseException, match="overflow"):
+                doubled()
+        finally:
+            ti.interpreter_builder.options = shipped
+    assert ti._patch_lang is not ti._glm53ctl_stock[0] and not ti.interpreter_builder.options.sanitize_overflow

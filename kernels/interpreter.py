@@ -1,0 +1,104 @@
+"""glm53ctl's settings of Triton's interpreter (TRITON_INTERPRET=1: CI, and the main job on a CPU), which make a
+launch about 2.5x faster than the interpreter as shipped and give the same bits (tests/kernels/test_launches.py):
+the language patched once per launch, not on every call of a jitted function, and the integer-overflow check
+computed only when TRITON_DEBUG would act on it."""
+
+from contextlib import contextmanager
+
+import triton.language as tl
+
+
+def _patch_language_once_per_launch() -> None:
+    """Triton 3.6's interpreter patches `triton.language` for every launch (and restores it after), and again on
+    every call of a jitted function inside it, never restored: the same patches over the same modules, about a
+    millisecond each, a quarter of a `check` on the CPU (task bodies and `tl.sum` are such calls). Inside a launch,
+    a call whose modules (`tl`, or `triton.language.core` for the standard library) were patched already in it
+    skips them. Semantics are unchanged: every patch binds the one interpreter builder, and the skipped ones would
+    have stayed in force anyway. (A Triton without these internals is left as it is.)"""
+    import inspect
+
+    from triton.runtime import interpreter as ti
+
+    if getattr(ti, "_glm53ctl_once_per_launch", False) or not all(
+        hasattr(ti, n) for n in ("_patch_lang", "_LangPatchScope", "GridExecutor", "InterpretedFunction")
+    ):
+        return
+    patch = ti._patch_lang
+    covered: list[set[int]] = []  # per launch in progress: the language modules patched in it
+    langs = (tl, tl.core)
+
+    modules: dict[int, frozenset[int]] = {}  # per function: the language modules its globals name
+
+    def seen(fn) -> frozenset[int]:
+        found = modules.get(id(fn))
+        if found is None:
+            found = modules[id(fn)] = frozenset(
+                id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in langs
+            )
+        return found
+
+    def patch_lang(fn):
+        if covered and seen(fn) <= covered[-1]:
+            return ti._LangPatchScope()  # a call inside a launch: the patches it would make are in force
+        scope = patch(fn)
+        if covered:  # the launch's own patches, or a call's over another module (triton.language.core: tl.sum)
+            covered[-1] |= seen(fn)
+        return scope
+
+    launch = ti.GridExecutor.__call__
+
+    def run(self, *args, **kwargs):
+        covered.append(set())
+        try:
+            return launch(self, *args, **kwargs)
+        finally:
+            covered.pop()
+
+    ti._glm53ctl_stock = (patch, launch)  # for `interpreter_as_shipped`
+    ti._patch_lang = patch_lang
+    ti.GridExecutor.__call__ = run
+    ti._glm53ctl_once_per_launch = True
+
+
+def sanitize_overflow(on: bool) -> bool:
+    """Whether the interpreter computes its integer-overflow check on every integer operation (Triton's
+    default). The check only acts under TRITON_DEBUG=1 (its assert is dropped otherwise), yet costs about a third
+    of a launch's time: glm53ctl's interpreter runs compute it only when debugging. Returns the previous
+    setting."""
+    from dataclasses import replace
+
+    from triton.runtime import interpreter as ti
+
+    builder = ti.interpreter_builder
+    before = builder.options.sanitize_overflow
+    builder.options = replace(builder.options, sanitize_overflow=on)
+    return before
+
+
+@contextmanager
+def interpreter_as_shipped():
+    """Triton's interpreter as it comes (every patch on every call, the overflow check on), for as long as the
+    `with` lasts: what the tests compare glm53ctl's faster settings with."""
+    from triton.runtime import interpreter as ti
+
+    stock = getattr(ti, "_glm53ctl_stock", None)
+    fast = (ti._patch_lang, ti.GridExecutor.__call__)
+    if stock:
+        ti._patch_lang, ti.GridExecutor.__call__ = stock
+    before = sanitize_overflow(True)
+    try:
+        yield
+    finally:
+        sanitize_overflow(before)
+        if stock:
+            ti._patch_lang, ti.GridExecutor.__call__ = fast
+
+
+def configure() -> None:
+    """glm53ctl's settings, once per process (kernels/tlx.py applies them where TRITON_INTERPRET=1)."""
+    from triton.runtime import interpreter as ti
+
+    _patch_language_once_per_launch()
+    options = getattr(getattr(ti, "interpreter_builder", None), "options", None)
+    if options is not None and hasattr(options, "sanitize_overflow"):
+        sanitize_overflow(options.debug)
