@@ -287,12 +287,11 @@ def lookup(
     defaults: dict[str, KnobValue],
     gpu_capability: str | None = None,
     triton_version: str | None = None,
-    context: int | None = None,
 ) -> tuple[dict[str, KnobValue], str, list[str]]:
     """The knobs in force for (kind, rows): tuned entry over the defaults, its source, and warnings.
 
-    An entry measured on another GPU capability or another Triton minor version, or (a kind that reads caches,
-    `context` given) at another context, is still used, with a warning (docs/design.md §6).
+    An entry measured on another GPU capability or another Triton minor version is still used, with a warning
+    (docs/design.md §6); one tuned at another context: `context_warnings`.
     """
     entry = cfg.entry(kind, rows) if cfg else None
     if cfg is None or entry is None:
@@ -303,14 +302,22 @@ def lookup(
         warnings.append(f"tuned on capability {p.gpu_capability}, this GPU is {gpu_capability}")
     if triton_version and _minor(p.triton) != _minor(triton_version):
         warnings.append(f"tuned with Triton {p.triton}, this is Triton {triton_version}")
-    again = f"glm53ctl tune --tp {cfg.tp} --rows {rows} --kind {kind}"
-    if context is not None and entry.context != context:
-        at = "the check's contexts" if entry.context is None else f"context {entry.context}"
-        warnings.append(f"tuned at {at}, this key runs at context {context}")
-        again += f" --context {context}"
     if warnings:
-        warnings.append(f"re-run `{again}`")
+        warnings.append(f"re-run `glm53ctl tune --tp {cfg.tp} --rows {rows} --kind {kind}`")
     return {**defaults, **entry.knobs}, f"tuned r{cfg.revision}", warnings
+
+
+def context_warnings(cfg: TunedConfig | None, kind: str, rows: int, context: int | None) -> list[str]:
+    """For a key of a kind that reads caches, run at `context` (None: the check's contexts): what to say when
+    its entry was tuned at another context (the entry is used all the same)."""
+    entry = cfg.entry(kind, rows) if cfg else None
+    if entry is None or entry.context == context:
+        return []
+    at = lambda c: "the check's contexts" if c is None else f"context {c}"  # noqa: E731
+    again = f"glm53ctl tune --tp {cfg.tp} --rows {rows} --kind {kind}" + (
+        f" --context {context}" if context is not None else ""
+    )
+    return [f"tuned at {at(entry.context)}, this key runs at {at(context)}", f"re-run `{again}`"]
 
 
 def _minor(version: str) -> str:

@@ -217,13 +217,12 @@ class KindHarness:
     STAGES: tuple = ()
     Launch: type  # the kind's launch class (its `partial_only` mode is a peer rank's launch)
 
-    def __init__(self, weights, tp: int, rows: int, knobs: dict | None, device, context: int | None = None) -> None:
+    def __init__(self, weights, tp: int, rows: int, knobs: dict | None, device) -> None:
         from glm53ctl.tuning.knobs import knobs_for, resolve_grid
 
         spec = weights.spec
         spec.check_tp(tp)
-        # `context`: the one a kind that reads caches runs at, when given (a tuned entry of another is warned of)
-        self.knobs = resolve_grid(knobs_for(spec.name, self.kind, tp, rows, knobs, device, context), device)
+        self.knobs = resolve_grid(knobs_for(spec.name, self.kind, tp, rows, knobs, device), device)
         self.tp, self.rows, self.device = tp, rows, torch.device(device)
         self.spec, self.weights = spec, weights
 

@@ -1,7 +1,8 @@
 """glm53ctl's settings of Triton's interpreter (TRITON_INTERPRET=1: CI, and the main job on a CPU), which make a
 launch about 2.5x faster than the interpreter as shipped and give the same bits (tests/kernels/test_launches.py):
 the language patched once per launch, not on every call of a jitted function, and the integer-overflow check
-computed only when TRITON_DEBUG would act on it."""
+computed only under TRITON_DEBUG=1, which (unlike the interpreter as shipped, which computes it always and never
+acts on it) then also makes it and every device assert act."""
 
 from contextlib import contextmanager
 
@@ -16,6 +17,7 @@ def _patch_language_once_per_launch() -> None:
     skips them. Semantics are unchanged: every patch binds the one interpreter builder, and the skipped ones would
     have stayed in force anyway. (A Triton without these internals is left as it is.)"""
     import inspect
+    import weakref
 
     from triton.runtime import interpreter as ti
 
@@ -27,18 +29,18 @@ def _patch_language_once_per_launch() -> None:
     covered: list[set[int]] = []  # per launch in progress: the language modules patched in it
     langs = (tl, tl.core)
 
-    modules: dict[int, frozenset[int]] = {}  # per function: the language modules its globals name
+    modules: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # per function: the language modules it sees
 
     def seen(fn) -> frozenset[int]:
-        found = modules.get(id(fn))
+        found = modules.get(fn)
         if found is None:
-            found = modules[id(fn)] = frozenset(
+            found = modules[fn] = frozenset(
                 id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in langs
             )
         return found
 
     def patch_lang(fn):
-        if covered and seen(fn) <= covered[-1]:
+        if covered and seen(fn) and seen(fn) <= covered[-1]:  # (one that sees none: the stock assert says so)
             return ti._LangPatchScope()  # a call inside a launch: the patches it would make are in force
         scope = patch(fn)
         if covered:  # the launch's own patches, or a call's over another module (triton.language.core: tl.sum)
@@ -60,18 +62,18 @@ def _patch_language_once_per_launch() -> None:
     ti._glm53ctl_once_per_launch = True
 
 
-def sanitize_overflow(on: bool) -> bool:
-    """Whether the interpreter computes its integer-overflow check on every integer operation (Triton's
-    default). The check only acts under TRITON_DEBUG=1 (its assert is dropped otherwise), yet costs about a third
-    of a launch's time: glm53ctl's interpreter runs compute it only when debugging. Returns the previous
-    setting."""
+def set_checks(sanitize: bool, debug: bool) -> tuple[bool, bool]:
+    """The interpreter's integer-overflow check on every integer operation (`sanitize_overflow`) and whether its
+    asserts act (`debug`); returns the previous pair. As shipped: the check always computed, about a third of a
+    launch's time, and never acted on (Triton 3.6 never sets the interpreter's `debug`, whatever TRITON_DEBUG
+    says)."""
     from dataclasses import replace
 
     from triton.runtime import interpreter as ti
 
     builder = ti.interpreter_builder
-    before = builder.options.sanitize_overflow
-    builder.options = replace(builder.options, sanitize_overflow=on)
+    before = (builder.options.sanitize_overflow, builder.options.debug)
+    builder.options = replace(builder.options, sanitize_overflow=sanitize, debug=debug)
     return before
 
 
@@ -85,20 +87,23 @@ def interpreter_as_shipped():
     fast = (ti._patch_lang, ti.GridExecutor.__call__)
     if stock:
         ti._patch_lang, ti.GridExecutor.__call__ = stock
-    before = sanitize_overflow(True)
+    before = set_checks(True, False)
     try:
         yield
     finally:
-        sanitize_overflow(before)
+        set_checks(*before)
         if stock:
             ti._patch_lang, ti.GridExecutor.__call__ = fast
 
 
 def configure() -> None:
-    """glm53ctl's settings, once per process (kernels/tlx.py applies them where TRITON_INTERPRET=1)."""
+    """glm53ctl's settings (kernels/tlx.py applies them where TRITON_INTERPRET=1): the patches once per process;
+    the overflow check and asserts on exactly when TRITON_DEBUG=1."""
+    import triton
     from triton.runtime import interpreter as ti
 
     _patch_language_once_per_launch()
     options = getattr(getattr(ti, "interpreter_builder", None), "options", None)
-    if options is not None and hasattr(options, "sanitize_overflow"):
-        sanitize_overflow(options.debug)
+    if options is not None and hasattr(options, "sanitize_overflow") and hasattr(options, "debug"):
+        debug = bool(getattr(getattr(triton, "knobs", None), "runtime", None) and triton.knobs.runtime.debug)
+        set_checks(debug, debug)

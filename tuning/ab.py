@@ -31,8 +31,11 @@ class Worker:
         line = self.p.stdout.readline()
         ready = line.split(maxsplit=3)
         if not ready or ready[0] != "ready":
-            self.p.kill()
-            self.p.wait()
+            try:  # it is exiting: its traceback is out; one that hangs instead is stopped
+                self.p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait()
             why = line.split(maxsplit=1)[1].strip() if ready and ready[0] == "error" else "it exited (see above)"
             at = "" if context is None else f" at context {context}"
             raise Glm53Error(f"{tree}: cannot time {kind} TP{tp} rows {rows}{at}: {why}")

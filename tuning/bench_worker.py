@@ -16,9 +16,10 @@ import sys
 
 
 def _say_why(kind_, e, tb) -> None:
-    """Whatever stops this worker before it is ready, the parent reads why on its first line."""
-    print("error", f"{kind_.__name__}: {e}".replace("\n", " "), flush=True)
+    """Whatever stops this worker before it is ready: its traceback on stderr, then why on the parent's line."""
     sys.__excepthook__(kind_, e, tb)
+    sys.stderr.flush()
+    print("error", f"{kind_.__name__}: {e}".replace("\n", " "), flush=True)
 
 
 sys.excepthook = _say_why
@@ -45,8 +46,8 @@ def set_up():
     try:
         return make_harness(Weights(load_model(model), seed=0, device="cuda"), kind, tp, rows, knobs, "cuda", **context)
     except TypeError as e:
-        if context and "context" in str(e):  # a tree from before --context (git 06ceb1a)
-            raise RuntimeError(f"its {kind} takes no context (the tree predates --context)") from None
+        if context and "unexpected keyword argument 'context'" in str(e):  # a tree from before git 06ceb1a
+            raise RuntimeError(f"its {kind} takes no context (the tree predates --context): {e}") from e
         raise
 
 

@@ -92,13 +92,10 @@ def check_knobs(kind: str, knobs: dict) -> None:
             raise UsageError(f"knob {name}={value!r}: expected one of {', '.join(map(str, k.values))}")
 
 
-def knobs_for(
-    model: str, kind: str, tp: int, rows: int, overrides: dict | None = None, device=None, context: int | None = None
-) -> dict:
+def knobs_for(model: str, kind: str, tp: int, rows: int, overrides: dict | None = None, device=None) -> dict:
     """The knobs in force for one build key (docs/design.md §6): the registry's defaults, then the tuned entry of
     configs/tuned/<model>/tp<T>.json for (kind, rows) if there is one, then explicit overrides. A tuned
-    entry measured on another GPU capability or Triton minor version, or at another `context` than the key's
-    (a kind that reads caches, run at a given context), is used with a warning."""
+    entry measured on another GPU capability or Triton minor version is used with a warning."""
     from glm53ctl import tuned
     from glm53ctl.output import print_warning
     from glm53ctl.paths import tuned_path
@@ -113,12 +110,26 @@ def knobs_for(
 
             major, minor = torch.cuda.get_device_capability(device)
             cap, triton_version = f"{major}.{minor}", triton.__version__
-        knobs, _, warnings = tuned.lookup(tuned.load(path), kind, rows, knobs, cap, triton_version, context)
+        knobs, _, warnings = tuned.lookup(tuned.load(path), kind, rows, knobs, cap, triton_version)
         for w in warnings:
             print_warning(f"{path}: {kind} rows={rows}: {w}")
     knobs = {**knobs, **(overrides or {})}
     check_knobs(kind, knobs)
     return knobs
+
+
+def warn_of_context(model: str, kind: str, tp: int, rows: int, context: int | None) -> None:
+    """Once per key a command runs (check, bench) of a kind that reads caches, at `context` (None: the check's
+    contexts): a warning when its tuned entry was measured at another context."""
+    from glm53ctl import tuned
+    from glm53ctl.kernels.kinds import get_kind
+    from glm53ctl.output import print_warning
+    from glm53ctl.paths import tuned_path
+
+    path = tuned_path(model, tp)
+    if get_kind(kind).reads_context and path.exists():
+        for w in tuned.context_warnings(tuned.load(path), kind, rows, context):
+            print_warning(f"{path}: {kind} rows={rows}: {w}")
 
 
 def parse_knobs(text: str | None, kind: str) -> dict:

@@ -117,10 +117,11 @@ def bench(
     weights = Weights(spec, seed=0, device="cuda")
     keys = [(k, t, r, c) for k in kinds for t in tps for r in rowss for c in contexts.get(k, [None])]
     from glm53ctl.tuning.bench import compile_workers, precompile
-    from glm53ctl.tuning.knobs import defaults
+    from glm53ctl.tuning.knobs import defaults, warn_of_context
 
     jobs = []
     for k, t, r, c in keys:
+        warn_of_context(model, k, t, r, c)
         knobs_now = _knobs_in_force(model, k, t, r, overrides[k])
         jobs.append((model, k, t, r, tuple(sorted(knobs_now.items())), tuple(baselines), c))
         if "defaults" in baselines:

@@ -150,6 +150,10 @@ def check(
         _check_ranks(o, weights, keys, seed, device)
         return
     jobs = _jobs(jobs, device, keys)
+    from glm53ctl.tuning.knobs import warn_of_context
+
+    for k, t, r in keys:
+        warn_of_context(weights.spec.name, k, t, r, context_of(k, context))
     if save is not None:  # the other side of --against: outputs only, in this tree's process
         _save_outputs(weights, keys, seed, device, save, context)
         return

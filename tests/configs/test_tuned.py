@@ -163,12 +163,15 @@ def test_a_version_1_file_migrates_and_an_entry_keeps_its_context(root, capsys):
     d = doc(entries={"sparse": {"1": {"context": 32768, "knobs": {}}}})
     cfg = tuned.load_document(root / "x.json", d)
     defaults = {"grid": 0}
-    assert tuned.lookup(cfg, "sparse", 1, defaults, context=32768)[2] == []
-    _, _, warns = tuned.lookup(cfg, "sparse", 1, defaults, context=4096)
-    assert warns == [
+    assert tuned.context_warnings(cfg, "sparse", 1, 32768) == [] and tuned.lookup(cfg, "sparse", 1, defaults)[2] == []
+    assert tuned.context_warnings(cfg, "sparse", 1, 4096) == [
         "tuned at context 32768, this key runs at context 4096",
         "re-run `glm53ctl tune --tp 4 --rows 1 --kind sparse --context 4096`",
     ]
+    assert (
+        tuned.context_warnings(cfg, "sparse", 1, None)[0]
+        == "tuned at context 32768, this key runs at the check's contexts"
+    )
     a = write(root / "a" / "tp4.json", json.dumps(d))
     d["entries"]["sparse"]["1"]["context"] = 4096
     b = write(root / "b" / "tp4.json", json.dumps(d))

@@ -274,15 +274,14 @@ def _doubled(p):
     tl.store(p, tl.load(p) * 2)
 
 
-def test_the_interpreter_as_shipped_is_what_the_test_above_compares_with():
-    """Inside `interpreter_as_shipped` Triton's own patching and overflow check are in force, and outside them
-    glm53ctl's; the overflow check acts only under TRITON_DEBUG (then it catches an int32 overflow), so without it
-    both wrap as the GPU does: leaving it off loses nothing."""
-    from dataclasses import replace
-
+def test_the_interpreter_as_shipped_is_what_the_test_above_compares_with(monkeypatch):
+    """Inside `interpreter_as_shipped` Triton's own patching and overflow check are in force, outside them
+    glm53ctl's. As shipped the check is computed and never acted on: an int32 overflow wraps either way, as on
+    the GPU, so leaving it off loses nothing. Under TRITON_DEBUG=1 glm53ctl turns it on, and it acts."""
+    import triton
     from triton.runtime import interpreter as ti
 
-    from glm53ctl.kernels.interpreter import interpreter_as_shipped
+    from glm53ctl.kernels.interpreter import configure, interpreter_as_shipped
 
     def doubled():
         x = torch.tensor([2**30 + 1], dtype=torch.int32)
@@ -293,11 +292,13 @@ def test_the_interpreter_as_shipped_is_what_the_test_above_compares_with():
     with interpreter_as_shipped():
         assert ti._patch_lang is ti._glm53ctl_stock[0] and ti.interpreter_builder.options.sanitize_overflow
         assert doubled() == -(2**31) + 2
-        shipped = ti.interpreter_builder.options
-        ti.interpreter_builder.options = replace(shipped, debug=True)
-        try:
-            with pytest.raises(BaseException, match="overflow"):
-                doubled()
-        finally:
-            ti.interpreter_builder.options = shipped
     assert ti._patch_lang is not ti._glm53ctl_stock[0] and not ti.interpreter_builder.options.sanitize_overflow
+    monkeypatch.setattr(triton.knobs.runtime, "debug", True)  # as TRITON_DEBUG=1 sets it
+    configure()
+    try:
+        with pytest.raises(BaseException, match="overflow"):
+            doubled()
+    finally:
+        monkeypatch.undo()
+        configure()
+    assert not ti.interpreter_builder.options.sanitize_overflow and doubled() == -(2**31) + 2

@@ -172,7 +172,7 @@ def test_a_written_file_validates_loads_and_changes_what_check_and_build_use(con
     from glm53ctl.kernels.checks import make_harness
     from glm53ctl.kernels.spec import load_model
     from glm53ctl.kernels.weights import Weights
-    from glm53ctl.tuning.knobs import knobs_for
+    from glm53ctl.tuning.knobs import knobs_for, warn_of_context
     from glm53ctl.tuning.write import add_changelog_line, changelog_line, write_results
     from tests.helpers import invoke
 
@@ -205,7 +205,12 @@ def test_a_written_file_validates_loads_and_changes_what_check_and_build_use(con
     cfg = tuned.load(path)
     assert cfg.entry("sparse", 1).context == 32768 and cfg.entry("dense", 8).context is None
     assert "sparse rows 1 at context 32768 keeps the defaults" in changelog_line(path, cfg, [at_32k])
-    knobs_for("tiny", "sparse", 4, 1, context=4096)
+    # once per key that check or bench runs, not per harness (a step has a sparse harness per DSA layer)
+    capsys.readouterr()
+    knobs_for("tiny", "sparse", 4, 1)
+    warn_of_context("tiny", "sparse", 4, 1, 32768)
+    assert capsys.readouterr().err == ""
+    warn_of_context("tiny", "sparse", 4, 1, 4096)
     assert "tuned at context 32768, this key runs at context 4096" in capsys.readouterr().err
     # the CHANGELOG line goes first under Unreleased / Changed
     log = tmp_path / "CHANGELOG.md"

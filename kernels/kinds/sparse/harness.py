@@ -84,7 +84,7 @@ class SparseHarness(KdaHarness):
         from glm53ctl.kernels.harness import KindHarness
         from glm53ctl.kernels.run_key import layer_for
 
-        KindHarness.__init__(self, weights, tp, rows, knobs, device, context)
+        KindHarness.__init__(self, weights, tp, rows, knobs, device)
         spec, knobs = self.spec, self.knobs
         self.layer = layer_for(spec, self.kind, layer)
         self.contexts = (
