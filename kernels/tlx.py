@@ -11,7 +11,8 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-if interpreting():  # before any kernel runs: glm53ctl's settings of the interpreter
+# before any kernel runs: glm53ctl's settings of the interpreter (GLM53CTL_INTERPRETER=stock: as Triton ships it)
+if interpreting() and os.environ.get("GLM53CTL_INTERPRETER") != "stock":
     from glm53ctl.kernels import interpreter
 
     interpreter.configure()

@@ -19,6 +19,8 @@ Sites: wait_kind / wait_index / wait_count per site, numbered in task-table orde
 import triton
 import triton.language as tl
 
+from glm53ctl.kernels import tlx  # noqa: F401 - the interpreter's settings before any kernel is defined
+
 BOX_WORDS = 32  # 128-byte lines of int32
 CTL_WORDS = tl.constexpr(8)  # the control words; the interpreter's claim order follows them
 TASK_FIELDS = tl.constexpr(16)  # int32 words of a task's row: see task_row

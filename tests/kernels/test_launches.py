@@ -256,11 +256,13 @@ def test_the_interpreter_spreads_tasks_over_programs(weights):
 @pytest.mark.parametrize("kind", kernel_kinds())
 def test_the_faster_interpreter_gives_the_stock_interpreters_bits(weights, kind):
     """glm53ctl runs Triton's interpreter with its language patched once per launch and the integer-overflow check
-    off (kernels/interpreter.py): every kind's launch gives the same bits as the interpreter as shipped, which also
-    finds no overflow in it."""
+    off (kernels/interpreter.py): every kind's launch gives the same bits as the interpreter as shipped."""
+    from triton.runtime import interpreter as ti
+
     from glm53ctl.kernels.interpreter import interpreter_as_shipped
 
     k = make_harness(weights, kind, 2, 2, None, "cpu")
+    assert ti._patch_lang is not ti._glm53ctl_stock[0]  # glm53ctl's settings are in force (the kernels' import)
     x = k.inputs(seed=5)[0]
     peers = k.peer_partials(x)
     fast = k(x, peers, poison=True)
@@ -288,6 +290,7 @@ def test_the_interpreter_as_shipped_is_what_the_test_above_compares_with(monkeyp
         _doubled[(1,)](x)
         return x.item()
 
+    configure()  # as importing any kernel does (kernels/tlx.py): this test may run before any has been
     assert doubled() == -(2**31) + 2  # wrapped
     with interpreter_as_shipped():
         assert ti._patch_lang is ti._glm53ctl_stock[0] and ti.interpreter_builder.options.sanitize_overflow
@@ -302,3 +305,35 @@ def test_the_interpreter_as_shipped_is_what_the_test_above_compares_with(monkeyp
         monkeypatch.undo()
         configure()
     assert not ti.interpreter_builder.options.sanitize_overflow and doubled() == -(2**31) + 2
+
+
+def test_the_interpreter_as_shipped_on_request():
+    """GLM53CTL_INTERPRETER=stock leaves Triton's interpreter as it comes (a way to rule glm53ctl's settings out)."""
+    import os
+    import subprocess
+    import sys
+
+    code = "import glm53ctl.kernels.tlx; from triton.runtime import interpreter as ti; "
+    code += "print(hasattr(ti, '_glm53ctl_stock'))"
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    said = [
+        subprocess.run([sys.executable, "-c", code], env=env | extra, capture_output=True, text=True, check=True).stdout
+        for extra in ({}, {"GLM53CTL_INTERPRETER": "stock"})
+    ]
+    assert said == ["True\n", "False\n"]
+
+
+def test_every_kernel_module_applies_the_interpreters_settings():
+    """A module that defines a kernel imports kernels/tlx.py (itself or through runtime/device.py), which applies
+    glm53ctl's settings of the interpreter (kernels/interpreter.py): a key runs as fast whichever kind is imported
+    first, and the test above compares what runs."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "kernels"
+    imports = ("glm53ctl.kernels import tlx", "glm53ctl.kernels.tlx import", "glm53ctl.kernels.runtime.device import")
+    bare = [
+        str(p.relative_to(root))
+        for p in root.rglob("*.py")
+        if p.name != "tlx.py" and "@triton.jit" in (text := p.read_text()) and not any(i in text for i in imports)
+    ]
+    assert not bare, bare

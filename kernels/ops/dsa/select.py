@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from glm53ctl.kernels import tlx  # noqa: F401 - the interpreter's settings before any kernel is defined
+
 
 @triton.jit
 def score_key(s):

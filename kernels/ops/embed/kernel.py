@@ -10,6 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
+from glm53ctl.kernels import tlx  # noqa: F401 - the interpreter's settings before any kernel is defined
+
 
 @triton.jit
 def gather_row(tokens, table, partial, r, vocab_offset, o_d, D: tl.constexpr, V_LOCAL: tl.constexpr):
