@@ -1,5 +1,7 @@
 """The persistent launch runtime with its first kinds, embed and tail, under TRITON_INTERPRET=1 on `tiny`."""
 
+import os
+
 import pytest
 import torch
 import triton
@@ -253,6 +255,12 @@ def test_the_interpreter_spreads_tasks_over_programs(weights):
     assert len(programs) > 1, programs
 
 
+STOCK = pytest.mark.skipif(
+    os.environ.get("GLM53CTL_INTERPRETER") == "stock", reason="the interpreter as shipped was asked for"
+)
+
+
+@STOCK
 @pytest.mark.parametrize("kind", kernel_kinds())
 def test_the_faster_interpreter_gives_the_stock_interpreters_bits(weights, kind):
     """glm53ctl runs Triton's interpreter with its language patched once per launch and the integer-overflow check
@@ -276,6 +284,7 @@ def _doubled(p):
     tl.store(p, tl.load(p) * 2)
 
 
+@STOCK
 def test_the_interpreter_as_shipped_is_what_the_test_above_compares_with(monkeypatch):
     """Inside `interpreter_as_shipped` Triton's own patching and overflow check are in force, outside them
     glm53ctl's. As shipped the check is computed and never acted on: an int32 overflow wraps either way, as on
@@ -309,13 +318,12 @@ def test_the_interpreter_as_shipped_is_what_the_test_above_compares_with(monkeyp
 
 def test_the_interpreter_as_shipped_on_request():
     """GLM53CTL_INTERPRETER=stock leaves Triton's interpreter as it comes (a way to rule glm53ctl's settings out)."""
-    import os
     import subprocess
     import sys
 
     code = "import glm53ctl.kernels.tlx; from triton.runtime import interpreter as ti; "
     code += "print(hasattr(ti, '_glm53ctl_stock'))"
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    env = {k: v for k, v in os.environ.items() if k != "GLM53CTL_INTERPRETER"} | {"TRITON_INTERPRET": "1"}
     said = [
         subprocess.run([sys.executable, "-c", code], env=env | extra, capture_output=True, text=True, check=True).stdout
         for extra in ({}, {"GLM53CTL_INTERPRETER": "stock"})
