@@ -515,26 +515,15 @@ def fault(
         f"{tot['sites']} sites tried, {tot['named']} named correctly, {tot['hangs']} hangs, "
         f"{tot['retries_equal']} retries bitwise equal"
     )
-    o.json({"device": device, "model": weights.spec.name, "summary": summary, "totals": tot, "keys": results})
-    o.table(
+    _fault_report(
+        o,
         f"fault {weights.spec.name} on {device} (budget {budget_ms:g} ms)",
-        ["key", "sites", "named", "hangs", "retries equal", "slowest fault", "result"],
-        [
-            (
-                r["key"],
-                r["sites"],
-                r["named"],
-                r["hangs"],
-                r["retries_equal"],
-                f"{r['worst_s'] * 1e3:.1f} ms",
-                "ok" if r["ok"] else "FAIL: " + "; ".join(r["problems"][:3]),
-            )
-            for r in results
-        ],
+        {"device": device, "model": weights.spec.name, "summary": summary, "totals": tot},
+        results,
+        ["sites", "slowest fault"],
+        lambda r: [r["sites"], f"{r['worst_s'] * 1e3:.1f} ms"],
+        lambda r: "; ".join(r["problems"][:3]),
     )
-    o.text(summary)
-    if not all(r["ok"] for r in results):
-        raise CheckFailed(summary)
 
 
 def _fault_ranks(o: Output, weights, keys, device: str, budget_ns: int, wall_s: float) -> None:
@@ -556,22 +545,37 @@ def _fault_ranks(o: Output, weights, keys, device: str, budget_ns: int, wall_s: 
         f"{tot['peers']} peers muted, {tot['named']} named by every other rank, {tot['hangs']} hangs, "
         f"{tot['retries_equal']} retries bitwise equal on every rank"
     )
-    o.json({"device": device, "model": weights.spec.name, "summary": summary, "totals": tot, "keys": results})
-    o.table(
+    _fault_report(
+        o,
         f"fault {weights.spec.name} on real ranks ({device})",
-        ["key", "peers muted", "named", "hangs", "retries equal", "result"],
+        {"device": device, "model": weights.spec.name, "summary": summary, "totals": tot},
+        results,
+        ["peers muted"],
+        lambda r: [r["peers"]],
+        lambda r: r["problems"][0],
+    )
+
+
+def _fault_report(o: Output, title: str, head: dict, results: list[dict], counted, counts, problems) -> None:
+    """A fault run's report, on one GPU or on real ranks: the JSON (`head` and the keys), a row per key (its
+    `counted` columns, then named, hangs, retries equal and the result), the summary; exit 1 when a key failed."""
+    o.json(head | {"keys": results})
+    o.table(
+        title,
+        ["key", counted[0], "named", "hangs", "retries equal", *counted[1:], "result"],
         [
             (
                 r["key"],
-                r["peers"],
+                counts(r)[0],
                 r["named"],
                 r["hangs"],
                 r["retries_equal"],
-                "ok" if r["ok"] else "FAIL: " + r["problems"][0],
+                *counts(r)[1:],
+                "ok" if r["ok"] else "FAIL: " + problems(r),
             )
             for r in results
         ],
     )
-    o.text(summary)
+    o.text(head["summary"])
     if not all(r["ok"] for r in results):
-        raise CheckFailed(summary)
+        raise CheckFailed(head["summary"])
