@@ -100,10 +100,7 @@ def configure() -> None:
     """glm53ctl's settings (kernels/tlx.py applies them where TRITON_INTERPRET=1): the patches once per process;
     the overflow check and asserts on exactly when TRITON_DEBUG=1."""
     import triton
-    from triton.runtime import interpreter as ti
 
     _patch_language_once_per_launch()
-    options = getattr(getattr(ti, "interpreter_builder", None), "options", None)
-    if options is not None and hasattr(options, "sanitize_overflow") and hasattr(options, "debug"):
-        debug = bool(getattr(getattr(triton, "knobs", None), "runtime", None) and triton.knobs.runtime.debug)
-        set_checks(debug, debug)
+    debug = bool(triton.knobs.runtime.debug)  # TRITON_DEBUG
+    set_checks(debug, debug)
