@@ -108,8 +108,10 @@ def knobs_in_force(key: BuildKey) -> dict:
 
 
 def _source(launch):
-    """ASTSource of a launch's kernel, specialized as the JIT specializes these argument values."""
+    """ASTSource of a launch's kernel, specialized as the JIT specializes these argument values (in an argument's
+    groups too: a tuple's elements are specialized one by one, named by their path)."""
     from triton._C.libtriton import native_specialize_impl
+    from triton._utils import find_paths_if, get_iterable_path
     from triton.backends.compiler import BaseBackend
     from triton.compiler import ASTSource
 
@@ -124,13 +126,13 @@ def _source(launch):
         ty, spec = native_specialize_impl(
             BaseBackend, args[p.name], False, not p.do_not_specialize, not p.do_not_specialize_on_alignment
         )
+        signature[p.name] = ty
         if ty == "constexpr":
-            signature[p.name] = "constexpr"
             constants[p.name] = spec
-        else:
-            signature[p.name] = ty
-            if spec == "D":
-                attrs[(i,)] = [["tt.divisibility", 16]]
+        for path in find_paths_if(ty, lambda _, t: t == "constexpr") if isinstance(ty, tuple) else ():
+            constants[(i, *path)] = get_iterable_path(spec, path)
+        for path in find_paths_if(spec, lambda _, s: s == "D"):
+            attrs[(i, *path)] = [["tt.divisibility", 16]]
     return fn, ASTSource(fn, signature, constants, attrs), (signature, constants, attrs)
 
 

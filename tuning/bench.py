@@ -219,6 +219,7 @@ def _compile(job: tuple) -> str:
     a worker process: the launch's (and its peers') at these knobs, then each baseline run once."""
     model, kind, tp, rows, knobs, baselines, context = job
     from glm53ctl.kernels.checks import build_launches
+    from glm53ctl.kernels.runtime.launch import on_device
     from glm53ctl.kernels.spec import load_model
     from glm53ctl.tuning.knobs import defaults, kind_knobs, resolve_grid
 
@@ -229,7 +230,7 @@ def _compile(job: tuple) -> str:
     variants = [full | {"chain": c} for c in kind_knobs(kind)["chain"].values] if step else [full]
     for ks in variants:
         for _, la in build_launches(spec, kind, tp, rows, ks, context):
-            args = {n: (v.to("cuda") if isinstance(v, torch.Tensor) else v) for n, v in la.placeholder_args().items()}
+            args = on_device(la.placeholder_args(), "cuda")
             la.kernel.warmup(**args, **la.constexprs(), **la.options(), grid=(la.grid,))
     # a step's baselines need every layer's weights: too much for each of several workers (compiled at bench)
     others = [b for b in baselines if b != "defaults"] if not step else []

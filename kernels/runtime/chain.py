@@ -12,7 +12,6 @@ from glm53ctl.kernels.runtime.device import (
     launch_epoch,
     next_task,
     publish,
-    runtime_buffers,
     task_row,
     wait_task,
 )
@@ -22,15 +21,7 @@ from glm53ctl.kernels.tlx import interpreting
 
 @triton.jit(do_not_specialize=["stuck_site", "budget_ns"])
 def chain_kernel(
-    ctl,
-    flags,
-    boxes,
-    errs,
-    tasks,
-    wait_kind,
-    wait_index,
-    wait_count,
-    pub_slot,
+    rt,
     n_tasks,
     n_programs,
     stuck_site,
@@ -39,7 +30,7 @@ def chain_kernel(
     POLL: tl.constexpr,
     THREADS: tl.constexpr,
 ):
-    rt = runtime_buffers(ctl, flags, boxes, errs, tasks, wait_kind, wait_index, wait_count, pub_slot)
+    ctl, flags = rt.ctl, rt.flags  # the runtime's buffers (runtime/launch.py RuntimeBuffers)
     epoch = launch_epoch(ctl, INTERPRET)
     n_done = 0
     task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET)

@@ -294,7 +294,7 @@ def wait_task(
     LATE: tl.constexpr,
 ):
     """The early wait sites of `task` (LATE: its late ones, at the end of its work), in order; False as soon
-    as one times out or the launch aborted. rt: the runtime's buffers, as `runtime_buffers` packs them;
+    as one times out or the launch aborted. rt: the runtime's buffers (launch.py `RuntimeBuffers`);
     row: the task's `task_row`."""
     ctl, flags, boxes, errs, tasks, wait_kind, wait_index, wait_count, _ = rt
     s0 = row[4]
@@ -346,12 +346,6 @@ def _st_relaxed(p, v):
     tl.inline_asm_elementwise(
         "st.relaxed.gpu.global.b32 [$1], $2; mov.u32 $0, 0;", "=r,l,r", [p, v], dtype=tl.int32, is_pure=False, pack=1
     )
-
-
-@triton.jit
-def runtime_buffers(ctl, flags, boxes, errs, tasks, wait_kind, wait_index, wait_count, pub_slot):
-    """The runtime's kernel arguments (Runtime.args(), in that order) as one tuple for wait_task and publish."""
-    return ctl, flags, boxes, errs, tasks, wait_kind, wait_index, wait_count, pub_slot
 
 
 @triton.jit

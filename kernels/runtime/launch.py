@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import torch
 
@@ -12,8 +13,38 @@ from glm53ctl.kernels.runtime.table import INT32_MAX, TaskTable
 
 ARRAYS = ("tasks", "wait_kind", "wait_index", "wait_count", "pub_slot")
 
+
+class RuntimeBuffers(NamedTuple):
+    """The runtime's buffers, every kind's kernel's first argument (`rt`): the control words (tag, claim counter,
+    ...: device.py), the flag words, the box lines, the error records, and the table's arrays."""
+
+    ctl: Any
+    flags: Any
+    boxes: Any
+    errs: Any
+    tasks: Any
+    wait_kind: Any
+    wait_index: Any
+    wait_count: Any
+    pub_slot: Any
+
+
 # a slow but healthy launch never waits this long on one hand-off; configurable per launch
 DEFAULT_BUDGET_NS = 200_000_000
+
+
+def on_device(args: dict, device) -> dict:
+    """A launch's arguments (placeholder_args) with every tensor moved to `device`, in its groups too."""
+
+    def move(v):
+        if isinstance(v, torch.Tensor):
+            return v.to(device)
+        if isinstance(v, tuple):
+            moved = [move(x) for x in v]
+            return type(v)(*moved) if hasattr(v, "_fields") else tuple(moved)
+        return v
+
+    return {n: move(v) for n, v in args.items()}
 
 
 class LaunchFault(CheckFailed):
@@ -86,12 +117,10 @@ class Runtime:
         self.ctl[CTL_WORDS.value :] = torch.tensor(order, dtype=torch.int32)
         return order
 
-    def args(self) -> dict[str, torch.Tensor]:
-        """The runtime's kernel arguments, by name (every launch kind's kernel starts with these)."""
+    def args(self) -> dict[str, RuntimeBuffers]:
+        """The runtime's kernel argument (every launch kind's kernel starts with it)."""
         a = self.arrays
-        return {"ctl": self.ctl, "flags": self.flags, "boxes": self.boxes, "errs": self.errs} | {
-            name: a[name] for name in ARRAYS
-        }
+        return {"rt": RuntimeBuffers(self.ctl, self.flags, self.boxes, self.errs, *(a[name] for name in ARRAYS))}
 
     def check(self) -> None:
         """After a launch: raise LaunchFault naming the root site of the last faulted launch (ctl[5] its

@@ -246,12 +246,10 @@ def launches_on_rank(group: Group, launch, run: Callable, inputs: list, mute: li
     would push into the half of a peer's mailbox the peer still reads) and `run(x, mute, budget_ns)`, which
     launches once and returns the outputs (on the CPU); a LaunchFault comes back in words. `mute[i]`: the rank
     that never publishes at launch i (-1: none); only those launches wait `budget_ns` (the others, the default)."""
-    from glm53ctl.kernels.runtime.launch import LaunchFault
+    from glm53ctl.kernels.runtime.launch import LaunchFault, on_device
 
     if group.device.type == "cuda":  # ranks that compile seconds apart would fault their first launch
-        args = {
-            n: (v.to(group.device) if isinstance(v, torch.Tensor) else v) for n, v in launch.placeholder_args().items()
-        }
+        args = on_device(launch.placeholder_args(), group.device)
         launch.kernel.warmup(**args, **launch.constexprs(), **launch.options(), grid=(launch.grid,))
     out = []
     for i, x in enumerate(inputs):

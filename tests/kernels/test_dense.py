@@ -10,7 +10,7 @@ from glm53ctl.kernels.harness import RunKey, run_reference, run_triton
 from glm53ctl.kernels.kinds import get_kind
 from glm53ctl.kernels.kinds import task_types as tt
 from glm53ctl.kernels.kinds.dense.harness import DenseHarness
-from glm53ctl.kernels.kinds.dense.table import STAGES, k_slices
+from glm53ctl.kernels.kinds.layer.table import STAGES, k_slices
 from glm53ctl.kernels.numerics import rel_rms
 from glm53ctl.kernels.ops.gemv.kernel import folds
 from glm53ctl.kernels.reference import Reference
@@ -134,7 +134,7 @@ def test_every_split_task_waits_on_exactly_its_parts(tp, rows, knobs):
     in-projection tile's slice 0 late on exactly its other slices (and, folded, every gate of its side); the
     other slices wait early on what they read, and late on nothing. The FFN gate and comb wait on their row's
     mix logits: the attention reduces, or (`mix_tasks`) the mix tasks, each on its chunk's reduce alone."""
-    from glm53ctl.kernels.kinds.dense.table import Dims, build_table, kda_parts, mix_tasks
+    from glm53ctl.kernels.kinds.layer.table import Dims, build_table, kda_parts, mix_tasks
     from glm53ctl.tuning.knobs import defaults
 
     k = {**defaults("dense"), **knobs}
@@ -176,7 +176,7 @@ def test_every_split_task_waits_on_exactly_its_parts(tp, rows, knobs):
 def test_ffn_mix_auto_makes_mix_tasks_where_gate_up_folds():
     """ffn_mix "auto": mix tasks exactly where gate/up folds the norm (waiting for H1 alone, it starts sooner);
     unfolded, gate/up waits for the FFN gates and a mix task would add a hand-off before them."""
-    from glm53ctl.kernels.kinds.dense.table import mix_tasks
+    from glm53ctl.kernels.kinds.layer.table import mix_tasks
 
     auto = [mix_tasks({"ffn_mix": "auto", "norm": "auto"}, rows, 4) for rows in (1, 2, 4, 5, 8)]
     assert auto == [True, True, True, False, False]
@@ -189,7 +189,7 @@ def test_ffn_mix_auto_makes_mix_tasks_where_gate_up_folds():
 def test_kda_split_0_splits_heads_as_far_as_the_grid_covers_their_parts():
     """kda_split 0 at glm53_flash's keys on an H200's 396 programs: the parts that measured fastest of 1, 2, 4
     (docs/perf/dense.md); a value given is kept."""
-    from glm53ctl.kernels.kinds.dense.table import Dims, kda_parts
+    from glm53ctl.kernels.kinds.layer.table import Dims, kda_parts
     from glm53ctl.tuning.knobs import defaults
 
     spec = load_model("glm53_flash")
@@ -270,7 +270,7 @@ def test_the_other_norm_value_is_accurate_and_keeps_its_bits(weights, tp, rows):
     bits."""
     norm = "task" if folds("auto", rows, weights.spec.mhc.streams) else "fold"
     k = DenseHarness(weights, tp, rows, {"grid": 3, "norm": norm}, "cpu")
-    assert k.launch.constexprs()["M"] == (32 if norm == "fold" else 16)
+    assert k.launch.constexprs()["dims"].M == (32 if norm == "fold" else 16)
     x = k.inputs(seed=500 + 10 * tp + rows)[0]
     peers = k.peer_partials(x)
     out = k(x, peers, poison=True)

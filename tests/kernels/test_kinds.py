@@ -47,7 +47,7 @@ def test_no_kind_is_special_cased_outside_the_registry():
 def test_tables_compose_into_one_step():
     """embed, two dense layers and the tail in one table: each builder waits on the tasks that produce its
     input and returns those that produce its output; the whole stays in topological order."""
-    from glm53ctl.kernels.kinds.dense.table import Dims, add_dense
+    from glm53ctl.kernels.kinds.layer.table import Dims, add_dense
     from glm53ctl.kernels.kinds.embed.table import add_embed
     from glm53ctl.kernels.kinds.tail.table import add_tail
     from glm53ctl.tuning.knobs import defaults

@@ -22,8 +22,9 @@ from glm53ctl.kernels.harness import (
     nbytes,
     row_contexts,
 )
-from glm53ctl.kernels.kinds.dense.launch import DenseLaunch, prepare_weights
-from glm53ctl.kernels.kinds.dense.table import STAGES
+from glm53ctl.kernels.kinds.layer.launch import LayerLaunch
+from glm53ctl.kernels.kinds.layer.table import STAGES
+from glm53ctl.kernels.kinds.layer.weights import prepare_weights
 from glm53ctl.kernels.numerics import FP32
 from glm53ctl.kernels.ops.gemv.kernel import folds
 from glm53ctl.kernels.reference import DecodeState, Reference, conv_join, conv_slice, head_slice, room
@@ -60,7 +61,7 @@ class DenseHarness(KindHarness):
     kind = "dense"
     input_name = "H"
     STAGES = STAGES
-    Launch = DenseLaunch
+    Launch = LayerLaunch
     FFN = "dense"  # the FFN half: the dense MLP here, the MoE in kda (kinds/kda)
 
     def __init__(self, weights: Weights, tp: int, rows: int, knobs: dict | None, device, layer=None) -> None:
@@ -77,15 +78,15 @@ class DenseHarness(KindHarness):
             )
             for r in range(tp)
         ]
-        self.launch = DenseLaunch(spec, tp, rows, knobs, device, ffn=ffn)
+        self.launch = LayerLaunch(spec, tp, rows, knobs, device, ffn=ffn)
         if tp > 1:
-            self.attn = [DenseLaunch(spec, tp, rows, knobs, device, rank=q, mode="attn", ffn=ffn) for q in range(tp)]
-            self.ffn = [DenseLaunch(spec, tp, rows, knobs, device, rank=q, mode="ffn", ffn=ffn) for q in range(1, tp)]
+            self.attn = [LayerLaunch(spec, tp, rows, knobs, device, rank=q, mode="attn", ffn=ffn) for q in range(tp)]
+            self.ffn = [LayerLaunch(spec, tp, rows, knobs, device, rank=q, mode="ffn", ffn=ffn) for q in range(1, tp)]
 
     @classmethod
     def build_launches(cls, spec, tp: int, rows: int, knobs: dict) -> list[tuple[str, object]]:
         # a peer's partial launches differ from rank 0's in the task table and runtime arguments only
-        return [("launch", DenseLaunch(spec, tp, rows, knobs, "cpu", ffn=cls.FFN))]
+        return [("launch", LayerLaunch(spec, tp, rows, knobs, "cpu", ffn=cls.FFN))]
 
     def rank_state(self, x: LayerInput, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Rank's slices of the state: its q, k and v conv channels and its heads (contiguous, on device)."""

@@ -16,7 +16,6 @@ from glm53ctl.kernels.runtime.device import (
     publish,
     push_rows,
     push_tag,
-    runtime_buffers,
     task_row,
     wait_task,
 )
@@ -24,15 +23,7 @@ from glm53ctl.kernels.runtime.device import (
 
 @triton.jit(do_not_specialize=["stuck_site", "budget_ns", "rank", "mute"])
 def embed_kernel(
-    ctl,
-    flags,
-    boxes,
-    errs,
-    tasks,
-    wait_kind,
-    wait_index,
-    wait_count,
-    pub_slot,
+    rt,
     tokens,
     table,
     partial,
@@ -61,7 +52,7 @@ def embed_kernel(
     PDL: tl.constexpr,
     REMOTE: tl.constexpr,
 ):
-    rt = runtime_buffers(ctl, flags, boxes, errs, tasks, wait_kind, wait_index, wait_count, pub_slot)
+    ctl, flags = rt.ctl, rt.flags  # the runtime's buffers (runtime/launch.py RuntimeBuffers)
     if PDL:  # a stage of separate-pdl: the token ids are the launch's input, so nothing to ask for first
         pdl_enter(INTERPRET)
     epoch = launch_epoch(ctl, INTERPRET)

@@ -8,7 +8,7 @@ import torch
 
 from glm53ctl.kernels.harness import nbytes
 from glm53ctl.kernels.kinds.dense.harness import DenseHarness
-from glm53ctl.kernels.kinds.dense.table import MOE_STAGES
+from glm53ctl.kernels.kinds.layer.table import MOE_STAGES
 
 
 class KdaHarness(DenseHarness):

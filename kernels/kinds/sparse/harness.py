@@ -13,10 +13,10 @@ from dataclasses import dataclass
 import torch
 
 from glm53ctl.kernels.harness import Inputs, RunKey, Timed, cloned, layer_state, nbytes, row_contexts
-from glm53ctl.kernels.kinds.dense.launch import prepare_weights
-from glm53ctl.kernels.kinds.dense.table import STAGES
+from glm53ctl.kernels.kinds.layer.launch import LayerLaunch
+from glm53ctl.kernels.kinds.layer.table import STAGES
+from glm53ctl.kernels.kinds.layer.weights import prepare_weights
 from glm53ctl.kernels.kinds.kda.harness import KdaHarness
-from glm53ctl.kernels.kinds.sparse.launch import SparseLaunch
 from glm53ctl.kernels.kinds.task_types import (
     ABSORB,
     ATTN,
@@ -74,7 +74,7 @@ def check_contexts(spec, rows: int) -> list[int]:
 class SparseHarness(KdaHarness):
     kind = "sparse"
     STAGES = SPARSE_STAGES
-    Launch = SparseLaunch
+    Launch = LayerLaunch
     # -1 is the selection's padding: its poison is -2
     POISON_INT = {"dsa.idx": -2}
 
@@ -99,7 +99,7 @@ class SparseHarness(KdaHarness):
             )
             for r in range(tp)
         ]
-        mk = lambda **kw: SparseLaunch(spec, tp, rows, knobs, device, slots=self.slots, **kw)  # noqa: E731
+        mk = lambda **kw: LayerLaunch(spec, tp, rows, knobs, device, ffn="moe", attn="mla", slots=self.slots, **kw)  # noqa: E731
         self.launch = mk()
         if tp > 1:
             self.attn = [mk(rank=q, mode="attn") for q in range(tp)]
@@ -112,7 +112,7 @@ class SparseHarness(KdaHarness):
         # the caches' capacity is a compile-time constant: a launch per capacity (whole pools past the context)
         longest = max(check_contexts(spec, rows)) if context is None else context
         slots = room(spec, longest + steps)
-        return [("launch", SparseLaunch(spec, tp, rows, knobs, "cpu", slots=slots))]
+        return [("launch", LayerLaunch(spec, tp, rows, knobs, "cpu", ffn="moe", attn="mla", slots=slots))]
 
     def inputs(self, seed: int, steps: int = 1, tokens=None) -> list[SparseInput]:
         """Seeded H, the rows' positions and random caches per step."""

@@ -17,7 +17,6 @@ from glm53ctl.kernels.runtime.device import (
     prefetch_l2,
     publish,
     push_tag,
-    runtime_buffers,
     task_row,
     wait_task,
 )
@@ -25,15 +24,7 @@ from glm53ctl.kernels.runtime.device import (
 
 @triton.jit(do_not_specialize=["stuck_site", "budget_ns", "rank", "mute", "n_pushers"])
 def tail_kernel(
-    ctl,
-    flags,
-    boxes,
-    errs,
-    tasks,
-    wait_kind,
-    wait_index,
-    wait_count,
-    pub_slot,
+    rt,
     H,
     norm_w,
     h_hat,
@@ -71,7 +62,7 @@ def tail_kernel(
     TP: tl.constexpr,
     REMOTE: tl.constexpr,
 ):
-    rt = runtime_buffers(ctl, flags, boxes, errs, tasks, wait_kind, wait_index, wait_count, pub_slot)
+    ctl, flags = rt.ctl, rt.flags  # the runtime's buffers (runtime/launch.py RuntimeBuffers)
     if PDL:  # a stage of separate-pdl: ask for this program's first weights while the launch before ends
         first = task_row(rt, tl.minimum(tl.program_id(0), n_tasks - 1))
         if first[0] == TAIL_LM_HEAD:

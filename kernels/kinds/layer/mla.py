@@ -1,8 +1,10 @@
-"""`sparse`'s attention half as tasks of the layer kernel (kernel.py, constexpr MLA): the DSA bodies of
-kernels/ops/dsa applied to a task's share (the steps: kernels/ops/dsa/kernel.py; the tasks and their waits:
-table.py `_add_mla`). Not inlined, as every task body: the claim loop carries none of their registers.
+"""MLA with the k-pool indexer, the attention half of `sparse`, as tasks of the layer kernel (kernel.py, constexpr
+MLA): the DSA bodies of kernels/ops/dsa applied to a task's share (the steps: kernels/ops/dsa/kernel.py; the tasks
+and their waits: table.py `_add_mla`), and their dispatch. Not inlined, as every task body: the claim loop carries
+none of their registers. o_proj and the all-reduce after it are every layer's (shared.py).
 
-Buffers (a rank's; R rows): y_a [R, NA] fp32 (the A projection), qr [R, QL] bf16, wi [R, HI] fp32 (the
+Its arguments (launch.py): weights `MlaWeights`, caches `MlaCaches` (and each row's position), buffers `MlaBuffers`
+(a rank's; R rows): y_a [R, NA] fp32 (the A projection), qr [R, QL] bf16, wi [R, HI] fp32 (the
 indexer's head weights), q [R, HQ * NOPE] bf16, qi [R, HI * IH] fp32, q_lat [R, HQ, C] bf16, scores [R, LMAX //
 KP] fp32, idx [R, WIDTH] int32, the attention partials part_o [R, NB, HQ, C] and part_m, part_l [R, NB, HQ] fp32,
 o_lat [R, HQ, C] bf16, o [R, HQ * V] bf16 (what o_proj reads). The caches [R, LMAX, ...] are written at each
@@ -12,12 +14,68 @@ row's position only.
 import triton
 import triton.language as tl
 
+from glm53ctl.kernels.kinds.layer.shared import task_partial
+from glm53ctl.kernels.kinds.task_types import ABSORB, ATTN, COMBINE, MLA_A, MLA_QB, MLA_ROW, SCORE, SELECT, WUV
 from glm53ctl.kernels.ops.dsa.attend import attend_block, combine_blocks
 from glm53ctl.kernels.ops.dsa.indexer import scores_block
 from glm53ctl.kernels.ops.dsa.kernel import mla_row
 from glm53ctl.kernels.ops.dsa.select import select_row
 from glm53ctl.kernels.ops.gemv.kernel import gemv_tile
 from glm53ctl.kernels.tlx import to_bf16
+
+
+@triton.jit
+def mla_task(
+    ttype, row, H, attn_w, attn_state, attn_buf, outs, consts, R, dims: tl.constexpr, mla: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):  # fmt: skip
+    """The MLA half's task, if it is one (row: its table row)."""
+    a0, a1 = row[1], row[2]
+    w, c, b = attn_w, attn_state, attn_buf
+    if ttype == MLA_A:
+        task_partial(
+            x=outs.x_hat_a, w=w.w_a, out=b.y_a, n0=a0, R=R, N=mla.NA, K=dims.D, STRIDE=dims.D, BN=dims.BN, BK=mla.BK_A,
+            INTERPRET=INTERPRET,
+        )  # fmt: skip
+    elif ttype == MLA_ROW:
+        task_mla_row(
+            y_a=b.y_a,
+            qr=b.qr,
+            wi=b.wi,
+            caches=(c.latent, c.index_key, c.index_gate, c.pooled),
+            norms=(w.q_norm, w.kv_norm, w.k_w, w.k_b, w.ape),
+            pos=c.pos,
+            r=a0,
+            eps=consts.norm_eps,
+            ln_eps=consts.ln_eps,
+            QL=mla.QL,
+            QLP=mla.QLP,
+            C=mla.C,
+            IH=mla.IH,
+            HI=mla.HI,
+            KP=mla.KP,
+            LMAX=mla.LMAX,
+            INTERPRET=INTERPRET,
+        )
+    elif ttype == MLA_QB:
+        task_qb(b.qr, w.w_qb, b.q_mla, b.qi, a0, R, mla.QL, mla.HQ * mla.NOPE, mla.NQB, dims.BN, mla.BK_QB, INTERPRET)
+    elif ttype == ABSORB:
+        task_head_gemv(b.q_mla, w.w_ukt, b.q_lat, a0, a1, R, mla.HQ, mla.C, mla.NOPE, mla.BN_AB, mla.BK_NOPE, INTERPRET)
+    elif ttype == SCORE:
+        task_score(
+            b.qi, b.wi, c.pooled, b.scores, c.pos, a0, a1, mla.HI, mla.IH, mla.KP, mla.LMAX, mla.BP, mla.HBI, INTERPRET
+        )
+    elif ttype == SELECT:
+        task_select(b.scores, b.idx, c.pos, a0, mla.KP, mla.TOPP, mla.WIDTH, mla.LMAX, mla.SEL_BLOCK)
+    elif ttype == ATTN:
+        task_attn(
+            b.q_lat, c.latent, b.idx, (b.part_o, b.part_m, b.part_l), a0, a1, row[3], consts.mla_scale, mla.HQ, mla.C,
+            mla.WIDTH, mla.NB, mla.TB, mla.HB, mla.LMAX, INTERPRET,
+        )  # fmt: skip
+    elif ttype == COMBINE:
+        task_combine((b.part_o, b.part_m, b.part_l), b.o_lat, a0, a1, mla.HQ, mla.C, mla.NB, mla.HB, INTERPRET)
+    elif ttype == WUV:
+        task_head_gemv(b.o_lat, w.w_uv, b.o_mla, a0, a1, R, mla.HQ, mla.V, mla.C, mla.BN_UV, mla.BK_C, INTERPRET)
 
 
 @triton.jit(noinline=True)

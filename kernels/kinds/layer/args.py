@@ -1,0 +1,266 @@
+"""The layer kernel's arguments, grouped by concern: each group a namedtuple that Triton takes as one argument
+(kernel.py reads its fields by name). A layer has one attention half (KDA or MLA) and one FFN half (the dense MLP or
+the MoE): only its halves' groups are passed, and the kernel builds only their code (constexprs MLA, MOE).
+
+The tensors' shapes and layouts are in the halves' modules (kda.py, mla.py, mlp.py, moe.py) and launch.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+T = Any  # a torch.Tensor (or its stand-in for ahead-of-time builds)
+
+
+# ---- runtime tensors
+
+
+class GateWeights(NamedTuple):
+    """The mHC gates' weights: the attention gate's (_a) and the FFN gate's (_f)."""
+
+    fn_a: T
+    base_a: T
+    scale_a: T
+    norm_a: T
+    fn_f: T
+    base_f: T
+    scale_f: T
+    norm_f: T
+
+
+class KdaWeights(NamedTuple):
+    w_in: T  # the fused in-projection f_a | g_a | b | (q_h | k_h | v_h per head)
+    w_fb: T
+    w_gb: T
+    conv_w: T
+    A_log: T
+    dt_bias: T
+    o_norm: T
+    w_o: T
+
+
+class KdaStates(NamedTuple):
+    """A KDA layer's states: read from *_in, written to *_out (double-buffered)."""
+
+    conv_in: T
+    S_in: T
+    conv_out: T
+    S_out: T
+
+
+class KdaBuffers(NamedTuple):
+    y_in: T
+    lr: T
+    z: T
+    kscr: T
+    ipp: T
+
+
+class MlaWeights(NamedTuple):
+    w_a: T  # the fused A projection: q_a | kv_a | the indexer's wk | its pool gate | its head weights
+    q_norm: T
+    kv_norm: T
+    k_w: T
+    k_b: T
+    ape: T
+    w_qb: T
+    w_ukt: T
+    w_uv: T
+    w_o: T
+
+
+class MlaCaches(NamedTuple):
+    """The DSA caches (replicated; written at each row's position only) and the rows' positions."""
+
+    latent: T
+    index_key: T
+    index_gate: T
+    pooled: T
+    pos: T
+
+
+class MlaBuffers(NamedTuple):
+    y_a: T
+    qr: T
+    wi: T
+    q_mla: T
+    qi: T
+    q_lat: T
+    scores: T
+    idx: T
+    part_o: T
+    part_m: T
+    part_l: T
+    o_lat: T
+    o_mla: T
+
+
+class MlpWeights(NamedTuple):
+    w_gate: T
+    w_up: T
+    w_down: T
+
+
+class MlpBuffers(NamedTuple):
+    act: T
+    gup: T
+
+
+class MoeWeights(NamedTuple):
+    w_r: T
+    r_bias: T
+    w_eg: T  # the experts stacked [E + 1, ...], the shared one last
+    w_eu: T
+    w_ed: T
+
+
+class MoeBuffers(NamedTuple):
+    logits: T
+    ids: T
+    wts: T
+    route_on: T
+    slots: T
+    n_slots: T
+    slot_of: T
+    gup_m: T
+    act_m: T
+    y_m: T
+
+
+class Handoffs(NamedTuple):
+    """What every layer's tasks hand each other: the gates' mix logits and sums of squares, the gates' pre and
+    1/RMS (pr), arrival words, this rank's and the peers' partials of both all-reduces; and the trace."""
+
+    mixp: T
+    ssp: T
+    pr: T
+    arrive: T
+    kpart_a: T
+    parts_a: T
+    kpart_f: T
+    parts_f: T
+    trace: T
+
+
+class Outputs(NamedTuple):
+    x_hat_a: T
+    post_a: T
+    comb_a: T
+    attn: T
+    H1: T  # the streams after the attention half
+    x_hat_f: T
+    post_f: T
+    comb_f: T
+    ffn_out: T
+    H2: T  # the streams out
+
+
+# the launch's outputs by their saved names (what `check` compares), in Outputs' order
+OUTPUT_NAMES = ("attn.x_hat", "attn.post", "attn.comb", "attn.out", "attn.H")
+OUTPUT_NAMES += ("ffn.x_hat", "ffn.post", "ffn.comb", "ffn.out", "H")
+
+
+class Consts(NamedTuple):
+    """The model's scalars the tasks read."""
+
+    hc_eps: float
+    norm_eps: float
+    lower_bound: float  # KDA's gate
+    ln_eps: float  # the indexer's key norm
+    mla_scale: float
+
+
+# ---- compile-time (tl.constexpr)
+
+
+class LayerDims(NamedTuple):
+    """One rank's shapes and tiles (table.py `Dims`) that both halves' tasks read, KDA's and the dense MLP's."""
+
+    D: int
+    HC: int
+    ITERS: int
+    HL: int
+    K: int
+    W: int
+    RG: int
+    I: int  # noqa: E741 (the SPEC's name)
+    T: int
+    P: int  # what o_proj reads: KDA's z or MLA's heads' values
+    NIN: int
+    HDR: int
+    PK: int
+    IK: int
+    CH: int
+    NCH: int
+    KS_O: int
+    KS_F: int
+    KS_GU: int
+    KS_IN: int
+    BN: int
+    BN_GU: int
+    BN_O: int
+    BK_D: int
+    BK_R: int
+    BK_O: int
+    BK_I: int
+    BK_GU: int
+    BK_IN: int
+    LIMIT: float
+    M: int  # the rows of a GEMV tile: R padded to 16, or a folded GEMV's R * HC stream rows padded
+    NV: int  # a KDA head's parts (knob kda_split)
+
+
+class MlaDims(NamedTuple):
+    HQ: int
+    NOPE: int
+    V: int
+    C: int
+    QL: int
+    QLP: int
+    IH: int
+    HI: int
+    KP: int
+    WIDTH: int
+    TOPP: int
+    LMAX: int
+    NA: int
+    NQB: int
+    BP: int
+    TB: int
+    NB: int
+    HB: int
+    HBI: int
+    BN_AB: int
+    BN_UV: int
+    BK_A: int
+    BK_QB: int
+    BK_C: int
+    BK_NOPE: int
+    SEL_BLOCK: int
+
+
+class MoeDims(NamedTuple):
+    E: int
+    E_ALL: int
+    TOPK: int
+    SCALE: float
+    NSLOT: int
+    BLOCK_E: int
+    KS_RT: int
+    BK_RT: int
+    BN_DN: int
+
+
+class Schedule(NamedTuple):
+    """The schedule knobs the kernel's code reads (and the diagnostic trace)."""
+
+    OPROJ_FIRST: bool
+    PREFETCH: int
+    FOLD: bool
+    MIX_TASK: bool
+    TRACE: bool
+
+
+def pick(group: type[NamedTuple], tensors: dict) -> NamedTuple:
+    """A group's tuple from a dict holding its fields by name (and maybe more)."""
+    return group(*(tensors[n] for n in group._fields))

@@ -1,0 +1,288 @@
+"""KDA, the attention half of `dense` and `kda`, as tasks of the layer kernel (kernel.py, constexpr MLA false):
+the fused in-projection and the KDA heads (the bodies of kernels/ops/kda), and their dispatch. o_proj and the
+all-reduce after it are every layer's (shared.py).
+
+Its arguments (launch.py): weights `KdaWeights` (w_in, w_fb, w_gb, conv_w, A_log, dt_bias, o_norm, w_o), states
+`KdaStates` (conv_in, S_in read; conv_out, S_out written: double-buffered), buffers `KdaBuffers` (y_in [R, NIN]
+fp32, lr [R, 2 RG] bf16, z [R, P] bf16: what o_proj reads, kscr: a head's parts' o, ipp: the in-projection's K-slice
+sums).
+"""
+
+import triton
+import triton.language as tl
+
+from glm53ctl.kernels.kinds.layer.shared import _fold_rows
+from glm53ctl.kernels.kinds.task_types import INPROJ, KDA_HEAD
+from glm53ctl.kernels.ops.gemv.kernel import gemv_tile
+from glm53ctl.kernels.ops.kda.kernel import kda_head, kda_norm, kda_write_state
+from glm53ctl.kernels.runtime.device import arrive_last, stamp, wait_task
+from glm53ctl.kernels.tlx import to_bf16
+
+
+@triton.jit
+def kda_task(
+    ttype,
+    row,
+    task,
+    ok,
+    epoch,
+    rt,
+    stuck_site,
+    budget_ns,
+    H,
+    attn_w,
+    attn_state,
+    attn_buf,
+    hand,
+    outs,
+    consts,
+    R,
+    dims: tl.constexpr,
+    sched: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    POLL: tl.constexpr,
+    THREADS: tl.constexpr,
+):
+    """The KDA half's task `task` (row: its table row), if it is one: INPROJ or KDA_HEAD. Returns ok, false where
+    one of its late waits failed."""
+    if ttype == INPROJ:
+        ok = task_inproj(
+            rt=rt,
+            row=row,
+            task=task,
+            epoch=epoch,
+            stuck_site=stuck_site,
+            budget_ns=budget_ns,
+            trace=hand.trace,
+            x=H if sched.FOLD else outs.x_hat_a,
+            w_in=attn_w.w_in,
+            pr=hand.pr,
+            ipp=attn_buf.ipp,
+            y_in=attn_buf.y_in,
+            lr=attn_buf.lr,
+            n0=row[1],
+            ks=row[2],
+            R=R,
+            D=dims.D,
+            HC=dims.HC,
+            NIN=dims.NIN,
+            RG=dims.RG,
+            BN=dims.BN,
+            BK=dims.BK_IN,
+            M=dims.M,
+            KS=dims.KS_IN,
+            FOLD=sched.FOLD,
+            TRACE=sched.TRACE,
+            INTERPRET=INTERPRET,
+            POLL=POLL,
+            THREADS=THREADS,
+        )
+    elif ttype == KDA_HEAD:
+        task_kda(
+            epoch=epoch,
+            y_in=attn_buf.y_in,
+            lr=attn_buf.lr,
+            w_fb=attn_w.w_fb,
+            w_gb=attn_w.w_gb,
+            conv_in=attn_state.conv_in,
+            conv_out=attn_state.conv_out,
+            conv_w=attn_w.conv_w,
+            A_log=attn_w.A_log,
+            dt_bias=attn_w.dt_bias,
+            o_norm=attn_w.o_norm,
+            S_in=attn_state.S_in,
+            S_out=attn_state.S_out,
+            z=attn_buf.z,
+            kscr=attn_buf.kscr,
+            arrive=hand.arrive,
+            h=row[1],
+            r=row[2],
+            part=row[3],
+            R=R,
+            lower_bound=consts.lower_bound,
+            eps=consts.norm_eps,
+            HL=dims.HL,
+            K=dims.K,
+            W=dims.W,
+            RG=dims.RG,
+            BK_R=dims.BK_R,
+            NV=dims.NV,
+            INTERPRET=INTERPRET,
+            WRITE_STATE=not sched.OPROJ_FIRST,
+        )
+    return ok
+
+
+@triton.jit
+def kda_write_back(attn_state, attn_buf, r, h, part, dims: tl.constexpr, INTERPRET: tl.constexpr):
+    """Knob oproj_first: head h of row r's new states (part `part`), recomputed from S_in with the same operations
+    as its task (the same bits), after the task its program ran next (an o_proj tile)."""
+    kda_write_state(
+        scr=attn_buf.kscr,
+        u=attn_buf.y_in + dims.HDR,
+        u_row=dims.NIN,
+        u_part=dims.K,
+        u_head=3 * dims.K,
+        conv_in=attn_state.conv_in,
+        conv_out=attn_state.conv_out,
+        S_in=attn_state.S_in,
+        S_out=attn_state.S_out,
+        r=r,
+        h=h,
+        part=part,
+        H=dims.HL,
+        K=dims.K,
+        W=dims.W,
+        NV=dims.NV,
+        INTERPRET=INTERPRET,
+    )
+
+
+@triton.jit(noinline=True)
+def task_inproj(
+    rt,
+    row,
+    task,
+    epoch,
+    stuck_site,
+    budget_ns,
+    trace,
+    x,
+    w_in,
+    pr,
+    ipp,
+    y_in,
+    lr,
+    n0,
+    ks,
+    R,
+    D: tl.constexpr,
+    HC: tl.constexpr,
+    NIN: tl.constexpr,
+    RG: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    M: tl.constexpr,
+    KS: tl.constexpr,
+    FOLD: tl.constexpr,
+    TRACE: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    POLL: tl.constexpr,
+    THREADS: tl.constexpr,
+):
+    """INPROJ: rows n0.. of the fused in-projection over K slice ks of KS (knob ksplit_in), y_in fp32 and the
+    low-rank f_a | g_a rows also in bf16 (lr). A slice but the first stores its sums in `ipp` [KS, 32, NIN] and
+    is done; slice 0 waits (late) for them and adds them in slice order.
+
+    x: x̂ [R, D], or (FOLD: knob `norm` "fold", or "auto" at rows <= 4; `gemv.folds`) H's R * HC stream rows
+    against w_in ⊙ norm_w, needing nothing from the gate: slice 0 then also waits (late) for the gates and makes
+    y[r] = 1/RMS[r] * sum_j pre[r, j] * acc[r * HC + j] (x = sum_j pre_j H_j is linear in H). True unless a
+    wait failed."""
+    XR = R
+    if FOLD:
+        XR = R * HC
+    KK: tl.constexpr = D // KS
+    acc = gemv_tile(x + ks * KK, D, w_in + ks * KK, n0, XR, NIN, KK, D, BN, BK, INTERPRET, M)
+    o_s = tl.arange(0, M)
+    o_n = n0 + tl.arange(0, BN)
+    p_ipp = ipp + o_s[:, None] * NIN + o_n[None, :]
+    m_ipp = (o_s[:, None] < XR) & (o_n[None, :] < NIN)
+    ok = task >= 0
+    if ks != 0:
+        tl.store(p_ipp + ks * (32 * NIN), acc, mask=m_ipp)
+    else:
+        if (KS > 1) or FOLD:
+            if TRACE:
+                stamp(trace, task, 4, INTERPRET)
+            ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, True)
+        if ok:
+            for q in tl.static_range(1, KS):
+                acc += tl.load(p_ipp + q * (32 * NIN), mask=m_ipp, other=0.0)
+            if FOLD:
+                y = _fold_rows(acc, pr, R, HC, M, BN)
+                o_m = tl.arange(0, M // HC)
+            else:
+                y = acc
+                o_m = tl.arange(0, M)
+            m_r = o_m[:, None] < R
+            tl.store(y_in + o_m[:, None] * NIN + o_n[None, :], y, mask=m_r & (o_n[None, :] < NIN))
+            m_lr = m_r & (o_n[None, :] < 2 * RG)
+            tl.store(lr + o_m[:, None] * (2 * RG) + o_n[None, :], to_bf16(y, INTERPRET), mask=m_lr)
+    return ok
+
+
+@triton.jit(noinline=True)
+def task_kda(
+    epoch,
+    y_in,
+    lr,
+    w_fb,
+    w_gb,
+    conv_in,
+    conv_out,
+    conv_w,
+    A_log,
+    dt_bias,
+    o_norm,
+    S_in,
+    S_out,
+    z,
+    kscr,
+    arrive,
+    h,
+    r,
+    part,
+    R,
+    lower_bound,
+    eps,
+    HL: tl.constexpr,
+    K: tl.constexpr,
+    W: tl.constexpr,
+    RG: tl.constexpr,
+    BK_R: tl.constexpr,
+    NV: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    WRITE_STATE: tl.constexpr,
+):
+    """KDA: part `part` (of NV, knob kda_split) of head h of row r: f_b and g_b for the head (each a [16, K]
+    GEMV over the low-rank rows), the delta rule on the part's value columns (their o to `kscr`). The head's
+    last part to arrive (`arrive_last`) makes its z from every part's o: the gated RMSNorm. No part waits for
+    another: the last one finds the others' o already there."""
+    P: tl.constexpr = HL * K
+    NIN: tl.constexpr = 2 * RG + HL + 3 * P
+    sel = tl.arange(0, 16)[:, None] == r
+    f_h = gemv_tile(lr, 2 * RG, w_fb, h * K, R, P, RG, RG, K, BK_R, INTERPRET)
+    og_h = gemv_tile(lr + RG, 2 * RG, w_gb, h * K, R, P, RG, RG, K, BK_R, INTERPRET)
+    kda_head(
+        y_in + 2 * RG + HL,
+        NIN,
+        K,
+        3 * K,
+        tl.load(y_in + r * NIN + 2 * RG + h),
+        tl.sum(tl.where(sel, f_h, 0.0), axis=0),
+        conv_in,
+        conv_out,
+        conv_w,
+        A_log,
+        dt_bias,
+        S_in,
+        S_out,
+        kscr,
+        r,
+        h,
+        part,
+        lower_bound,
+        HL,
+        K,
+        W,
+        NV,
+        INTERPRET,
+        WRITE_STATE,
+    )
+    if NV > 1:
+        tl.debug_barrier()  # every thread's o stored before the release
+        last = arrive_last(arrive + r * HL + h, epoch, NV)
+    else:
+        last = True
+    if last:
+        kda_norm(kscr, tl.sum(tl.where(sel, og_h, 0.0), axis=0), o_norm, z, r, h, eps, HL, K, INTERPRET)

@@ -1,0 +1,235 @@
+"""The layer kernel: the claim loop over one layer's tasks (table.py) and their dispatch, to the tasks every layer
+has (the mHC gates, o_proj, the all-reduces: shared.py) and to its two halves: the attention half, KDA (kda.py)
+or MLA (mla.py, constexpr MLA), and the FFN half, the dense MLP (mlp.py) or the MoE (moe.py, constexpr MOE). An
+absent half is absent: its arguments are not passed and its code is not built.
+
+Arguments, by concern (namedtuples, launch.py `LayerArgs`): the runtime's buffers (rt), the streams in (H), the
+gates' weights, each half's weights, states or caches, and hand-off buffers, the hand-offs every layer has, the
+outputs, the model's scalars; then the runtime's scalars and the compile-time dims and schedule.
+
+Knob `oproj_first` lives here: a KDA task publishes (its head's z, if it arrived last) and leaves its step (decay,
+k, delta: 3 vectors) in scratch; its program runs its next task (an o_proj tile, as the table orders them), then
+recomputes the new recurrent state from S_in with the same operations (the same bits) and writes both states back.
+"""
+
+import triton
+import triton.language as tl
+
+from glm53ctl.kernels.kinds.layer.kda import kda_task, kda_write_back
+from glm53ctl.kernels.kinds.layer.mla import mla_task
+from glm53ctl.kernels.kinds.layer.mlp import mlp_task
+from glm53ctl.kernels.kinds.layer.moe import moe_task
+from glm53ctl.kernels.kinds.layer.prefetch import prefetch
+from glm53ctl.kernels.kinds.layer.shared import PR, task_gate, task_mix, task_own, task_partial, task_reduce
+from glm53ctl.kernels.kinds.task_types import (
+    COMB_A,
+    COMB_F,
+    GATE_A,
+    GATE_F,
+    KDA_HEAD,
+    MIX_A,
+    MIX_F,
+    OPROJ,
+    OWN_A,
+    OWN_F,
+    RED_A,
+    RED_F,
+)
+from glm53ctl.kernels.runtime.device import (
+    finish,
+    launch_epoch,
+    next_task,
+    pdl_enter,
+    publish,
+    stamp,
+    task_row,
+    wait_task,
+)
+
+
+@triton.jit
+def _gate(ttype, a0, H, gates, hand, outs, consts, ffn: tl.constexpr, dims: tl.constexpr, INTERPRET: tl.constexpr):
+    """A gate or comb task of the attention gate (ffn false: on H) or of the FFN gate (on H1)."""
+    if ffn:
+        x, base, scale, norm_w = outs.H1, gates.base_f, gates.scale_f, gates.norm_f
+        x_hat, post, comb = outs.x_hat_f, outs.post_f, outs.comb_f
+    else:
+        x, base, scale, norm_w = H, gates.base_a, gates.scale_a, gates.norm_a
+        x_hat, post, comb = outs.x_hat_a, outs.post_a, outs.comb_a
+    # the FFN gate's mix logits and pre/RMS rows after the attention gate's
+    at: tl.constexpr = 1 if ffn else 0
+    task_gate(
+        mixp=hand.mixp + at * (dims.NCH * 16 * 32),
+        ssp=hand.ssp + at * (dims.NCH * 16),
+        H=x,
+        base=base,
+        scale=scale,
+        norm_w=norm_w,
+        x_hat=x_hat,
+        post=post,
+        comb=comb,
+        pr=hand.pr + at * (16 * PR),
+        r=a0,
+        comb_task=ttype == (COMB_F if ffn else COMB_A),
+        hc_eps=consts.hc_eps,
+        norm_eps=consts.norm_eps,
+        D=dims.D,
+        HC=dims.HC,
+        ITERS=dims.ITERS,
+        NCH=dims.NCH,
+        INTERPRET=INTERPRET,
+    )
+
+
+@triton.jit
+def _shared_task(
+    ttype, a0, a1, H, gates, attn_o, w_o, ffn_src, hand, outs, consts, R, RANK, dims: tl.constexpr,
+    sched: tl.constexpr, MOE: tl.constexpr, TOPK: tl.constexpr, NSLOT: tl.constexpr, INTERPRET: tl.constexpr,
+):  # fmt: skip
+    """A task every layer has, if it is one: the gates, o_proj's partial, the all-reduces (or a peer's partials).
+    attn_o: what o_proj reads (KDA's z or MLA's values); ffn_src: what the FFN partial is summed from."""
+    D: tl.constexpr = dims.D
+    NCH: tl.constexpr = dims.NCH
+    if ttype == MIX_A:
+        task_mix(H=H, fn=gates.fn_a, mixp=hand.mixp, ssp=hand.ssp, c=a0, r=a1, D=D, HC=dims.HC, CH=dims.CH)
+    elif (ttype == GATE_A) | (ttype == COMB_A):
+        _gate(ttype, a0, H, gates, hand, outs, consts, False, dims, INTERPRET)
+    elif ttype == OPROJ:
+        task_partial(
+            x=attn_o + a1 * dims.PK, w=w_o + a1 * dims.PK, out=hand.kpart_a + a1 * R * D, n0=a0, R=R, N=D, K=dims.PK,
+            STRIDE=dims.P, BN=dims.BN_O, BK=dims.BK_O, INTERPRET=INTERPRET,
+        )  # fmt: skip
+    elif ttype == RED_A:
+        task_reduce(
+            src=(hand.kpart_a,), parts=hand.parts_a, out=outs.attn, H=H, post=outs.post_a, comb=outs.comb_a,
+            H_out=outs.H1, fn=gates.fn_f, mixp=hand.mixp + NCH * 16 * 32, ssp=hand.ssp + NCH * 16, c=a0, r=a1, R=R,
+            RANK=RANK, D=D, HC=dims.HC, CH=dims.CH, KS=dims.KS_O, T=dims.T, MIX=not sched.MIX_TASK, MOE=False,
+            TOPK=TOPK, NSLOT=NSLOT, INTERPRET=INTERPRET,
+        )  # fmt: skip
+    elif ttype == MIX_F:
+        task_mix(
+            H=outs.H1, fn=gates.fn_f, mixp=hand.mixp + NCH * 16 * 32, ssp=hand.ssp + NCH * 16, c=a0, r=a1, D=D,
+            HC=dims.HC, CH=dims.CH,
+        )  # fmt: skip
+    elif (ttype == GATE_F) | (ttype == COMB_F):
+        _gate(ttype, a0, H, gates, hand, outs, consts, True, dims, INTERPRET)
+    elif ttype == RED_F:
+        task_reduce(
+            src=ffn_src, parts=hand.parts_f, out=outs.ffn_out, H=outs.H1, post=outs.post_f, comb=outs.comb_f,
+            H_out=outs.H2, fn=gates.fn_f, mixp=hand.mixp, ssp=hand.ssp, c=a0, r=a1, R=R, RANK=RANK, D=D, HC=dims.HC,
+            CH=dims.CH, KS=dims.KS_F, T=dims.T, MIX=False, MOE=MOE, TOPK=TOPK, NSLOT=NSLOT, INTERPRET=INTERPRET,
+        )  # fmt: skip
+    elif ttype == OWN_A:
+        task_own(
+            src=(hand.kpart_a,), parts=hand.parts_a, c=a0, r=a1, R=R, RANK=RANK, D=D, CH=dims.CH, KS=dims.KS_O,
+            MOE=False, TOPK=TOPK, NSLOT=NSLOT,
+        )  # fmt: skip
+    elif ttype == OWN_F:
+        task_own(
+            src=ffn_src, parts=hand.parts_f, c=a0, r=a1, R=R, RANK=RANK, D=D, CH=dims.CH, KS=dims.KS_F, MOE=MOE,
+            TOPK=TOPK, NSLOT=NSLOT,
+        )  # fmt: skip
+
+
+@triton.jit(do_not_specialize=["stuck_site", "budget_ns", "RANK", "n_tasks", "n_peers", "n_programs"])
+def layer_kernel(
+    rt,
+    H,
+    gates,
+    attn_w,
+    attn_state,
+    attn_buf,
+    ffn_w,
+    ffn_buf,
+    hand,
+    outs,
+    consts,
+    R,
+    RANK,
+    n_tasks,
+    n_peers,
+    n_programs,
+    stuck_site,
+    budget_ns,
+    dims: tl.constexpr,
+    mla: tl.constexpr,
+    moe: tl.constexpr,
+    sched: tl.constexpr,
+    MLA: tl.constexpr,
+    MOE: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    POLL: tl.constexpr,
+    THREADS: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    TOPK: tl.constexpr = moe.TOPK if MOE else 1
+    NSLOT: tl.constexpr = moe.NSLOT if MOE else 1
+    if MLA:  # what o_proj reads: the MLA heads' W_UV outputs, or the KDA heads' z
+        attn_o = attn_buf.o_mla
+    else:
+        attn_o = attn_buf.z
+    if MOE:  # what this rank's FFN partial is summed from (shared.py `_own`)
+        ffn_src = (ffn_buf.y_m, ffn_buf.ids, ffn_buf.wts, ffn_buf.slot_of)
+    else:
+        ffn_src = (hand.kpart_f,)
+    ctl = rt[0]
+    if PDL:  # a stage of separate-pdl: ask for this program's first weights while the launch before ends
+        first = task_row(rt, tl.minimum(tl.program_id(0), n_tasks - 1))
+        prefetch(first[0], first[1], first[2], first[3], gates, attn_w, attn_state, ffn_w, dims, MLA, MOE, 1,
+                 sched.MIX_TASK)  # fmt: skip
+        pdl_enter(INTERPRET)
+    epoch = launch_epoch(ctl, INTERPRET)
+    n_done = 0
+    # oproj_first: the KDA head whose states this program still has to write back
+    pend = 0
+    pend_r = 0
+    pend_h = 0
+    pend_p = 0
+    task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET)
+    while task >= 0:
+        row = task_row(rt, task)
+        ttype, a0, a1 = row[0], row[1], row[2]
+        if sched.TRACE:
+            stamp(hand.trace, task, 0, INTERPRET)
+        if sched.PREFETCH and not INTERPRET:  # the interpreter has no inline asm; a prefetch changes no bits
+            prefetch(ttype, a0, a1, row[3], gates, attn_w, attn_state, ffn_w, dims, MLA, MOE, sched.PREFETCH,
+                     sched.MIX_TASK)  # fmt: skip
+        # a task's early sites; its late ones (a folded INPROJ's gates, a KDA head's other parts) in its body
+        ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, False)
+        if sched.TRACE:
+            stamp(hand.trace, task, 1, INTERPRET)
+        if ok:
+            _shared_task(ttype, a0, a1, H, gates, attn_o, attn_w.w_o, ffn_src, hand, outs, consts, R, RANK, dims,
+                         sched, MOE, TOPK, NSLOT, INTERPRET)  # fmt: skip
+            if MLA:
+                mla_task(ttype, row, H, attn_w, attn_state, attn_buf, outs, consts, R, dims, mla, INTERPRET)
+            else:
+                ok = kda_task(ttype, row, task, ok, epoch, rt, stuck_site, budget_ns, H, attn_w, attn_state,
+                              attn_buf, hand, outs, consts, R, dims, sched, INTERPRET, POLL, THREADS)  # fmt: skip
+            if MOE:
+                ok = moe_task(ttype, row, task, ok, epoch, rt, stuck_site, budget_ns, ffn_w, ffn_buf, hand, outs, R,
+                              dims, moe, sched, INTERPRET, POLL, THREADS)  # fmt: skip
+            else:
+                ok = mlp_task(ttype, row, task, ok, epoch, rt, stuck_site, budget_ns, ffn_w, ffn_buf, hand, outs, R,
+                              dims, sched, INTERPRET, POLL, THREADS)  # fmt: skip
+            if ok:
+                publish(rt, row, task, epoch, INTERPRET)
+                if sched.TRACE:
+                    stamp(hand.trace, task, 2, INTERPRET)
+        if sched.OPROJ_FIRST:
+            # a KDA head of an earlier task: its states now, after the task that followed it (o is out, that
+            # task's loads issued); then this task's head, if it is one, waits for the next task
+            if pend != 0:
+                kda_write_back(attn_state, attn_buf, pend_r, pend_h, pend_p, dims, INTERPRET)
+                pend = 0
+            if (ttype == KDA_HEAD) & ok:
+                pend = 1
+                pend_h = a0
+                pend_r = a1
+                pend_p = row[3]
+        n_done += 1
+        task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET, ok)
+    if sched.OPROJ_FIRST:
+        if pend != 0:
+            kda_write_back(attn_state, attn_buf, pend_r, pend_h, pend_p, dims, INTERPRET)
+    finish(ctl, rt[1], n_tasks, n_peers, n_programs, epoch)

@@ -1,0 +1,165 @@
+"""The dense MLP, the FFN half of `dense`, as tasks of the layer kernel (kernel.py, constexpr MOE false): gate/up
+with the clamped SwiGLU, and down_proj's partials (its all-reduce is every layer's: shared.py), and their
+dispatch.
+
+Its arguments (launch.py): weights `MlpWeights` (w_gate, w_up, w_down), buffers `MlpBuffers` (act [R, I] bf16:
+what down_proj reads; gup: gate/up's K-slice sums).
+"""
+
+import triton
+import triton.language as tl
+
+from glm53ctl.kernels.kinds.layer.shared import PR, _fold_rows, task_partial
+from glm53ctl.kernels.kinds.task_types import DOWN, GU
+from glm53ctl.kernels.ops.ffn.kernel import swiglu_act
+from glm53ctl.kernels.ops.gemv.kernel import gemv_tile_pair
+from glm53ctl.kernels.runtime.device import stamp, wait_task
+from glm53ctl.kernels.tlx import to_bf16
+
+
+@triton.jit
+def mlp_task(
+    ttype,
+    row,
+    task,
+    ok,
+    epoch,
+    rt,
+    stuck_site,
+    budget_ns,
+    ffn_w,
+    ffn_buf,
+    hand,
+    outs,
+    R,
+    dims: tl.constexpr,
+    sched: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    POLL: tl.constexpr,
+    THREADS: tl.constexpr,
+):
+    """The dense MLP's task `task`, if it is one: GU or DOWN. Returns ok, false where a late wait failed."""
+    if ttype == GU:
+        ok = task_gate_up(
+            rt=rt,
+            row=row,
+            task=task,
+            epoch=epoch,
+            stuck_site=stuck_site,
+            budget_ns=budget_ns,
+            trace=hand.trace,
+            x=outs.H1 if sched.FOLD else outs.x_hat_f,
+            w_gate=ffn_w.w_gate,
+            w_up=ffn_w.w_up,
+            pr=hand.pr + 16 * PR,
+            gup=ffn_buf.gup,
+            act=ffn_buf.act,
+            n0=row[1],
+            ks=row[2],
+            R=R,
+            D=dims.D,
+            HC=dims.HC,
+            I=dims.I,
+            BN=dims.BN_GU,
+            BK=dims.BK_GU,
+            LIMIT=dims.LIMIT,
+            M=dims.M,
+            KS=dims.KS_GU,
+            FOLD=sched.FOLD,
+            TRACE=sched.TRACE,
+            INTERPRET=INTERPRET,
+            POLL=POLL,
+            THREADS=THREADS,
+        )
+    elif ttype == DOWN:
+        task_partial(
+            x=ffn_buf.act + row[2] * dims.IK,
+            w=ffn_w.w_down + row[2] * dims.IK,
+            out=hand.kpart_f + row[2] * R * dims.D,
+            n0=row[1],
+            R=R,
+            N=dims.D,
+            K=dims.IK,
+            STRIDE=dims.I,
+            BN=dims.BN_O,
+            BK=dims.BK_I,
+            INTERPRET=INTERPRET,
+        )
+    return ok
+
+
+@triton.jit(noinline=True)
+def task_gate_up(
+    rt,
+    row,
+    task,
+    epoch,
+    stuck_site,
+    budget_ns,
+    trace,
+    x,
+    w_gate,
+    w_up,
+    pr,
+    gup,
+    act,
+    n0,
+    ks,
+    R,
+    D: tl.constexpr,
+    HC: tl.constexpr,
+    I: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    LIMIT: tl.constexpr,
+    M: tl.constexpr,
+    KS: tl.constexpr,
+    FOLD: tl.constexpr,
+    TRACE: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    POLL: tl.constexpr,
+    THREADS: tl.constexpr,
+):
+    """GU: gate and up rows n0.. over K slice ks of KS (knob ksplit_gu), both in one K loop. A slice but the
+    first stores its sums in `gup` [KS, 2, 32, I] and is done; slice 0 then waits (late) for them, adds them
+    in slice order, and makes the clamped SwiGLU: act, bf16, for down_proj.
+
+    x: x̂ [R, D], or (FOLD, as for the in-projection) H1's R * HC stream rows against w_gate and w_up ⊙ norm_w:
+    slice 0 then also waits (late) for the FFN gates and applies their pre and 1/RMS, as the folded
+    in-projection does. True unless a wait failed."""
+    XR = R
+    if FOLD:
+        XR = R * HC
+    KK: tl.constexpr = D // KS
+    g_s, u_s = gemv_tile_pair(x + ks * KK, D, w_gate + ks * KK, w_up + ks * KK, n0, XR, I, KK, D, BN, BK, INTERPRET, M)
+    o_s = tl.arange(0, M)
+    o_n = n0 + tl.arange(0, BN)
+    p_gup = gup + o_s[:, None] * I + o_n[None, :]
+    m_gup = (o_s[:, None] < XR) & (o_n[None, :] < I)
+    ok = task >= 0
+    if ks != 0:
+        tl.store(p_gup + (ks * 2) * (32 * I), g_s, mask=m_gup)
+        tl.store(p_gup + (ks * 2 + 1) * (32 * I), u_s, mask=m_gup)
+    else:
+        if (KS > 1) or FOLD:
+            if TRACE:
+                stamp(trace, task, 4, INTERPRET)
+            ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, True)
+        if ok:
+            for q in tl.static_range(1, KS):
+                g_s += tl.load(p_gup + (q * 2) * (32 * I), mask=m_gup, other=0.0)
+                u_s += tl.load(p_gup + (q * 2 + 1) * (32 * I), mask=m_gup, other=0.0)
+            if FOLD:
+                g = _fold_rows(g_s, pr, R, HC, M, BN)
+                u = _fold_rows(u_s, pr, R, HC, M, BN)
+                o_m = tl.arange(0, M // HC)
+            else:
+                g = g_s
+                u = u_s
+                o_m = tl.arange(0, M)
+            tl.store(
+                act + o_m[:, None] * I + o_n[None, :],
+                to_bf16(swiglu_act(g, u, LIMIT), INTERPRET),
+                mask=(o_m[:, None] < R) & (o_n[None, :] < I),
+            )
+    return ok

@@ -1,0 +1,188 @@
+"""The tasks every layer kernel has, whichever its halves: the mHC gates (mix logits, gate, comb), the GEMV partials
+that end in an all-reduce (o_proj, down_proj), and the all-reduces with hc_post. The halves' own tasks are in
+kda.py, mla.py (attention) and mlp.py, moe.py (FFN); the claim loop that dispatches to them in kernel.py.
+
+Task bodies are not inlined, so the persistent loop carries none of their registers (inlined, the compiler hoists
+their address vectors out of the loop: 255 registers and spills).
+"""
+
+import triton
+import triton.language as tl
+
+from glm53ctl.kernels.ops.ffn.moe import moe_sum_cols
+from glm53ctl.kernels.ops.gemv.kernel import gemv_tile, sum_streams
+from glm53ctl.kernels.ops.mhc.kernel import gate_comb, gate_pre, gate_scale, hc_post_cols, mix_row
+
+PR = tl.constexpr(8)  # floats per row of the gates' pre [HC] and 1/RMS (buffer "pr")
+
+
+@triton.jit(noinline=True)
+def task_gate(
+    mixp,
+    ssp,
+    H,
+    base,
+    scale,
+    norm_w,
+    x_hat,
+    post,
+    comb,
+    pr,
+    r,
+    comb_task,
+    hc_eps,
+    norm_eps,
+    D: tl.constexpr,
+    HC: tl.constexpr,
+    ITERS: tl.constexpr,
+    NCH: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    """Row r's gate from its chunks' mix logits and sums of squares, summed in chunk order. GATE (comb false):
+    x̂, post, and pr[r]: pre [HC] and 1/RMS, what a GEMV with the norm folded into its weights scales its
+    stream rows by. COMB (comb_task true): the Sinkhorn comb alone, off the path to the GEMV after the gate."""
+    o_m = tl.arange(0, 32)
+    mix = tl.zeros((32,), dtype=tl.float32)
+    ss = 0.0
+    for c in tl.static_range(NCH):
+        mix += tl.load(mixp + (c * 16 + r) * 32 + o_m)
+        ss += tl.load(ssp + c * 16 + r)
+    mix = gate_scale(mix, ss, norm_eps, D, HC)
+    if comb_task:
+        gate_comb(mix, base, scale, comb, r, hc_eps, HC, ITERS)
+    else:
+        p_h = H + r * (HC * D)
+        b_pre, rstd = gate_pre(mix, p_h, base, scale, norm_w, x_hat, post, r, hc_eps, norm_eps, D, HC, INTERPRET)
+        tl.store(pr + r * PR + tl.arange(0, HC), b_pre)
+        tl.store(pr + r * PR + HC, rstd)
+
+
+@triton.jit
+def _own_partial(kpart, r, o_c, R, D: tl.constexpr, KS: tl.constexpr):
+    """This rank's partial of row r over columns o_c: its K slices summed in slice order."""
+    acc = tl.load(kpart + r * D + o_c)
+    for ks in tl.static_range(1, KS):
+        acc += tl.load(kpart + (ks * R + r) * D + o_c)
+    return acc
+
+
+@triton.jit
+def _reduced(own, parts, r, o_c, R, RANK, D: tl.constexpr, T: tl.constexpr):
+    """Row r's all-reduce over columns o_c: the ranks' partials summed in rank order (this rank's own, the
+    peers' from `parts` [T, R, D]): the same bits on every rank."""
+    acc = tl.where(RANK == 0, own, tl.load(parts + r * D + o_c, mask=RANK != 0, other=0.0))
+    for q in tl.static_range(1, T):
+        acc += tl.where(RANK == q, own, tl.load(parts + (q * R + r) * D + o_c, mask=RANK != q, other=0.0))
+    return acc
+
+
+@triton.jit
+def _own(src, r, o_c, R, D: tl.constexpr, KS: tl.constexpr, MOE: tl.constexpr, TOPK: tl.constexpr, NSLOT: tl.constexpr):
+    """This rank's partial of row r over columns o_c, from `src`: its K slices summed, src = (kpart,), or (MOE)
+    the MoE's sum over the slots' outputs, src = (y, ids, weights, slot_of)."""
+    if MOE:
+        acc = moe_sum_cols(src[0], src[1], src[2], src[3], r, o_c, D, TOPK, NSLOT)
+    else:
+        acc = _own_partial(src[0], r, o_c, R, D, KS)
+    return acc
+
+
+@triton.jit(noinline=True)
+def task_mix(H, fn, mixp, ssp, c, r, D: tl.constexpr, HC: tl.constexpr, CH: tl.constexpr):
+    """MIX_A (and MIX_F on H1): chunk c of row r's gate mix logits and sum of squares."""
+    o_c = c * CH + tl.arange(0, CH)
+    mix, ss = mix_row(H, fn, r, o_c, D, HC)
+    tl.store(mixp + (c * 16 + r) * 32 + tl.arange(0, 32), mix)
+    tl.store(ssp + c * 16 + r, ss)
+
+
+@triton.jit
+def _fold_rows(acc, pr, R, HC: tl.constexpr, M: tl.constexpr, BN: tl.constexpr):
+    """A folded GEMV's sums over H's stream rows [M, BN] to its rows' sums [M / HC, BN]:
+    y[r] = 1/RMS[r] * sum_j pre[r, j] * acc[r * HC + j], with the gate's pre and 1/RMS from `pr`."""
+    o_s = tl.arange(0, M)
+    b_pre = tl.load(pr + (o_s // HC) * PR + o_s % HC, mask=o_s < R * HC, other=0.0)
+    y = sum_streams(acc * b_pre[:, None], M, HC, BN)
+    o_m = tl.arange(0, M // HC)
+    return y * tl.load(pr + o_m * PR + HC, mask=o_m < R, other=0.0)[:, None]
+
+
+@triton.jit(noinline=True)
+def task_partial(
+    x,
+    w,
+    out,
+    n0,
+    R,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    STRIDE: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    """OPROJ / DOWN: output rows n0.. over one K slice (x, w already offset to it): out [R, N]."""
+    acc = gemv_tile(x, STRIDE, w, n0, R, N, K, STRIDE, BN, BK, INTERPRET)
+    o_m = tl.arange(0, 16)
+    o_n = n0 + tl.arange(0, BN)
+    tl.store(out + o_m[:, None] * N + o_n[None, :], acc, mask=(o_m[:, None] < R) & (o_n[None, :] < N))
+
+
+@triton.jit(noinline=True)
+def task_reduce(
+    src,
+    parts,
+    out,
+    H,
+    post,
+    comb,
+    H_out,
+    fn,
+    mixp,
+    ssp,
+    c,
+    r,
+    R,
+    RANK,
+    D: tl.constexpr,
+    HC: tl.constexpr,
+    CH: tl.constexpr,
+    KS: tl.constexpr,
+    T: tl.constexpr,
+    MIX: tl.constexpr,
+    MOE: tl.constexpr,
+    TOPK: tl.constexpr,
+    NSLOT: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    """RED_A / RED_F: chunk c of row r: the all-reduce (out), hc_post (H_out); RED_A with MIX (no MIX_F tasks)
+    also the FFN gate's mix logits over the chunk, from the stored (bf16) H_out values, as MIX_F makes them.
+    Its own partial: `_own` of src."""
+    o_c = c * CH + tl.arange(0, CH)
+    a = _reduced(_own(src, r, o_c, R, D, KS, MOE, TOPK, NSLOT), parts, r, o_c, R, RANK, D, T)
+    tl.store(out + r * D + o_c, a)
+    hc_post_cols(a, H, post, comb, H_out, r, o_c, D, HC, INTERPRET)
+    if MIX:
+        mix, ss = mix_row(H_out, fn, r, o_c, D, HC)
+        tl.store(mixp + (c * 16 + r) * 32 + tl.arange(0, 32), mix)
+        tl.store(ssp + c * 16 + r, ss)
+
+
+@triton.jit(noinline=True)
+def task_own(
+    src,
+    parts,
+    c,
+    r,
+    R,
+    RANK,
+    D: tl.constexpr,
+    CH: tl.constexpr,
+    KS: tl.constexpr,
+    MOE: tl.constexpr,
+    TOPK: tl.constexpr,
+    NSLOT: tl.constexpr,
+):
+    """OWN_A / OWN_F: this rank's partial of chunk c of row r, for the other ranks' reduces."""
+    o_c = c * CH + tl.arange(0, CH)
+    tl.store(parts + (RANK * R + r) * D + o_c, _own(src, r, o_c, R, D, KS, MOE, TOPK, NSLOT))
