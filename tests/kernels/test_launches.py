@@ -240,7 +240,7 @@ def test_build_placeholders_mirror_the_launch_arguments(weights):
     for tp, partial, dtype in ((1, False, torch.bfloat16), (2, False, torch.float32), (2, True, torch.bfloat16)):
         k = make_harness(weights, "tail", tp, 1, {}, "cpu")
         launch = k.peers[0] if partial else k.launch
-        assert launch.placeholder_args()["peer_logits"].dtype == dtype
+        assert launch.placeholder_args()["peers"].logits.dtype == dtype
 
 
 def test_the_interpreter_spreads_tasks_over_programs(weights):

@@ -31,10 +31,7 @@ def tail_kernel(
     rstd,
     lm_w,
     logits,
-    peer_logits,
-    peer_slots,
-    peer_flags,
-    arrive,
+    peers,
     R,
     eps,
     rank,
@@ -45,23 +42,26 @@ def tail_kernel(
     n_programs,
     stuck_site,
     budget_ns,
-    D: tl.constexpr,
-    HC: tl.constexpr,
-    V_LOCAL: tl.constexpr,
-    V: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    dims: tl.constexpr,
     INTERPRET: tl.constexpr,
     POLL: tl.constexpr,
     THREADS: tl.constexpr,
     PREFETCH: tl.constexpr,
-    GATHER_COLS: tl.constexpr,
     NORM_FOLD: tl.constexpr,
-    M: tl.constexpr,
     PDL: tl.constexpr,
-    TP: tl.constexpr,
     REMOTE: tl.constexpr,
 ):
+    # the peers' logits (emulated: a buffer; real ranks: this rank's mailbox) and what a real rank pushes to
+    peer_logits, peer_slots, peer_flags, arrive = peers
+    D: tl.constexpr = dims.D
+    HC: tl.constexpr = dims.HC
+    V_LOCAL: tl.constexpr = dims.V_LOCAL
+    V: tl.constexpr = dims.V
+    BLOCK_N: tl.constexpr = dims.BLOCK_N
+    BLOCK_K: tl.constexpr = dims.BLOCK_K
+    GATHER_COLS: tl.constexpr = dims.GATHER_COLS
+    M: tl.constexpr = dims.M
+    TP: tl.constexpr = dims.TP
     ctl, flags = rt.ctl, rt.flags  # the runtime's buffers (runtime/launch.py RuntimeBuffers)
     if PDL:  # a stage of separate-pdl: ask for this program's first weights while the launch before ends
         first = task_row(rt, tl.minimum(tl.program_id(0), n_tasks - 1))

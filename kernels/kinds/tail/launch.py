@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import torch
 
 from glm53ctl.kernels.kinds.tail.kernel import tail_kernel
@@ -10,6 +12,30 @@ from glm53ctl.kernels.kinds.task_types import TAIL_LM_HEAD
 from glm53ctl.kernels.ops.gemv.kernel import fold_norm, folds
 from glm53ctl.kernels.runtime.launch import DEFAULT_BUDGET_NS, PersistentLaunch, Runtime
 from glm53ctl.kernels.runtime.ranks import PeerLinks
+
+
+class TailPeers(NamedTuple):
+    """The peers' logits [T, R, V_LOCAL] (emulated: a buffer; real ranks: this rank's mailbox), and where a real
+    rank pushes its own: the peers' mailboxes and flag words, and its programs' arrival word."""
+
+    logits: Any
+    slots: Any
+    flags: Any
+    arrive: Any
+
+
+class TailDims(NamedTuple):
+    """The tail kernel's compile-time shapes and tiles."""
+
+    D: int
+    HC: int
+    V_LOCAL: int  # this rank's vocabulary share
+    V: int  # the logits' width: V_LOCAL, or a full launch's whole vocabulary
+    BLOCK_N: int
+    BLOCK_K: int
+    GATHER_COLS: int
+    M: int
+    TP: int
 
 
 class TailLaunch(PersistentLaunch):
@@ -85,10 +111,12 @@ class TailLaunch(PersistentLaunch):
             "rstd": self.rstd,
             "lm_w": lm_w,
             "logits": logits,
-            "peer_logits": links.slots.local if links else peer_logits,
-            "peer_slots": links.slots.bases if links else self._no_peers,
-            "peer_flags": links.flags.bases if links else self._no_peers,
-            "arrive": self.arrive,
+            "peers": TailPeers(
+                links.slots.local if links else peer_logits,
+                links.slots.bases if links else self._no_peers,
+                links.flags.bases if links else self._no_peers,
+                self.arrive,
+            ),
             "R": self.rows,
             "eps": self.spec.model.rms_norm_eps,
             "rank": links.rank if links else 0,
@@ -101,18 +129,20 @@ class TailLaunch(PersistentLaunch):
 
     def constexprs(self) -> dict:
         return self.runtime_constexprs() | {
-            "D": self.D,
-            "HC": self.spec.mhc.streams,
-            "V_LOCAL": self.v_local,
-            "V": self.width,
-            "BLOCK_N": self.knobs["block_n"],
-            "BLOCK_K": min(self.knobs["block_k"], self.D),
+            "dims": TailDims(
+                D=self.D,
+                HC=self.spec.mhc.streams,
+                V_LOCAL=self.v_local,
+                V=self.width,
+                BLOCK_N=self.knobs["block_n"],
+                BLOCK_K=min(self.knobs["block_k"], self.D),
+                GATHER_COLS=GATHER_N,
+                # the folded GEMV's rows are H's R * HC stream rows, padded to a `tl.dot` tile
+                M=16 if self.rows * self.spec.mhc.streams <= 16 else 32,
+                TP=self.tp,
+            ),
             "PREFETCH": self.knobs["prefetch"],
-            "GATHER_COLS": GATHER_N,
             "NORM_FOLD": folds(self.knobs["norm"], self.rows, self.spec.mhc.streams),
-            # the folded GEMV's rows are H's R * HC stream rows, padded to a `tl.dot` tile
-            "M": 16 if self.rows * self.spec.mhc.streams <= 16 else 32,
-            "TP": self.tp,
             "REMOTE": self.links is not None,
         }
 
