@@ -26,7 +26,7 @@ def test_build_reports_resources_per_kernel(capsys, tmp_path):
     assert [k["role"] for k in keys["tiny/sparse/tp2/r1"]["kernels"]] == ["launch"]
     for e in doc["keys"]:
         for k in e["kernels"]:
-            assert k["symbol"] in ("embed_kernel", "tail_kernel", "dense_kernel")
+            assert k["symbol"] in ("embed_kernel", "tail_kernel", "layer_kernel")
             assert 0 < k["registers"] <= 255 and k["spill_stores"] >= 0 and k["stack"] >= 0
             assert k["shared"] >= 0 and len(k["hash"]) == 16
     assert doc["totals"]["kernels"] == 12 and doc["target"] == "sm_90"

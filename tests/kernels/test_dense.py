@@ -254,7 +254,7 @@ def test_three_launches_in_a_row_without_host_reset(weights):
 
 def test_each_site_stuck_is_named_and_the_retry_is_clean(weights):
     """Every site of TP8 rows 1 (43: early and late ones, the peers' site) stuck in turn. The retry starts
-    from poisoned hand-off buffers (`DenseLaunch.poison`): a stuck KDA part leaves its head's arrival count
+    from poisoned hand-off buffers (`LayerLaunch.poison`): a stuck KDA part leaves its head's arrival count
     partial, and a retry that counted it would make no z and fail here."""
     res = fault_key(weights, "dense", 8, 1, "cpu", None, budget_ns=10**6, wall_s=60)
     assert res.sites > 40 and res.ok, res.problems

@@ -1,7 +1,7 @@
 """The `dense` kind: one KDA layer with the dense MLP (layers 0-2) as one persistent launch. Its facts.
 
-Files: `table.py` (shapes, tiles and the task table), `tasks.py` (the task bodies), `kernel.py` (the claim
-loop and dispatch), `launch.py` (buffers, weights, arguments), `harness.py` (one key with its peers).
+The launch is the layer kernel (kernels/kinds/layer/) with KDA as its attention half and the dense MLP as its
+FFN half; this folder holds its facts and `harness.py` (one key with its peers).
 Knob defaults: the best of the H200 sweeps and traces in docs/perf/dense.md.
 """
 

@@ -4,8 +4,8 @@ The attention half is `dense`'s: the same tasks, the same knobs. The FFN half is
 router tiles over K slices and the routing decided in the launch (a task per row; the last to arrive makes the
 slots), then per slot (the shared expert's, and one per expert the rows chose, in ascending order) its gate/up
 tiles over K slices and its down tiles; the FFN reduce of each row and column chunk sums the slots in expert
-order itself (kernels/ops/ffn/moe.py). The table, kernel and launch are `dense`'s with `ffn="moe"`
-(kinds/dense/table.py `_add_moe`); this folder holds what differs: its facts and its harness.
+order itself (kernels/ops/ffn/moe.py). The table, kernel and launch are the layer kernel's with `ffn="moe"`
+(kinds/layer/: its table's `_add_moe`, moe.py); this folder holds its facts and its harness.
 
 Knobs: `dense`'s, read the same way where the MoE has the same step (`block_n_gu`, `ksplit_gu`: the experts'
 gate/up tiles and K slices), and `block_n_down`, the experts' down tiles. `ffn_mix` and `norm` reach only the

@@ -1,9 +1,9 @@
 """The `sparse` kind: one DSA layer with the MoE (layers 3, 7, ..., 43 of glm53_flash) as one persistent launch.
 Its facts.
 
-The launch is `dense`'s layer kernel with MLA as its attention half (kernels/kinds/dense/mla.py, the bodies of
-kernels/ops/dsa; table.py `_add_mla`) and the MoE as its FFN half (`kda`'s). This folder holds its facts, its
-launch (the caches and positions it takes, its buffers) and its harness.
+The launch is the layer kernel (kernels/kinds/layer/) with MLA as its attention half (layer/mla.py, the bodies of
+kernels/ops/dsa; the table's `_add_mla`) and the MoE as its FFN half (`kda`'s). This folder holds its facts, its
+harness (the caches and positions a key takes) and its stock-PyTorch baseline.
 
 Knobs: `kda`'s (those only the KDA attention reads give the same launch here, so `tune` times them once), and
 `token_block`, the tokens per attention task.
