@@ -1,93 +1,88 @@
 """One tree's launch of one key, timed on request: the other side of `glm53ctl bench --against` (tuning/ab.py).
 
-Run as `python -c <finder code of TREE> + this file's text`, so `glm53ctl` is TREE's (its kernels, its knobs and
-tuned files), while the timing code is the running checkout's tuning/measure.py, loaded by path: both trees are
-timed alike, and never imported into one interpreter (docs/design.md §7).
+Each tree ships its own worker: the parent runs TREE's copy of this file as `python -c <finder code of TREE> +
+its text`, so `glm53ctl` is TREE's (its kernels, its knobs and tuned files), while the timing code is the
+parent's tuning/measure.py, loaded by path: both trees are timed alike, and never imported into one interpreter
+(docs/design.md §7).
 
-argv: measure.py path, model, kind, tp, rows, knobs (JSON), seed[, context]. Prints
-`ready <bytes> <copies> <knobs JSON>`, then answers each `round` line on stdin with the µs per launch of one
-graph replay, until `quit`; or, when the key cannot be set up in this tree, `error <why>` (one line) and exits.
+The protocol, `glm53ctl-bench` version 1: lines of text, one at a time each way, in this order.
+
+    worker  hello glm53ctl-bench 1               first, before anything that can fail; to a version it does not
+                                                 speak, the parent answers by closing stdin (the worker exits)
+    parent  key <JSON>                           {"measure": the timing code's path, "model", "kind", "tp",
+                                                 "rows", "knobs" (the overrides), "seed", "context" (or null)}
+    worker  ready <bytes> <copies> <knobs JSON>  the key set up, compiled and captured; the knobs in force
+    parent  round                                as many as it likes, each answered by
+    worker  <µs>                                 the µs per launch of one graph replay
+    parent  quit                                 (or stdin closed): the worker exits
+    worker  error <why>                          in place of any answer: what stopped it (its traceback is on
+                                                 stderr), and it exits
+
+A worker from before the protocol says no hello (its first line is `ready` or `error`; it took the key as argv).
+The version changes with any change a parent of the last version would misread (a line, a field of the key);
+tuning/ab.py's `SPEAKS` lists the versions a parent speaks. Only these lines go to stdout: anything else written
+there (a library's print, a compiler's) goes to stderr.
 """
 
-import importlib.util
 import json
 import math
+import os
 import sys
+
+PROTOCOL, VERSION = "glm53ctl-bench", 1
+
+_out = os.fdopen(os.dup(1), "w")  # the protocol's own stdout
+os.dup2(2, 1)  # the rest of this process's stdout goes to stderr, out of the protocol's way
+
+
+def say(*words) -> None:
+    print(*words, file=_out, flush=True)
 
 
 def _say_why(kind_, e, tb) -> None:
-    """Whatever stops this worker before it is ready: its traceback on stderr, then why on the parent's line."""
+    """Whatever stops this worker: its traceback on stderr, then why on the parent's line."""
     sys.__excepthook__(kind_, e, tb)
     sys.stderr.flush()
-    print("error", f"{kind_.__name__}: {e}".replace("\n", " "), flush=True)
+    say("error", f"{kind_.__name__}: {e}".replace("\n", " "))
 
 
+say("hello", PROTOCOL, VERSION)
 sys.excepthook = _say_why
+line = sys.stdin.readline()
+if not line.startswith("key "):
+    sys.exit(0)  # the parent speaks no version of ours (it says so) or stops before a key
+key = json.loads(line.split(maxsplit=1)[1])
+
+import importlib.util  # noqa: E402
 
 import torch  # noqa: E402
 
+from glm53ctl.kernels.checks import make_harness  # noqa: E402
 from glm53ctl.kernels.spec import load_model  # noqa: E402
 from glm53ctl.kernels.weights import Weights  # noqa: E402
 
-try:  # a tree with the kind registry; before it (git f418783), the launches module
-    from glm53ctl.kernels.checks import make_harness
-except ImportError:
-    from glm53ctl.kernels.launches import make_launch as make_harness
-
-spec_ = importlib.util.spec_from_file_location("bench_measure", sys.argv[1])
+spec_ = importlib.util.spec_from_file_location("bench_measure", key["measure"])
 measure = importlib.util.module_from_spec(spec_)
 spec_.loader.exec_module(measure)
-model, kind, tp, rows = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
-knobs, seed = json.loads(sys.argv[6]), int(sys.argv[7])
-context = {"context": int(sys.argv[8])} if len(sys.argv) > 8 else {}
-
-
-def set_up():
-    try:
-        return make_harness(Weights(load_model(model), seed=0, device="cuda"), kind, tp, rows, knobs, "cuda", **context)
-    except TypeError as e:
-        if context and "unexpected keyword argument 'context'" in str(e):  # a tree from before git 06ceb1a
-            raise RuntimeError(f"its {kind} takes no context (the tree predates --context): {e}") from e
-        raise
-
-
-k = set_up()
-x = k.inputs(seed=seed)[0]
+weights = Weights(load_model(key["model"]), seed=0, device="cuda")
+k = make_harness(weights, key["kind"], key["tp"], key["rows"], key["knobs"], "cuda", context=key["context"])
+x = k.inputs(seed=key["seed"])[0]
 peers = k.peer_partials(x)
 k(x, peers)  # compiles; the peers' partials in place
-
-if hasattr(k, "timed"):
-    t = k.timed(x, peers)
-    call, stream_bytes, nbytes = t.call, t.stream_bytes, t.nbytes
-    copies = t.copies(measure.rotations(stream_bytes))
-else:  # a tree from before `timed` (git f418783 and its time): its launches, rotating the weights they stream
-    x = x.to("cuda")
-
-    def legacy_dense():
-        conv, S = k.rank_state(x, 0)
-        return k.w[0], lambda w: k.launch(x.H, w, conv, S, check=False)
-
-    LEGACY = {
-        "dense": legacy_dense,
-        "tail": lambda: ({"lm_head": k.shards[0]}, lambda w: k.launch(x, k.norm, w["lm_head"], peers, check=False)),
-        "embed": lambda: ({"table": k.shards[0]}, lambda w: k.launch(x, w["table"], peers, check=False)),
-    }
-    first, call = LEGACY[kind]()
-    stream_bytes = nbytes = sum(v.numel() * v.element_size() for v in first.values())
-    n = measure.rotations(stream_bytes)
-    copies = [first] + [{name: v.clone() for name, v in first.items()} for _ in range(n - 1)]
+t = k.timed(x, peers)
+copies = t.copies(measure.rotations(t.stream_bytes))
 
 
 def launches() -> None:
     for c in copies:
-        call(c)
+        t.call(c)
 
 
 replay = measure.graph_timer(launches, inner=max(1, math.ceil(40 / len(copies))))
-print(f"ready {nbytes} {len(copies)} {json.dumps(k.knobs)}", flush=True)
-sys.excepthook = sys.__excepthook__
+say("ready", t.nbytes, len(copies), json.dumps(k.knobs))
 for line in sys.stdin:
     if line.strip() != "round":
         break
-    print(replay() / len(copies), flush=True)
-torch.cuda.synchronize()
+    say(replay() / len(copies))
+if torch.cuda.is_initialized():
+    torch.cuda.synchronize()

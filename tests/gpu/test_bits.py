@@ -1,5 +1,6 @@
 """The GPU tier: what only a GPU can prove, at glm53_flash's per-rank sizes. Run on a GPU machine with
-`TRITON_INTERPRET=0 python -m pytest -q -m gpu` (skipped where torch sees no CUDA device).
+`TRITON_INTERPRET=0 python -m pytest -q -m gpu` (an ordinary run skips it where torch sees no CUDA device; asked
+for, a tier that cannot run fails, and so does a test of it that skips: tests/conftest.py).
 
 - A CUDA graph of a launch, replayed, gives the bits of the launch run eagerly (the tag in device memory:
   no host reset between replays).

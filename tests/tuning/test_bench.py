@@ -3,6 +3,7 @@ PyTorch baseline compute what the launch computes, the bytes add up, and copies 
 timing itself needs a GPU: tests/gpu and `glm53ctl bench` there.)"""
 
 import os
+import re
 
 import pytest
 import torch
@@ -185,24 +186,187 @@ def test_a_trial_is_checked_as_its_knobs_class_asks(weights):
     assert ev.check(d | {"oproj_first": 1}) == "not bitwise equal to the default: H"
 
 
-def test_a_tree_that_cannot_time_a_key_says_why(tmp_path):
-    """`bench --against REF`'s worker that cannot set its key up answers why, in one line, and the error names
-    the tree and the key: a tree from before --context (its harness takes none), and, on a machine without a
-    GPU, this very tree."""
-    from glm53ctl.errors import Glm53Error
-    from glm53ctl.tuning.ab import Worker
+# a tree's kernels for `bench --against` on a CPU: a harness whose launches only count themselves, and a fake of
+# the timing code (loaded by the worker by path, as tuning/measure.py is) that gives US µs per launch
+FAKE_CHECKS = """
+US = {us}
+CALLS = []
+
+
+class Timed:
+    stream_bytes = nbytes = 1000
+
+    def copies(self, n):
+        return [{{"w": i}} for i in range(n)]
+
+    def call(self, c):
+        CALLS.append(c)
+
+
+class Harness:
+    def inputs(self, seed):
+        return [seed]
+
+    def peer_partials(self, x):
+        return None
+
+    def __call__(self, x, peers):
+        return {{}}
+
+    def timed(self, x, peers):
+        return Timed()
+
+
+def make_harness(weights, kind, tp, rows, knobs, device, context=None):
+    if {fail!r}:
+        raise RuntimeError({fail!r})
+    h = Harness()
+    h.knobs = {{"tree": {name!r}, "kind": kind, "tp": tp, "rows": rows, "context": context}} | knobs
+    return h
+"""
+FAKE_MEASURE = """
+from glm53ctl.kernels import checks  # the worker's tree's
+
+
+def rotations(stream_bytes):
+    return 3
+
+
+def graph_timer(fn, inner):
+    def replay():
+        n = len(checks.CALLS)
+        for _ in range(inner):
+            fn()
+        return checks.US * (len(checks.CALLS) - n) / inner
+
+    return replay
+"""
+
+
+def _tree(root, name: str, worker: str | None = None, us: float = 1.0, fail: str = ""):
+    """A glm53ctl tree in root/name: this tree's glm53ctl, fake kernels (FAKE_CHECKS), and a worker: this tree's
+    tuning/bench_worker.py, or the text given (a tree of another protocol version)."""
     from glm53ctl.worktree import this_tree
 
-    old = tmp_path / "old"  # this tree but for its kernels, whose make_harness predates contexts
-    (old / "kernels").mkdir(parents=True)
-    (old / "kernels" / "__init__.py").write_text("")
-    for pkg in ("glm53ctl", "tuning", "configs"):
-        (old / pkg).symlink_to(this_tree() / pkg)
-    (old / "kernels" / "spec.py").write_text("def load_model(name):\n    return name\n")
-    (old / "kernels" / "weights.py").write_text("class Weights:\n    def __init__(self, *a, **k):\n        pass\n")
-    (old / "kernels" / "checks.py").write_text("def make_harness(w, kind, tp, rows, knobs, device):\n    pass\n")
-    with pytest.raises(Glm53Error, match=r"old: cannot time sparse TP2 rows 1 at context 4096: .*predates --context"):
-        Worker(old, "tiny", "sparse", 2, 1, {}, 0, 4096)
+    tree = root / name
+    (tree / "kernels").mkdir(parents=True)
+    (tree / "tuning").mkdir()
+    (tree / "glm53ctl").symlink_to(this_tree() / "glm53ctl")
+    (tree / "kernels" / "__init__.py").write_text("")
+    (tree / "kernels" / "spec.py").write_text("def load_model(name):\n    return name\n")
+    (tree / "kernels" / "weights.py").write_text("class Weights:\n    def __init__(self, *a, **k):\n        pass\n")
+    (tree / "kernels" / "checks.py").write_text(FAKE_CHECKS.format(us=us, name=name, fail=fail))
+    text = (this_tree() / "tuning" / "bench_worker.py").read_text() if worker is None else worker
+    (tree / "tuning" / "bench_worker.py").write_text(text)
+    return tree
+
+
+def test_against_times_each_tree_by_its_own_worker(tmp_path, monkeypatch):
+    """`bench --against`'s whole path on a CPU, the GPU's timing faked: each tree's worker (this tree's file, in
+    two trees) speaks the protocol, takes the key, sets it up with its tree's kernels and answers rounds timed by
+    the parent's timing code; the ratio and the verdict are this tree's against REF's."""
+    from glm53ctl.tuning import ab
+
+    (tmp_path / "measure.py").write_text(FAKE_MEASURE)
+    monkeypatch.setattr(ab, "MEASURE", tmp_path / "measure.py")
+    this, ref = _tree(tmp_path, "this", us=6.0), _tree(tmp_path, "ref", us=3.0)
+    got = ab.against(this, ref, "tiny", "sparse", 2, 1, {"grid": 7}, 5, rounds=3, context=4096)
+    assert (got["this_us"], got["ref_us"], got["ratio"], got["ratio_ci"]) == (6.0, 3.0, 2.0, (2.0, 2.0))
+    assert got["same"]["ratio"] == 1.0 and got["delta"] == 0.01 and got["verdict"] == "slower"
+    key = {"kind": "sparse", "tp": 2, "rows": 1, "context": 4096, "grid": 7}
+    assert got["this_knobs"] == {"tree": "this"} | key and got["ref_knobs"] == {"tree": "ref"} | key
+    assert got["bytes"] == 1000
+
+
+def test_a_tree_that_cannot_time_a_key_says_why(tmp_path, monkeypatch):
+    """A worker that cannot set its key up answers why, in one line, and the error names the tree and the key: a
+    tree whose harness refuses it, and, on a machine without a GPU, this very tree (whose worker speaks the
+    version this parent speaks)."""
+    from glm53ctl.errors import Glm53Error
+    from glm53ctl.tuning import ab
+    from glm53ctl.tuning.ab import SPEAKS, Worker
+    from glm53ctl.worktree import this_tree
+
+    (tmp_path / "measure.py").write_text(FAKE_MEASURE)
+    monkeypatch.setattr(ab, "MEASURE", tmp_path / "measure.py")
+    w = Worker(_tree(tmp_path, "refusing", fail="no such context"))
+    with pytest.raises(
+        Glm53Error, match=r"refusing: cannot time sparse TP2 rows 1 at context 4096: RuntimeError: no such"
+    ):
+        w.set_up("tiny", "sparse", 2, 1, {}, 0, 4096)
+    assert w.p.poll() is not None
+    monkeypatch.undo()  # this tree's worker with this checkout's timing code
+    w = Worker(this_tree())
+    assert w.version == max(SPEAKS)
     if not torch.cuda.is_available():
         with pytest.raises(Glm53Error, match=r"cannot time dense TP1 rows 1: .*(CUDA|cuda)"):
-            Worker(this_tree(), "tiny", "dense", 1, 1, {}, 0)
+            w.set_up("tiny", "dense", 1, 1, {}, 0)
+    w.close()
+
+
+# what a worker says first, and what this parent answers: every worker is made to record that it exits by itself
+# (not killed) once refused
+PREDATES = """import sys
+print("ready 1000 2 {}", flush=True)  # a worker from before the protocol: the key as its argv, then ready
+for line in sys.stdin:
+    if line.strip() != "round":
+        break
+    print(1.0, flush=True)
+"""
+
+
+@pytest.mark.parametrize(
+    ("first", "says", "hint"),
+    [
+        (None, r"no bench worker \(tuning/bench_worker.py\): it is too old", "an older tree's bench drives"),
+        (
+            PREDATES,
+            r"its bench worker is too old: it says no hello \(it predates the versioned protocol\)",
+            "an older tree's bench",
+        ),
+        (
+            'print("error IndexError: list index out of range")',
+            r"its bench worker is too old: it says no hello",
+            "an older tree's",
+        ),
+        (
+            'print("hello glm53ctl-bench 0")',
+            r"its bench worker is too old: it speaks glm53ctl-bench 0",
+            "an older tree's bench drives",
+        ),
+        (
+            'print("hello glm53ctl-bench 2")',
+            r"its bench worker is too new: it speaks glm53ctl-bench 2",
+            "update this checkout",
+        ),
+        (
+            'print("hello other-bench 1")',
+            r"its bench worker speaks another protocol: its hello is 'hello other-bench 1'",
+            "update this",
+        ),
+    ],
+    # no-hello-error: what a worker from before the protocol says first when given no argv (as this parent gives)
+    ids=["no-worker", "no-hello", "no-hello-error", "older", "newer", "another"],
+)
+def test_a_ref_whose_worker_speaks_no_version_of_ours_is_refused(tmp_path, first, says, hint):
+    """Before this tree's worker starts or any key is set up: one line naming the tree, what its worker is and
+    what this glm53ctl speaks, exit 2, and a hint of what to do (run bench from that ref's checkout
+    --against this tree); a worker that was started exits."""
+    from glm53ctl.errors import EXIT_USAGE
+    from glm53ctl.tuning import ab
+    from glm53ctl.worktree import this_tree
+
+    ref = _tree(
+        tmp_path,
+        "ref",
+        worker=first and f"{first}\nimport sys\nsys.stdin.read()\nopen({str(tmp_path / 'exited')!r}, 'w')\n",
+    )
+    if first is None:
+        (ref / "tuning" / "bench_worker.py").unlink()
+    this = _tree(tmp_path, "this", worker=f"open({str(tmp_path / 'this-started')!r}, 'w')\n")
+    with pytest.raises(ab.WorkerRefused, match=f"^{re.escape(str(ref))}: {says}") as e:
+        ab.against(this, ref, "tiny", "dense", 1, 1, {}, 0, rounds=3)
+    assert e.value.exit_code == EXIT_USAGE and str(e.value).endswith("; this glm53ctl speaks glm53ctl-bench 1")
+    assert "\n" not in str(e.value) and hint in e.value.hint and f"--against {this_tree()}" in e.value.hint
+    assert not (tmp_path / "this-started").exists()
+    assert (tmp_path / "exited").exists() == (first is not None)
