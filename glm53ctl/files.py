@@ -54,3 +54,15 @@ def write_atomic_with(path: Path, write: Callable[[Path], None]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """The text, fsynced, written atomically (`write_atomic_with`)."""
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+
+    write_atomic_with(path, write)

@@ -7,7 +7,6 @@ one version at a time; a newer file is refused; writes are atomic.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -207,17 +206,15 @@ def load_document(path: Path, doc: dict[str, Any]) -> TunedConfig:
 def _check_knobs(path: Path, cfg: TunedConfig) -> None:
     """The model is one glm53ctl knows and every knob kept or dropped is one of its kind's, at one of its values
     (the knob registry): a file naming another is refused here, naming the file and the key path, not later."""
+    from glm53ctl.kernels.kinds import get_kind
     from glm53ctl.kernels.spec import load_model
-    from glm53ctl.tuning.knobs import kind_knobs
 
     try:
         load_model(cfg.model)
     except Glm53Error as e:
         raise ConfigError(f"{path}: model: {e.message}", hint=e.hint) from None
-    from glm53ctl.kernels.kinds import get_kind
-
     for kind, per_rows in cfg.entries.items():
-        known = kind_knobs(kind)
+        known = get_kind(kind).all_knobs()
         for rows, entry in per_rows.items():
             where = f"{path}: entries.{kind}.{rows}"
             if entry.context is not None and not get_kind(kind).reads_context:
@@ -260,16 +257,10 @@ def dump(cfg: TunedConfig) -> str:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """The text, fsynced, written atomically (glm53ctl.files.write_atomic_with)."""
-    from glm53ctl.files import write_atomic_with
+    """The text, fsynced, written atomically (glm53ctl.files)."""
+    from glm53ctl.files import write_atomic as write
 
-    def write(tmp: Path) -> None:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-
-    write_atomic_with(path, write)
+    write(path, text)
 
 
 def save(path: Path, cfg: TunedConfig) -> None:

@@ -1,6 +1,7 @@
 """Ahead-of-time builds of every kernel per build key (docs/design.md §2, §4), on a machine with no GPU.
 
-A build key is (model, kind, tp, rows) with the knobs in force for it. Each key's launches (the launch
+A build key is (model, kind, tp, rows) with the knobs in force for it, resolved by the command (kernels/key.py;
+a grid of 0 builds for an H200's 396 programs: `for_build`). Each key's launches (the launch
 itself and, at TP > 1, the peers' partial launch) are compiled for a GPU target with `triton.compile`,
 specialized exactly as Triton's JIT would specialize the same arguments; `ptxas -v` reports registers,
 spills and stack. Results are cached by what determines the code: the kernel source and its callees
@@ -19,6 +20,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from glm53ctl.errors import Glm53Error, UsageError
+from glm53ctl.files import write_atomic
+from glm53ctl.kernels.key import ResolvedKey
+
+# grid 0 resolves per device: a build, for no device, takes an H200's (3 x 132; kda_split 0 reads it)
+BUILD_GRID = 396
 
 
 class BuildError(Glm53Error):
@@ -27,16 +33,9 @@ class BuildError(Glm53Error):
     exit_code = 1
 
 
-@dataclass(frozen=True)
-class BuildKey:
-    model: str
-    kind: str
-    tp: int
-    rows: int
-
-    @property
-    def name(self) -> str:
-        return f"{self.model}/{self.kind}/tp{self.tp}/r{self.rows}"
+def for_build(key: ResolvedKey) -> ResolvedKey:
+    """A key resolved for no device, as a build compiles it: a grid of 0 is an H200's."""
+    return key.with_knobs({"grid": BUILD_GRID}) if key.knobs["grid"] == 0 else key
 
 
 @dataclass
@@ -87,24 +86,14 @@ def find_ptxas() -> Path:
     return path
 
 
-def launches(key: BuildKey, knobs: dict) -> list[tuple[str, object]]:
+def launches(key: ResolvedKey) -> list[tuple[str, object]]:
     """The launch objects of one key (laid out on the CPU; nothing runs): the kind harness's."""
-    from glm53ctl.kernels.kinds import get_kind
+    from glm53ctl.kernels.kinds import load_harness
     from glm53ctl.kernels.spec import load_model
 
     spec = load_model(key.model)
     spec.check_tp(key.tp)
-    return get_kind(key.kind).load_harness().build_launches(spec, key.tp, key.rows, knobs)
-
-
-def knobs_in_force(key: BuildKey) -> dict:
-    """Defaults, then the tuned entry for the key (configs/tuned), as a launch would take them."""
-    from glm53ctl.kernels.spec import load_model
-    from glm53ctl.tuning.knobs import knobs_for
-
-    knobs = knobs_for(load_model(key.model).name, key.kind, key.tp, key.rows)
-    knobs["grid"] = knobs["grid"] or 396  # grid 0 resolves per device (an H200: 3 x 132); kda_split 0 reads it
-    return knobs
+    return load_harness(key.kind).build_launches(spec, key)
 
 
 def _source(launch):
@@ -165,7 +154,7 @@ def parse_ptxas(text: str) -> dict:
     }
 
 
-def compile_key(key: BuildKey, target: int, cache_dir: str) -> list[dict]:
+def compile_key(key: ResolvedKey, target: int, cache_dir: str) -> list[dict]:
     """Compile every kernel of one key (in a worker process); returns KernelRecord dicts."""
     os.environ.pop("TRITON_INTERPRET", None)  # the JIT decorators must build real kernels here
     os.environ["TRITON_DISABLE_LINE_INFO"] = "1"  # keeps code hashes free of paths
@@ -174,7 +163,7 @@ def compile_key(key: BuildKey, target: int, cache_dir: str) -> list[dict]:
 
     ptxas = find_ptxas()
     records = []
-    for role, launch in launches(key, knobs_in_force(key)):
+    for role, launch in launches(key):
         fn, src, spec = _source(launch)
         options = launch.options()
         ident = json.dumps(
@@ -203,14 +192,12 @@ def compile_key(key: BuildKey, target: int, cache_dir: str) -> list[dict]:
                 **rep,
             )
         )
-        from glm53ctl.tuned import write_atomic
-
         write_atomic(cached, json.dumps(rec))  # keys of the same code share an entry: never half-written
         records.append(rec)
     return records
 
 
-def build(keys: list[BuildKey], target: int, out: Path, jobs: int, progress=None) -> dict:
+def build(keys: list[ResolvedKey], target: int, out: Path, jobs: int, progress=None) -> dict:
     """Compile `keys` with `jobs` worker processes; the manifest (also written to out/manifest.json)."""
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -226,7 +213,7 @@ def build(keys: list[BuildKey], target: int, out: Path, jobs: int, progress=None
         load_model(key.model).check_tp(key.tp)
     cache = out / "cache"
     t0 = time.perf_counter()
-    results: dict[BuildKey, list[dict]] = {}
+    results: dict[ResolvedKey, list[dict]] = {}
     from glm53ctl.worktree import finder_code, this_tree
 
     # workers import this tree's kernels even when another glm53ctl is installed (--against runs a ref's tree);
@@ -242,7 +229,8 @@ def build(keys: list[BuildKey], target: int, out: Path, jobs: int, progress=None
             if progress:
                 progress(futures[f])
     entries = [
-        {**asdict(k), "key": k.name, "knobs": knobs_in_force(k), "kernels": results[k]}
+        {"model": k.model, "kind": k.kind, "tp": k.tp, "rows": k.rows, "key": k.name, "knobs": k.knobs}
+        | {"kernels": results[k]}
         for k in sorted(keys, key=lambda k: (k.model, k.kind, k.tp, k.rows))
     ]
     kernels = [r for e in entries for r in e["kernels"]]
@@ -262,8 +250,6 @@ def build(keys: list[BuildKey], target: int, out: Path, jobs: int, progress=None
             "spill_bytes": sum(r["spill_stores"] + r["spill_loads"] for r in kernels),
         },
     }
-    from glm53ctl.tuned import write_atomic
-
     write_atomic(out / "manifest.json", json.dumps(manifest, indent=2) + "\n")
     return manifest
 

@@ -18,15 +18,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from glm53ctl.kernels.kinds import get_kind
+from glm53ctl.kernels.key import ResolvedKey
+from glm53ctl.kernels.kinds import load_harness, load_ranks
 from glm53ctl.kernels.numerics import rel_rms
 from glm53ctl.kernels.runtime import LaunchFault
 from glm53ctl.kernels.weights import Weights
-
-GRIDS = (1, 3, 64)
-# the launch's discrete choices the reference follows where its own scores tie them (reference.py `follow`)
-FOLLOWED = ("moe.ids", "dsa.idx")
-REPEATS = 3
 
 
 def key_seed(seed: int, key: str) -> int:
@@ -59,42 +55,51 @@ def outputs_equal(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
 
 
-def make_harness(weights: Weights, kind: str, tp: int, rows: int, knobs: dict | None, device, context=None, **extra):
-    """The launch harness of one key (the kind registry's); `context`, tokens cached before the step (row r a
-    few fewer), for a kind that reads caches (else None: its own check contexts); `extra`, what a kind's harness
-    takes of its own (a step's `timing`)."""
-    cls = get_kind(kind).load_harness()
-    given = {} if context is None else {"context": context}
-    return cls(weights, tp, rows, knobs, device, **given, **extra)
+def make_harness(weights: Weights, key: ResolvedKey, *legacy, **extra):
+    """The launch harness of one resolved key (the kind registry's harness class); `extra`, what a kind's harness
+    takes of its own (a step's `timing`). (The form of before resolved keys, `make_harness(weights, kind, tp,
+    rows, knobs, device, context=None)`, still works: `legacy_key`.)"""
+    if legacy or isinstance(key, str):
+        context = extra.pop("context", None)
+        key = legacy_key(weights.spec.name, key, *legacy[:4], context)
+    return load_harness(key.kind)(weights, key, **extra)
 
 
-def build_launches(spec, kind: str, tp: int, rows: int, knobs: dict, context=None) -> list[tuple[str, object]]:
+def legacy_key(model: str, kind: str, tp: int, rows: int, knobs: dict | None, device, context=None) -> ResolvedKey:
+    """A key resolved as a command resolves it, for callers that still pass (kind, tp, rows, knobs, device): the
+    bench worker of `bench --against` and its tests (tuning/bench_worker.py, tests/tuning/test_bench.py,
+    tests/gpu/). It is the one place below the commands that reads a tuned file, and prints the lookup's warnings
+    as `knobs_for` did; it goes when those callers resolve their keys (pyproject's import contracts name it)."""
+    import sys
+
+    from glm53ctl.tuning.knobs import resolve_key
+
+    key = resolve_key(model, kind, tp, rows, knobs, device, context)
+    for w in key.warnings:
+        print(f"Warning: {w}", file=sys.stderr)
+    return key
+
+
+def build_launches(spec, key: ResolvedKey) -> list[tuple[str, object]]:
     """A key's launches, built on the CPU without weights (what `build` compiles and a tune tells apart)."""
-    cls = get_kind(kind).load_harness()
-    given = {} if context is None else {"context": context}
-    return cls.build_launches(spec, tp, rows, knobs, **given)
+    return load_harness(key.kind).build_launches(spec, key)
 
 
-def launch_outputs(
-    weights: Weights, kind: str, tp: int, rows: int, seed: int, device, context=None
-) -> dict[str, torch.Tensor]:
+def launch_outputs(weights: Weights, key: ResolvedKey, seed: int) -> dict[str, torch.Tensor]:
     """The kernel's outputs and writes for a key's seeded inputs (what `check --against` compares bit for bit)."""
-    k = make_harness(weights, kind, tp, rows, {}, device, context)
-    x = k.inputs(key_seed(seed, key_name(weights.spec.name, kind, tp, rows, context)))[0]
+    k = make_harness(weights, key)
+    x = k.inputs(key_seed(seed, key.name))[0]
     return {n: t.cpu() for n, t in k(x, poison=True).items()} | k.writes()
 
 
-def check_key(
-    weights: Weights, kind: str, tp: int, rows: int, seed: int, device, context=None
-) -> tuple[CheckResult, dict]:
-    spec = weights.spec
-    k = make_harness(weights, kind, tp, rows, {}, device, context)
+def check_key(weights: Weights, key: ResolvedKey, seed: int) -> tuple[CheckResult, dict]:
+    k = make_harness(weights, key)
     bounds = dict(k.bounds)
-    res = CheckResult(key_name(spec.name, kind, tp, rows, context), bounds=bounds)
+    res = CheckResult(key.name, bounds=bounds)
     x = k.inputs(key_seed(seed, res.key))[0].to(k.device)
     peers = k.peer_partials(x)
     out = k(x, peers, poison=True)
-    k.follow = {n: out[n] for n in FOLLOWED if n in out}  # near-ties in a top-k go the launch's way
+    k.follow = {n: out[n] for n in k.FOLLOWED if n in out}  # near-ties in a top-k go the launch's way
     ref = k.reference(x)
     for name, bound in bounds.items():
         res.errors[name] = err = rel_rms(ref[name], out[name])
@@ -106,7 +111,7 @@ def check_key(
             res.problems.append(f"invariant broken: {name}")
     # NaN poison in a float output, -1 in an integer one (the routed ids)
     # (a kind whose integer output may hold -1, the selection's padding, poisons it with its own value)
-    poison_int = getattr(k, "POISON_INT", {})
+    poison_int = k.POISON_INT
     poisoned = lambda n: next((v for end, v in poison_int.items() if n.endswith(end)), -1)  # noqa: E731
     written = all(
         not t.isnan().any() if t.is_floating_point() else bool((t != poisoned(n)).all()) for n, t in out.items()
@@ -115,18 +120,17 @@ def check_key(
     if not written:
         res.problems.append("an output element was not written (NaN poison left)")
     # a kind of many launches (`model`) checks fewer: its parts' grids and repeats are their own kinds' checks
-    grids, repeats = getattr(k, "CHECK_GRIDS", GRIDS), getattr(k, "CHECK_REPEATS", REPEATS)
-    for g in grids:
-        other = make_harness(weights, kind, tp, rows, {"grid": g}, device, context)(x, peers, poison=True)
+    for g in k.CHECK_GRIDS:
+        other = make_harness(weights, key.with_knobs({"grid": g}))(x, peers, poison=True)
         if not outputs_equal(out, other):
             res.grids_equal = False
             res.problems.append(f"grid {g} gives other bits than grid {k.knobs['grid']}")
     epoch = k.launch.runtime.epoch
-    for i in range(repeats):
+    for i in range(k.CHECK_REPEATS):
         if not outputs_equal(out, k(x, peers, poison=True)):
             res.repeats_equal = False
             res.problems.append(f"launch {i + 2} in a row gives other bits")
-    res.invariants["tag advanced once per launch"] = k.launch.runtime.epoch == epoch + repeats
+    res.invariants["tag advanced once per launch"] = k.launch.runtime.epoch == epoch + k.CHECK_REPEATS
     if not res.invariants["tag advanced once per launch"]:
         res.problems.append("the launch tag did not advance once per launch")
     return res, {n: t.cpu() for n, t in out.items()}
@@ -147,15 +151,11 @@ class FaultResult:
         return not self.problems and self.named == self.sites == self.retries_equal and self.hangs == 0
 
 
-def fault_key(
-    weights: Weights, kind: str, tp: int, rows: int, device, site: int | None, budget_ns: int, wall_s: float
-) -> FaultResult:
+def fault_key(weights: Weights, key: ResolvedKey, site: int | None, budget_ns: int, wall_s: float) -> FaultResult:
     """Each site (or one) stuck in turn. A launch that outlives `wall_s` is reported as a hang and the
     process ends (a hung GPU launch cannot be recovered from inside it)."""
-    spec = weights.spec
-    res = FaultResult(key_name(spec.name, kind, tp, rows))
-    # a whole step (`model`): one step a launch (a check runs two; a stuck site is in the first anyway)
-    k = make_harness(weights, kind, tp, rows, {}, device, **({"steps": 1} if get_kind(kind).composite else {}))
+    res = FaultResult(key.name)
+    k = make_harness(weights, key, **load_harness(key.kind).FAULT_OPTIONS)
     x = k.inputs(key_seed(0, res.key))[0].to(k.device)
     peers = k.peer_partials(x)
     clean = k(x, peers, poison=True)
@@ -211,25 +211,25 @@ __all__ = ["CheckResult", "FaultResult", "build_launches", "check_key", "fault_k
 STARTUP_S = 180.0
 
 
-def _on_ranks(weights: Weights, kind: str, tp: int, rows: int, device, seed: int, launches: int):
+def _on_ranks(weights: Weights, key: ResolvedKey, seed: int, launches: int):
     """The emulation's outputs (the key's one-device harness) for its seeded inputs of `launches` launches, and
     what the ranks are given of those inputs."""
-    k = make_harness(weights, kind, tp, rows, None, device)
-    xs = k.inputs(key_seed(seed, key_name(weights.spec.name, kind, tp, rows)), steps=launches)
+    k = make_harness(weights, key)
+    xs = k.inputs(key_seed(seed, key.name), steps=launches)
     want = [{n: t.cpu() for n, t in k(x).items()} for x in xs]
     return want, [x.tolist() for x in xs]
 
 
-def ranks_key(weights: Weights, kind: str, tp: int, rows: int, seed: int, device, launches: int = 3) -> dict:
+def ranks_key(weights: Weights, key: ResolvedKey, seed: int, launches: int = 3) -> dict:
     """The key on T real ranks, one process each (a GPU each, or on a CPU a process each under the interpreter),
     `launches` launches in a row from the key's seeded inputs: every rank's every output bitwise equal to the
     one-device emulation's (`check --gpus T`)."""
     from glm53ctl.kernels.runtime.ranks import RankLayout, run_ranks
 
-    layout = RankLayout(tp, tp, torch.device(device).type)
-    want, given = _on_ranks(weights, kind, tp, rows, device, seed, launches)
-    fn = get_kind(kind).load_ranks()
-    out = run_ranks(layout, fn, weights.spec.name, tp, rows, given, {}, [], None)
+    tp = key.tp
+    layout = RankLayout(tp, tp, torch.device(key.device).type)
+    want, given = _on_ranks(weights, key, seed, launches)
+    out = run_ranks(layout, load_ranks(key.kind), key, given, [], None)
     problems = []
     for r, per_launch in enumerate(out):
         for i, got in enumerate(per_launch):
@@ -238,25 +238,25 @@ def ranks_key(weights: Weights, kind: str, tp: int, rows: int, seed: int, device
             elif not outputs_equal(got, want[i]):
                 names = [n for n in want[i] if n not in got or not torch.equal(got[n], want[i][n])]
                 problems.append(f"rank {r} launch {i}: {', '.join(names)} differ from the emulation")
-    name = key_name(weights.spec.name, kind, tp, rows)
     n = tp * launches
-    return {"key": name, "ranks": tp, "launches": n, "equal": n - len(problems), "problems": problems}
+    return {"key": key.name, "ranks": tp, "launches": n, "equal": n - len(problems), "problems": problems}
 
 
-def ranks_fault_key(weights: Weights, kind: str, tp: int, rows: int, device, budget_ns: int, wall_s: float) -> dict:
+def ranks_fault_key(weights: Weights, key: ResolvedKey, budget_ns: int, wall_s: float) -> dict:
     """Each rank in turn never publishes (its launch runs; its tag never goes out): every other rank's launch
     raises LaunchFault naming that peer, no rank hangs (`wall_s` for the whole run), and the next launch on every
     rank gives the emulation's bits (`fault --gpus T`)."""
     from glm53ctl.kernels.runtime.ranks import RankFailed, RankLayout, run_ranks
 
-    layout = RankLayout(tp, tp, torch.device(device).type)
-    want, given = _on_ranks(weights, kind, tp, rows, device, 0, 1)
-    fn = get_kind(kind).load_ranks()
+    tp = key.tp
+    layout = RankLayout(tp, tp, torch.device(key.device).type)
+    want, given = _on_ranks(weights, key, 0, 1)
+    fn = load_ranks(key.kind)
     named = hangs = clean = 0
     problems = []
     for q in range(tp):
         try:
-            args = (weights.spec.name, tp, rows, given * 2, {}, [q, -1], budget_ns)
+            args = (key, given * 2, [q, -1], budget_ns)
             out = run_ranks(layout, fn, *args, timeout_s=STARTUP_S + 2 * wall_s)
         except RankFailed as e:
             hangs += "did not finish" in str(e)
@@ -271,5 +271,4 @@ def ranks_fault_key(weights: Weights, kind: str, tp: int, rows: int, device, bud
             clean += 1
         else:
             problems.append(f"peer {q} mute: the next launch is not the emulation's on every rank")
-    name = key_name(weights.spec.name, kind, tp, rows)
-    return {"key": name, "peers": tp, "named": named, "hangs": hangs, "retries_equal": clean, "problems": problems}
+    return {"key": key.name, "peers": tp, "named": named, "hangs": hangs, "retries_equal": clean, "problems": problems}

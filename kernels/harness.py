@@ -4,7 +4,7 @@
 Inputs are fresh per seed: token ids, the 4-stream H a layer reads, and each row's history up to its
 context length (rows sit at different positions in one step). A layer kind brings its own layer's
 state to the context by a prefill over random normalized rows; `model` prefills the whole model.
-Which function runs which kind is the kind registry's (kernels/kinds/__init__.py).
+Which function runs which kind is the kind registry's (kernels/kinds/__init__.py: its `reference` loaders).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from glm53ctl.kernels.kinds import get_kind
+from glm53ctl.kernels.key import ResolvedKey
 from glm53ctl.kernels.numerics import Numerics
 from glm53ctl.kernels.ops.dsa.naive import dsa_attention_prefill
 from glm53ctl.kernels.ops.kda.naive import kda_attention_prefill
@@ -26,7 +26,7 @@ from glm53ctl.kernels.reference import (
     pad_cache,
     room,
 )
-from glm53ctl.kernels.run_key import RunKey, check_run_key, layer_for, row_contexts
+from glm53ctl.kernels.run_key import RunKey, layer_for, row_contexts
 from glm53ctl.kernels.spec import ModelSpec
 from glm53ctl.kernels.state import KdaState
 
@@ -95,8 +95,9 @@ def model_state(ref: Reference, contexts: list[int], inputs: Inputs, max_context
 
 def run_reference(ref: Reference, key: RunKey) -> Tensors:
     """Run `key.steps` steps of one kind; return inputs.*, outputs.* of the last step and writes.*."""
-    check_run_key(key)
-    return get_kind(key.kind).run_reference(ref, key)
+    from glm53ctl.kernels.kinds import run_reference
+
+    return run_reference(ref, key)
 
 
 def _start(ref: Reference, key: RunKey) -> tuple[Inputs, list[int], int, Tensors]:
@@ -158,10 +159,12 @@ def run_layer(ref: Reference, key: RunKey) -> Tensors:
     )
 
 
-def run_triton(weights, key: RunKey, knobs: dict | None = None, device="cpu") -> Tensors:
-    """`glm53ctl run --backend triton`: the saved tensors of run_reference's layout for this kind."""
-    check_run_key(key)
-    return get_kind(key.kind).load_harness().run(weights, key, knobs, device)
+def run_triton(weights, key: RunKey, resolved: ResolvedKey) -> Tensors:
+    """`glm53ctl run --backend triton`: the saved tensors of run_reference's layout for this kind, the launch at
+    the resolved key."""
+    from glm53ctl.kernels.kinds import run_triton
+
+    return run_triton(weights, key, resolved)
 
 
 def nbytes(*tensors: torch.Tensor) -> int:
@@ -200,44 +203,55 @@ def cloned(first: dict[str, torch.Tensor]) -> Callable[[int], list[dict]]:
 
 class KindHarness:
     """One build key of a kind on one device, with what its TP peers contribute: the interface every kind's
-    harness has (the registry's `harness`), and what `check`, `fault`, `run`, `build` and `bench` use.
+    harness has (the registry's `harness`), and what `check`, `fault`, `run`, `build` and `bench` rely on.
 
-    A harness has: `launch` (rank 0's launch: its `table`, `runtime`, `grid`, `kernel`; a `PersistentLaunch`),
+    It is made from a resolved key (`Harness(weights, key)`, kernels/key.py: the knobs in force, the grid for the
+    device, the bounds), made once where a command starts the key; a harness reads no tuned file and prints
+    nothing. It has: `launch` (rank 0's launch: its `table`, `runtime`, `grid`, `kernel`; a `PersistentLaunch`),
     `inputs(seed, steps, tokens)` (seeded inputs per step), `peer_partials(x)` (the other ranks' share, made
     first on the same device), `__call__(x, peers, poison, **guard)` (every output, and the writes of a kind
     with state), `writes()` (hand-off buffers compared bit for bit too), `reference(x)` (the reference's
-    outputs at this TP width), `build_launches(spec, tp, rows, knobs)` (every launch object of a key, for
-    ahead-of-time builds), `run(weights, key, knobs, device)` (`run --backend triton`), and `STAGES` (its
-    task types grouped into the separate launches of the baseline); for `bench`, `timed(x, peers)` (rank 0's
-    launch as it is timed) and `stock(x, peers)` (rank 0's share of the same math as stock PyTorch ops in bf16,
-    the `torch` and `compile` baselines)."""
+    outputs at this TP width), `build_launches(spec, key)` (every launch object of a key, for ahead-of-time
+    builds), `run(weights, run_key, key)` (`run --backend triton`), and `STAGES` (its task types grouped into the
+    separate launches of the baseline); for `bench`, `timed(x, peers)` (rank 0's launch as it is timed) and
+    `stock(x, peers)` (rank 0's share of the same math as stock PyTorch ops in bf16, the `torch` and `compile`
+    baselines). What a command asks of a kind beyond that is a class attribute here, with the default most kinds
+    take: `FOLLOWED`, `POISON_INT`, `CHECK_GRIDS`, `CHECK_REPEATS`, `FAULT_OPTIONS`, `BENCH_OPTIONS`."""
 
     kind: str
     input_name: str  # what run saves as inputs.<name>
     STAGES: tuple = ()
     Launch: type  # the kind's launch class (its `partial_only` mode is a peer rank's launch)
+    # the launch's discrete choices (outputs) the reference follows where its own scores tie them (reference.py
+    # `follow`; `check` and `tune` hand them over)
+    FOLLOWED: tuple[str, ...] = ()
+    # an integer output's poison by its name's end (else -1: a kind whose output may hold -1 poisons it otherwise)
+    POISON_INT: dict[str, int] = {}
+    CHECK_GRIDS = (1, 3, 64)  # the other grids `check` proves bitwise equal
+    CHECK_REPEATS = 3  # launches in a row `check` proves bitwise equal (no host reset between)
+    FAULT_OPTIONS: dict = {}  # what `fault` makes the harness with (a whole step: one step a launch)
+    BENCH_OPTIONS: dict = {}  # what `bench` makes it with (a whole step: timing's weight sharing)
 
-    def __init__(self, weights, tp: int, rows: int, knobs: dict | None, device) -> None:
-        from glm53ctl.tuning.knobs import knobs_for, resolve_grid
-
+    def __init__(self, weights, key: ResolvedKey) -> None:
         spec = weights.spec
-        spec.check_tp(tp)
-        self.knobs = resolve_grid(knobs_for(spec.name, self.kind, tp, rows, knobs, device), device)
-        self.tp, self.rows, self.device = tp, rows, torch.device(device)
+        spec.check_tp(key.tp)
+        self.key = key
+        self.knobs = key.knobs
+        self.tp, self.rows, self.device = key.tp, key.rows, torch.device(key.device)
         self.spec, self.weights = spec, weights
 
     @classmethod
-    def build_launches(cls, spec, tp: int, rows: int, knobs: dict) -> list[tuple[str, object]]:
+    def build_launches(cls, spec, key: ResolvedKey) -> list[tuple[str, object]]:
         """Every launch object of a key, laid out on the CPU (nothing runs): rank 0's, and at TP > 1 a peer's."""
-        out = [("launch", cls.Launch(spec, tp, rows, knobs, "cpu"))]
-        if tp > 1:
-            out.append(("peer", cls.Launch(spec, tp, rows, knobs, "cpu", partial_only=True)))
+        out = [("launch", cls.Launch(spec, key.tp, key.rows, key.knobs, "cpu"))]
+        if key.tp > 1:
+            out.append(("peer", cls.Launch(spec, key.tp, key.rows, key.knobs, "cpu", partial_only=True)))
         return out
 
     @property
     def bounds(self) -> dict[str, float]:
         """Every output's bound on its relative RMS error against the reference (the registry's BOUNDS)."""
-        return dict(get_kind(self.kind).bounds)
+        return self.key.bounds
 
     def shard(self, name: str, rank: int) -> torch.Tensor:
         return self.weights.shard(name, rank, self.tp).to(self.device).contiguous()
@@ -272,10 +286,17 @@ class KindHarness:
     def stock(self, x, peers) -> Timed:
         raise NotImplementedError(f"{self.kind}: no stock PyTorch baseline")
 
+    def compiled(self, x, peers) -> Timed:
+        """The `compile` baseline: `stock` through `torch.compile`."""
+        from dataclasses import replace
+
+        t = self.stock(x, peers)
+        return replace(t, call=torch.compile(t.call, dynamic=False))
+
     @classmethod
-    def run(cls, weights, key: RunKey, knobs: dict | None, device) -> Tensors:
+    def run(cls, weights, key: RunKey, resolved: ResolvedKey) -> Tensors:
         """`run --backend triton` of a kind with no state: each step's inputs through the launch."""
-        k = cls(weights, key.tp, key.rows, knobs, device)
+        k = cls(weights, resolved)
         xs = k.inputs(key.seed, key.steps, key.tokens)
         for x in xs:
             out = k(x)

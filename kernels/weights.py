@@ -18,6 +18,10 @@ import torch
 from glm53ctl.errors import ConfigError, UsageError
 from glm53ctl.kernels.spec import ModelSpec
 
+# the H200's L2 as docs/design.md §8 gives it; torch.cuda.get_device_properties(d).L2_cache_size reports a device's own
+# (what bench's rotations and a timed step's weight sharing stream past)
+L2_BYTES = 60 * 2**20
+
 ROOT = "model.language_model."
 BLOCK_ROWS = 1024
 FP32 = torch.float32

@@ -74,3 +74,10 @@ def first_site_of_each(table, types) -> dict:
             sites[ttype] = i
     assert len(sites) == len(types), f"no site of types {set(types) - set(sites)}"
     return sites
+
+
+def resolved(kind: str, tp: int, rows: int, knobs: dict | None = None, device="cpu", context=None, model="tiny"):
+    """A key resolved as a command resolves it (tuning/knobs.py `resolve_key`): what a harness is made from."""
+    from glm53ctl.tuning.knobs import resolve_key
+
+    return resolve_key(model, kind, tp, rows, knobs, device, context)

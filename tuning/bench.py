@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import replace
 
 import torch
 
-from glm53ctl.kernels.checks import key_name, key_seed, make_harness, outputs_equal
-from glm53ctl.kernels.kinds import get_kind
+from glm53ctl.kernels.checks import key_seed, legacy_key, make_harness, outputs_equal
+from glm53ctl.kernels.key import ResolvedKey
+from glm53ctl.kernels.kinds import get_kind, load_harness
 from glm53ctl.tuning import measure
 
 BASELINES = ("separate", "separate-pdl", "torch", "compile", "defaults")
@@ -55,15 +55,12 @@ def variant(k, x, peers, which: str):
         return k.separate(pdl=True).timed(x, peers)
     if which == "torch":
         return k.stock(x, peers)
-    if which == "compile" and get_kind(k.kind).composite:
-        torch._dynamo.reset()
-        return k.stock(x, peers, compile=True)  # each part compiled on its own: one graph of a step is too big
     if which == "compile":
         # every key's stock function is the same code: Dynamo's cache of it would guard the next key against
-        # this one's (and past 8 keys stop compiling): a fresh cache per key
+        # this one's (and past 8 keys stop compiling): a fresh cache per key (a step compiles each part on its
+        # own: one graph of a step is too big; its harness's `compiled`)
         torch._dynamo.reset()
-        t = k.stock(x, peers)
-        return replace(t, call=torch.compile(t.call, dynamic=False))
+        return k.compiled(x, peers)
     raise ValueError(f"unknown baseline {which!r}")
 
 
@@ -80,14 +77,29 @@ def bench_key(
     trace: bool = False,
     context: int | None = None,
 ) -> dict:
+    """`time_key` of a key given as before resolved keys (its callers: tests/gpu; checks.legacy_key)."""
+    key = legacy_key(weights.spec.name, kind, tp, rows, knobs, "cuda", context)
+    return time_key(weights, key, baselines, rounds, seed, copy_tb_s, trace)
+
+
+def time_key(
+    weights,
+    key: ResolvedKey,
+    baselines=(),
+    rounds: int = 15,
+    seed: int = 0,
+    copy_tb_s: float | None = None,
+    trace: bool = False,
+) -> dict:
     """One key's launch: µs (median of `rounds` graph replays), bytes, floor and % of the copy bandwidth, and
     each baseline timed in alternating rounds with it (ratio baseline / launch: above 1, the launch is faster).
     The separate launches are checked bit for bit against the launch first."""
     from glm53ctl.tuning.knobs import defaults
 
-    step = get_kind(kind).composite  # a whole step (`model`): its layers share weights where they do not fit
-    k = make_harness(weights, kind, tp, rows, knobs, "cuda", context, **({"timing": True} if step else {}))
-    x = k.inputs(key_seed(seed, key_name(weights.spec.name, kind, tp, rows, context)))[0]
+    kind, tp, rows, context = key.kind, key.tp, key.rows, key.context
+    step = get_kind(kind).composite
+    k = make_harness(weights, key, **load_harness(kind).BENCH_OPTIONS)
+    x = k.inputs(key_seed(seed, key.name))[0]
     peers = k.peer_partials(x)
     out = k(x, peers)  # compiles; the peers' partials in place
     out = {n: t.clone() for n, t in out.items()}
@@ -118,7 +130,7 @@ def bench_key(
     # the defaults' launch last: it is another harness, with buffers of its own
     for which in sorted(baselines, key=lambda b: b == "defaults"):
         if which == "defaults":
-            kb = make_harness(weights, kind, tp, rows, defaults(kind), "cuda", context)
+            kb = make_harness(weights, key.with_knobs(defaults(kind)))
             kb(x, peers)
             t = kb.timed(x, peers)
             extra = {"knobs_equal": kb.knobs == k.knobs}
@@ -216,20 +228,20 @@ def trace_key(k, x, peers) -> dict:
 
 def _compile(job: tuple) -> str:
     """One key's kernels compiled into Triton's cache (and Inductor's, for baselines that use torch.compile), in
-    a worker process: the launch's (and its peers') at these knobs, then each baseline run once."""
-    model, kind, tp, rows, knobs, baselines, context = job
+    a worker process: the launch's (and its peers') at its resolved key, then each baseline run once."""
+    full, baselines = job
+    kind, tp, rows = full.kind, full.tp, full.rows
     from glm53ctl.kernels.checks import build_launches
     from glm53ctl.kernels.runtime.launch import on_device
     from glm53ctl.kernels.spec import load_model
-    from glm53ctl.tuning.knobs import defaults, kind_knobs, resolve_grid
+    from glm53ctl.tuning.knobs import kind_knobs
 
-    spec = load_model(model)
-    full = resolve_grid(defaults(kind) | knobs, "cuda")
+    spec = load_model(full.model)
     step = get_kind(kind).composite
     # a step's other chain is timed beside it (`schedules`), inside a graph capture: compiled here first
-    variants = [full | {"chain": c} for c in kind_knobs(kind)["chain"].values] if step else [full]
+    variants = [full.with_knobs({"chain": c}) for c in kind_knobs(kind)["chain"].values] if step else [full]
     for ks in variants:
-        for _, la in build_launches(spec, kind, tp, rows, ks, context):
+        for _, la in build_launches(spec, ks):
             args = on_device(la.placeholder_args(), "cuda")
             la.kernel.warmup(**args, **la.constexprs(), **la.options(), grid=(la.grid,))
     # a step's baselines need every layer's weights: too much for each of several workers (compiled at bench)
@@ -237,7 +249,7 @@ def _compile(job: tuple) -> str:
     if others:
         from glm53ctl.kernels.weights import Weights
 
-        k = make_harness(Weights(spec, seed=0, device="cuda"), kind, tp, rows, full, "cuda", context)
+        k = make_harness(Weights(spec, seed=0, device="cuda"), full)
         x = k.inputs(0)[0]
         peers = k.peer_partials(x)
         for b in others:
@@ -250,7 +262,7 @@ def _compile(job: tuple) -> str:
 def precompile(jobs: list[tuple], workers: int, log=None) -> None:
     """Compile many keys' kernels at once, in `workers` processes sharing Triton's (and Inductor's) on-disk
     caches, before anything is timed: a launch compiles in seconds to tens of seconds, serially the larger
-    part of a tune or a bench. jobs: (model, kind, tp, rows, knobs, baselines, context)."""
+    part of a tune or a bench. jobs: (resolved key, baselines as a tuple)."""
     import multiprocessing
     import time
     from concurrent.futures import ProcessPoolExecutor
@@ -261,7 +273,7 @@ def precompile(jobs: list[tuple], workers: int, log=None) -> None:
     start = time.monotonic()
     ctx = multiprocessing.get_context("spawn")  # CUDA in each worker
     with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=ctx) as pool:
-        list(pool.map(_compile, [(m, k, t, r, dict(kn), b, c) for m, k, t, r, kn, b, c in jobs]))
+        list(pool.map(_compile, jobs))
     if log:
         log(f"  compiled {len(jobs)} launches in {time.monotonic() - start:.0f} s ({workers} processes)")
 

@@ -1,81 +1,41 @@
-"""Knobs (docs/design.md §5): the runtime's shared knobs, declared once here, and the lookup of a kind's knobs.
+"""Knobs (docs/design.md §5): the lookup of a kind's knobs, and the one resolver of a key (`resolve_key`).
 
 A kind declares its own knobs beside it (`kernels/kinds/<kind>/__init__.py`) and names the runtime knobs it
-takes in the kind registry (`kernels/kinds/__init__.py`), with its own defaults where they differ.
+takes in the kind registry (`kernels/kinds/__init__.py`), with its own defaults where they differ; `Knob` and the
+runtime's knobs are defined in the registry's leaf (`kernels/kinds/base.py`) and re-exported here.
 `schedule` knobs must leave every output and every write bitwise equal to the default; `numeric` knobs
-must stay within the reference tolerance. Kernels contain no tuned numbers: a launch gets its knobs
-from `knobs_for` (defaults, then the tuned config).
+must stay within the reference tolerance. Kernels contain no tuned numbers: a command resolves each key once
+(`resolve_key`: defaults, then the tuned config, then overrides) and hands the harness the resolved key.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Literal
+from glm53ctl.kernels.key import ResolvedKey, resolve_grid
+from glm53ctl.kernels.kinds.base import RUNTIME_KNOBS, Knob, KnobClass
 
-KnobClass = Literal["schedule", "numeric"]
-
-
-@dataclass(frozen=True, slots=True)
-class Knob:
-    name: str
-    values: tuple
-    default: object
-    cls: KnobClass
-    help: str
-
-
-# The runtime's knobs, shared by the kinds (grid 0: three programs per SM on a GPU, 4 programs in the
-# interpreter). A kind's own defaults, where its measurements chose another value, are in its registry entry.
-RUNTIME_KNOBS = {
-    k.name: k
-    for k in (
-        Knob("grid", (0, 132, 264, 396), 0, "schedule", "programs in the persistent grid"),
-        # warps: the layout of a tl.sum's operands, so its reduction order (dense's gates and KDA heads differ in
-        # the last bit at 8 warps on the H200, docs/perf/dense.md): numeric
-        Knob("warps", (4, 8), 4, "numeric", "warps per program"),
-        Knob(
-            "handoff",
-            ("flag", "box"),
-            "box",
-            "schedule",
-            "broadcast hand-off: one flag word per producer, or per-consumer 128-byte box lines",
-        ),
-        Knob(
-            "poll",
-            (0, 1, 2),
-            1,
-            "schedule",
-            "0: every thread polls with ld.acquire.gpu; 1: relaxed polls (+64 ns sleep), then one acquire; "
-            "2: as 1 with 512 ns sleeps (less traffic from many waiters); the clock and abort word every 8th poll",
-        ),
-        Knob("stages", (1, 2, 3, 4, 6, 8), 4, "schedule", "software-pipelining depth of the GEMV's K loop"),
-    )
-}
+__all__ = [
+    "RUNTIME_KNOBS",
+    "Knob",
+    "KnobClass",
+    "ResolvedKey",
+    "check_knobs",
+    "defaults",
+    "kind_knobs",
+    "parse_knobs",
+    "resolve_grid",
+    "resolve_key",
+]
 
 
 def kind_knobs(kind: str) -> dict[str, Knob]:
     """Every knob of a kind, by name: the runtime knobs it takes (with its defaults), then its own."""
     from glm53ctl.kernels.kinds import get_kind
 
-    k = get_kind(kind)
-    shared = {n: RUNTIME_KNOBS[n] for n in k.runtime}
-    shared = {n: replace(knob, default=k.runtime_defaults.get(n, knob.default)) for n, knob in shared.items()}
-    return shared | {knob.name: knob for knob in k.knobs}
+    return get_kind(kind).all_knobs()
 
 
 def defaults(kind: str) -> dict[str, object]:
     return {name: k.default for name, k in kind_knobs(kind).items()}
-
-
-def resolve_grid(knobs: dict, device) -> dict:
-    """grid 0 -> three programs per SM (4 in the interpreter, which runs programs one after another)."""
-    import torch
-
-    knobs = dict(knobs)
-    if knobs.get("grid", 1) == 0:
-        dev = torch.device(device)
-        knobs["grid"] = 3 * torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 4
-    return knobs
 
 
 def check_knobs(kind: str, knobs: dict) -> None:
@@ -92,44 +52,68 @@ def check_knobs(kind: str, knobs: dict) -> None:
             raise UsageError(f"knob {name}={value!r}: expected one of {', '.join(map(str, k.values))}")
 
 
-def knobs_for(model: str, kind: str, tp: int, rows: int, overrides: dict | None = None, device=None) -> dict:
-    """The knobs in force for one build key (docs/design.md §6): the registry's defaults, then the tuned entry of
-    configs/tuned/<model>/tp<T>.json for (kind, rows) if there is one, then explicit overrides. A tuned
-    entry measured on another GPU capability or Triton minor version is used with a warning."""
-    from glm53ctl import tuned
-    from glm53ctl.output import print_warning
-    from glm53ctl.paths import tuned_path
+def resolve_key(
+    model: str,
+    kind: str,
+    tp: int,
+    rows: int,
+    overrides: dict | None = None,
+    device=None,
+    context: int | None = None,
+    context_warned: bool = False,
+) -> ResolvedKey:
+    """One key as a command starts it (docs/design.md §6): the registry's defaults, then the tuned entry of
+    configs/tuned/<model>/tp<T>.json for (kind, rows) if there is one, then explicit overrides; the grid resolved
+    for `device` (None: left 0, a build's); for a composite kind, each part kind's own key (a grid given handed
+    to every part). Nothing is printed: the key carries the lookup's warnings (an entry measured on another GPU
+    capability or Triton minor version; with `context_warned`, for a kind that reads caches, an entry tuned at
+    another context than `context`, None being the check's contexts) and the command prints them once."""
+    from glm53ctl.kernels.kinds import get_kind
+    from glm53ctl.kernels.spec import load_model
 
-    knobs = defaults(kind)
-    path = tuned_path(model, tp)
-    if path.exists():
-        cap = triton_version = None
-        if device is not None and str(device).startswith("cuda"):
-            import torch
-            import triton
-
-            major, minor = torch.cuda.get_device_capability(device)
-            cap, triton_version = f"{major}.{minor}", triton.__version__
-        knobs, _, warnings = tuned.lookup(tuned.load(path), kind, rows, knobs, cap, triton_version)
-        for w in warnings:
-            print_warning(f"{path}: {kind} rows={rows}: {w}")
+    entry, spec = get_kind(kind), load_model(model)  # a model by name or by its .toml's path: its name's file
+    knobs, source, said = _tuned(spec.name, kind, tp, rows, entry.defaults(), device, context, context_warned)
     knobs = {**knobs, **(overrides or {})}
     check_knobs(kind, knobs)
-    return knobs
+    handed = {n: v for n, v in (overrides or {}).items() if n == "grid"}  # a step's grid is every part's
+    parts = tuple(resolve_key(model, p, tp, rows, handed, device) for p in entry.parts)
+    return ResolvedKey(
+        model=model,
+        kind=kind,
+        tp=tp,
+        rows=rows,
+        context=context if entry.reads_context else None,
+        device=None if device is None else str(device),
+        streams=spec.mhc.streams,
+        knob_items=tuple(resolve_grid(knobs, device).items()),
+        source=source,
+        warnings=tuple(said) + tuple(w for p in parts for w in p.warnings),
+        bound_items=tuple(entry.bounds.items()),
+        parts=parts,
+    )
 
 
-def warn_of_context(model: str, kind: str, tp: int, rows: int, context: int | None) -> None:
-    """Once per key a command runs (check, bench) of a kind that reads caches, at `context` (None: the check's
-    contexts): a warning when its tuned entry was measured at another context."""
+def _tuned(model, kind, tp, rows, knobs, device, context, context_warned) -> tuple[dict, str, list[str]]:
+    """The tuned entry over the defaults, its source and what to warn of (each line naming the file)."""
     from glm53ctl import tuned
     from glm53ctl.kernels.kinds import get_kind
-    from glm53ctl.output import print_warning
     from glm53ctl.paths import tuned_path
 
     path = tuned_path(model, tp)
-    if get_kind(kind).reads_context and path.exists():
-        for w in tuned.context_warnings(tuned.load(path), kind, rows, context):
-            print_warning(f"{path}: {kind} rows={rows}: {w}")
+    if not path.exists():
+        return knobs, "defaults", []
+    cap = triton_version = None
+    if device is not None and str(device).startswith("cuda"):
+        import torch
+        import triton
+
+        major, minor = torch.cuda.get_device_capability(device)
+        cap, triton_version = f"{major}.{minor}", triton.__version__
+    cfg = tuned.load(path)
+    knobs, source, warnings = tuned.lookup(cfg, kind, rows, knobs, cap, triton_version)
+    if context_warned and get_kind(kind).reads_context:
+        warnings = warnings + tuned.context_warnings(cfg, kind, rows, context)
+    return knobs, source, [f"{path}: {kind} rows={rows}: {w}" for w in warnings]
 
 
 def parse_knobs(text: str | None, kind: str) -> dict:

@@ -41,9 +41,8 @@ import triton.language as tl
 
 from glm53ctl import __version__
 from glm53ctl.errors import Glm53Error
+from glm53ctl.kernels.weights import L2_BYTES  # noqa: F401 - the rotations' L2, defined where a step's weights read it
 
-# the H200's L2 as docs/design.md §8 gives it; torch.cuda.get_device_properties(d).L2_cache_size reports a device's own
-L2_BYTES = 60 * 2**20
 # the floor of the keep threshold: δ = max(1%, 2 × the spread of a same-against-same run) (docs/design.md §8)
 MIN_DELTA = 0.01
 # the Triton copy (benchmarks/runtime_gpu.py up to git f418783 had it): 4.08-4.11 TB/s on the H200, 16K blocks

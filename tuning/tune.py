@@ -344,27 +344,28 @@ class GpuEvaluator:
     """One key's launches on the GPU: harnesses per knob set (kept while in use), the default's outputs and the
     reference's, computed once on one seeded input."""
 
-    def __init__(
-        self, weights, kind: str, tp: int, rows: int, seed: int = 0, device: str = "cuda", context=None
-    ) -> None:
-        from glm53ctl.kernels.checks import key_name, key_seed
+    def __init__(self, weights, key, *legacy, seed: int = 0, device: str = "cuda", context=None) -> None:
+        """One resolved key's evaluator (`GpuEvaluator(weights, key, seed=...)`); or, as before resolved keys,
+        `(weights, kind, tp, rows[, seed], device=..., context=...)` (checks.legacy_key)."""
+        from glm53ctl.kernels.checks import key_seed, legacy_key
         from glm53ctl.kernels.kinds import get_kind
         from glm53ctl.tuning.knobs import defaults, kind_knobs
 
-        self.weights, self.kind, self.tp, self.rows, self.device = weights, kind, tp, rows, device
-        self.context = context
-        self.entry = get_kind(kind)
-        self.knobs = kind_knobs(kind)
-        self.default = defaults(kind)
+        if isinstance(key, str):
+            tp, rows, *rest = legacy
+            seed = rest[0] if rest else seed
+            key = legacy_key(weights.spec.name, key, tp, rows, None, device, context)
+        self.key, self.weights, self.kind, self.tp, self.rows = key, weights, key.kind, key.tp, key.rows
+        self.device, self.context = key.device, key.context
+        self.entry = get_kind(self.kind)
+        self.knobs = kind_knobs(self.kind)
+        self.default = defaults(self.kind)
         self.harnesses: dict[str, Any] = {}
         self.default_identity = self.identity(self.default)
         k = self._harness(self.default)
-        name = key_name(weights.spec.name, kind, tp, rows, context)
-        self.x = k.inputs(key_seed(seed, name))[0].to(k.device)
+        self.x = k.inputs(key_seed(seed, key.name))[0].to(k.device)
         self.default_out = self._outputs(k)
-        from glm53ctl.kernels.checks import FOLLOWED
-
-        k.follow = {n: self.default_out[n] for n in FOLLOWED if n in self.default_out}  # as `check`
+        k.follow = {n: self.default_out[n] for n in k.FOLLOWED if n in self.default_out}  # as `check`
         self.ref = k.reference(self.x)
         self.bounds = dict(self.entry.bounds)
 
@@ -373,9 +374,7 @@ class GpuEvaluator:
         if ident not in self.harnesses:
             from glm53ctl.kernels.checks import make_harness
 
-            self.harnesses[ident] = make_harness(
-                self.weights, self.kind, self.tp, self.rows, knobs, self.device, self.context
-            )
+            self.harnesses[ident] = make_harness(self.weights, self.key.with_knobs(knobs))
         return self.harnesses[ident]
 
     def _outputs(self, k) -> dict:
@@ -383,10 +382,8 @@ class GpuEvaluator:
 
     def identity(self, knobs: dict) -> str:
         from glm53ctl.kernels.checks import build_launches
-        from glm53ctl.tuning.knobs import resolve_grid
 
-        full = resolve_grid(knobs, self.device)
-        launches = build_launches(self.weights.spec, self.kind, self.tp, self.rows, full, self.context)
+        launches = build_launches(self.weights.spec, self.key.with_knobs(knobs))
         return launch_identity([la for _, la in launches])
 
     def check(self, knobs: dict) -> str | None:

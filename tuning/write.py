@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 
 from glm53ctl import tuned
-from glm53ctl.output import print_warning
 from glm53ctl.paths import ENV_CONFIG_DIR, checkout_root, config_root, tuned_path
 
 
@@ -20,11 +19,11 @@ def entry_of(result: dict) -> tuned.Entry:
     return tuned.Entry(knobs=dict(result["kept"]), context=result.get("context"), evidence=evidence, dropped=dropped)
 
 
-def write_results(model: str, results: list[dict], env: dict, root: Path | None = None) -> list[Path]:
-    """Each TP width's file updated with its keys' entries; returns the files written. A line goes into the
-    checkout's CHANGELOG where the files are the checkout's own (`root` None: the config root in force is not
-    $GLM53CTL_CONFIG_DIR's)."""
-    written = []
+def write_results(model: str, results: list[dict], env: dict, root: Path | None = None) -> tuple[list[Path], list[str]]:
+    """Each TP width's file updated with its keys' entries; returns the files written and what to warn of (the
+    command prints it). A line goes into the checkout's CHANGELOG where the files are the checkout's own (`root`
+    None: the config root in force is not $GLM53CTL_CONFIG_DIR's)."""
+    written, warnings = [], []
     for tp in sorted({r["tp"] for r in results}):
         path = tuned_path(model, tp, root or config_root())
         old = tuned.load(path) if path.exists() else None
@@ -45,8 +44,8 @@ def write_results(model: str, results: list[dict], env: dict, root: Path | None 
         tuned.write_atomic(path, text)
         written.append(path)
         if root is None and not os.environ.get(ENV_CONFIG_DIR):
-            _changelog(path, cfg, [r for r in results if r["tp"] == tp])
-    return written
+            warnings += _changelog(path, cfg, [r for r in results if r["tp"] == tp])
+    return written, warnings
 
 
 def changelog_line(path: Path, cfg: tuned.TunedConfig, results: list[dict]) -> str:
@@ -61,12 +60,13 @@ def changelog_line(path: Path, cfg: tuned.TunedConfig, results: list[dict]) -> s
     return f"- Tuned `{rel}` (revision {cfg.revision}, `{cfg.provenance.command}`): " + "; ".join(parts) + "."
 
 
-def _changelog(path: Path, cfg: tuned.TunedConfig, results: list[dict]) -> None:
+def _changelog(path: Path, cfg: tuned.TunedConfig, results: list[dict]) -> list[str]:
+    """The tune's line into the checkout's CHANGELOG; what to warn of where there is none."""
     root = checkout_root()
     if root is None or not (root / "CHANGELOG.md").exists():
-        print_warning("no CHANGELOG.md beside this glm53ctl (not a checkout): the tune's line is not recorded")
-        return
+        return ["no CHANGELOG.md beside this glm53ctl (not a checkout): the tune's line is not recorded"]
     add_changelog_line(root / "CHANGELOG.md", changelog_line(path, cfg, results))
+    return []
 
 
 def add_changelog_line(changelog: Path, line: str, section: str = "Changed") -> None:

@@ -16,7 +16,7 @@ from glm53ctl.commands import Command
 from glm53ctl.commands.build import parse_list
 from glm53ctl.commands.keys import context_applies, refuse_step_baselines
 from glm53ctl.errors import CheckFailed, UsageError
-from glm53ctl.output import Output, Progress, err_console
+from glm53ctl.output import Output, Progress, err_console, print_warning
 
 BASELINES = ("separate", "separate-pdl", "torch", "compile", "defaults")
 
@@ -107,7 +107,7 @@ def bench(
     environment_ok()  # exit 2 without a GPU, before anything is built
     from glm53ctl.kernels.weights import Weights
     from glm53ctl.tuning import measure
-    from glm53ctl.tuning.bench import bench_key
+    from glm53ctl.tuning.bench import time_key
 
     ref_tree = _checkout(against, cache) if against is not None else None
     err_console.print(f"bench {model}: warming clocks, measuring the copy bandwidth")
@@ -115,29 +115,33 @@ def bench(
     bw = measure.copy_bandwidth()
     err_console.print(f"  copy bandwidth {bw:.3f} TB/s")
     weights = Weights(spec, seed=0, device="cuda")
-    keys = [(k, t, r, c) for k in kinds for t in tps for r in rowss for c in contexts.get(k, [None])]
     from glm53ctl.tuning.bench import compile_workers, precompile
-    from glm53ctl.tuning.knobs import defaults, warn_of_context
+    from glm53ctl.tuning.knobs import defaults, resolve_key
 
+    keys = []  # each resolved once (its overrides over the tuned file), what its lookup said printed once
+    for k in kinds:
+        for t, r, c in [(t, r, c) for t in tps for r in rowss for c in contexts.get(k, [None])]:
+            keys.append(key := resolve_key(model, k, t, r, overrides[k], "cuda", c, context_warned=True))
+            for w in key.warnings:
+                print_warning(w)
     jobs = []
-    for k, t, r, c in keys:
-        warn_of_context(model, k, t, r, c)
-        knobs_now = _knobs_in_force(model, k, t, r, overrides[k])
-        jobs.append((model, k, t, r, tuple(sorted(knobs_now.items())), tuple(baselines), c))
-        if "defaults" in baselines:
-            jobs.append((model, k, t, r, tuple(sorted(defaults(k).items())), (), c))
+    for key in keys:
+        jobs.append((key, tuple(baselines)))
+        if "defaults" in baselines and (d := key.with_knobs(defaults(key.kind))).knobs != key.knobs:
+            jobs.append((d, ()))
     precompile(jobs, jobs_ or compile_workers(), err_console.print)
     if compile_only:
         return
     progress = Progress(len(keys))
     results = []
-    for k, t, r, c in keys:
-        row = bench_key(weights, k, t, r, overrides[k], baselines, rounds, seed, bw, trace, c)
+    for key in keys:
+        k, t, r, c = key.kind, key.tp, key.rows, key.context
+        row = time_key(weights, key, baselines, rounds, seed, bw, trace)
         if ref_tree is not None:
-            from glm53ctl.kernels.checks import key_name, key_seed
+            from glm53ctl.kernels.checks import key_seed
             from glm53ctl.worktree import this_tree
 
-            s = key_seed(seed, key_name(model, k, t, r, c))
+            s = key_seed(seed, key.name)
             row["against"] = _against(this_tree(), ref_tree, model, k, t, r, overrides[k], s, rounds, c)
         results.append(row)
         err_console.print(progress.line(_summary_line(row)))
@@ -188,12 +192,6 @@ def _contexts(context: str | None, kinds: list[str]) -> dict[str, list[int]]:
     if not values or any(v < 0 for v in values):
         raise UsageError(f"--context {context!r}: expected a comma-separated list of token counts, 0 or more")
     return {k: values for k in readers}
-
-
-def _knobs_in_force(model: str, kind: str, tp: int, rows: int, overrides: dict) -> dict:
-    from glm53ctl.tuning.knobs import knobs_for
-
-    return knobs_for(model, kind, tp, rows, overrides)
 
 
 def _resolve_ref(against: str) -> str:
@@ -345,7 +343,11 @@ def _save(folder: Path, doc: dict) -> None:
             err_console.print(f"saved {picture}")
 
 
-KIND_COLOURS = {"embed": "#8c8c8c", "dense": "#4c72b0", "kda": "#55a868", "sparse": "#c44e52", "tail": "#8172b2"}
+def _colour(kind: str) -> str:
+    """A part's colour in a step's picture: its kind's (the registry's); the gaps' yellow for what is no kind."""
+    from glm53ctl.kernels.kinds import KINDS
+
+    return KINDS[kind].colour if kind in KINDS else "#f0e442"
 
 
 def step_picture(r: dict) -> str:
@@ -363,7 +365,7 @@ def step_picture(r: dict) -> str:
     x = left
     for p in r["parts"]:
         w = p["us"] * scale
-        colour = KIND_COLOURS.get(p["kind"], "#dd8452")
+        colour = _colour(p["kind"])
         out.append(
             f'<rect x="{x:.2f}" y="26" width="{w:.2f}" height="{bar}" fill="{colour}" stroke="white" '
             f'stroke-width="0.3"><title>{p["part"]} ({p["kind"]}): {p["us"]:.1f} µs</title></rect>'
@@ -382,7 +384,7 @@ def step_picture(r: dict) -> str:
         )
     y = 84 + bar
     for kind, s in list(r["by_kind"].items()) + [("gaps", {"us": r["gaps_us"], "share": r["gaps_us"] / r["us"]})]:
-        colour = KIND_COLOURS.get(kind, "#f0e442")
+        colour = _colour(kind)
         n = f"{s['parts']} × " if "parts" in s else ""
         out.append(f'<rect x="{left}" y="{y - 10}" width="10" height="10" fill="{colour}"/>')
         out.append(f'<text x="{left + 16}" y="{y}">{n}{kind}: {s["us"]:.0f} µs ({100 * s["share"]:.1f}%)</text>')

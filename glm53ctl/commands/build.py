@@ -51,8 +51,8 @@ def build(
 ) -> None:
     """Compile every kernel per build key ahead of time; registers, spills, shared memory, stack, code hash."""
     from glm53ctl.files import check_replaceable
-    from glm53ctl.kernels.build import BuildKey, parse_target
     from glm53ctl.kernels.build import build as run_build
+    from glm53ctl.kernels.build import for_build, parse_target
     from glm53ctl.kernels.kinds import kernel_kinds, selectable_kinds
     from glm53ctl.kernels.spec import ROWS, TP_WIDTHS, load_model, model_names
 
@@ -71,7 +71,10 @@ def build(
     kinds = parse_list("--kind", kind, selectable_kinds(), default=kernel_kinds())
     tps = parse_list("--tp", tp, TP_WIDTHS, int)
     rowss = parse_list("--rows", rows, ROWS, int)
-    keys = [BuildKey(m, k, t, r) for m in models for k in kinds for t in tps for r in rowss]
+    from glm53ctl.tuning.knobs import resolve_key
+
+    # each key resolved once, for no device (a build's grid: `for_build`); no GPU, so no lookup warns
+    keys = [for_build(resolve_key(m, k, t, r)) for m in models for k in kinds for t in tps for r in rowss]
     theirs = None
     if against is not None:
         from glm53ctl.worktree import checkout, run_cli

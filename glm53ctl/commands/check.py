@@ -14,7 +14,7 @@ from glm53ctl.commands import Command
 from glm53ctl.commands.build import parse_list
 from glm53ctl.commands.keys import context_applies, context_of
 from glm53ctl.errors import CheckFailed, UsageError
-from glm53ctl.output import Output, Progress, err_console
+from glm53ctl.output import Output, Progress, err_console, print_warning
 
 ModelOpt = Annotated[
     str | None, typer.Option("--model", "-m", help="Model (default: tiny on a CPU, glm53_flash on a GPU).")
@@ -52,7 +52,7 @@ GpusOpt = Annotated[
 
 def _real_ranks(gpus: int, kind, tp, rows) -> None:
     """--gpus T: every selected key at TP T, and every kind one that runs on real ranks (before torch loads)."""
-    from glm53ctl.kernels.kinds import get_kind, ranks_kinds, selectable_kinds
+    from glm53ctl.kernels.kinds import load_ranks, ranks_kinds, selectable_kinds
     from glm53ctl.kernels.spec import ROWS, TP_WIDTHS
 
     if gpus not in TP_WIDTHS:
@@ -64,7 +64,7 @@ def _real_ranks(gpus: int, kind, tp, rows) -> None:
         raise UsageError(f"--gpus {gpus} runs TP{gpus} keys, one rank per GPU; --tp asks for TP{wrong[0]}")
     # without --kind: the kinds that run on real ranks
     for k in parse_list("--kind", kind, selectable_kinds(), default=ranks_kinds()):
-        get_kind(k).load_ranks()
+        load_ranks(k)
     parse_list("--rows", rows, ROWS, int)
 
 
@@ -80,10 +80,12 @@ AllKeysOpt = Annotated[
 ]
 
 
-def _setup(model, kind, tp, rows, all_keys: bool = False):
-    """Device (a GPU, else Triton's interpreter), weights, and the selected keys: on a GPU, or with --all-keys,
-    every TP x rows key; on a CPU, unless --tp or --rows says otherwise, the registry's CPU key set. The options
-    are checked before torch is imported: a usage error costs no seconds."""
+def _setup(model, kind, tp, rows, all_keys: bool = False, context: int | None = None, context_warned: bool = False):
+    """Device (a GPU, else Triton's interpreter), weights, and the selected keys, each resolved once (its knobs
+    in force, the lookup's warnings printed here, once per key): on a GPU, or with --all-keys, every TP x rows
+    key; on a CPU, unless --tp or --rows says otherwise, the registry's CPU key set. The options are checked
+    before torch is imported: a usage error costs no seconds. `context_warned`: a tuned entry at another context
+    is warned of too (check's keys; fault's run at the kind's own contexts)."""
     from glm53ctl.kernels.kinds import CPU_KEYS, kernel_kinds, selectable_kinds
     from glm53ctl.kernels.spec import ROWS, TP_WIDTHS, load_model
 
@@ -106,8 +108,20 @@ def _setup(model, kind, tp, rows, all_keys: bool = False):
         pairs = list(CPU_KEYS)
     else:
         pairs = [(t, r) for t in tps for r in rowss]
-    keys = [(k, t, r) for k in kinds for t, r in pairs]
+    keys = [
+        resolved(spec.name, k, t, r, device, context_of(k, context), context_warned) for k in kinds for t, r in pairs
+    ]
     return device, Weights(spec, seed=0, device=device), keys
+
+
+def resolved(model: str, kind: str, tp: int, rows: int, device, context: int | None, context_warned: bool = False):
+    """One key as a command starts it (tuning/knobs.py `resolve_key`), what its lookup said printed once."""
+    from glm53ctl.tuning.knobs import resolve_key
+
+    key = resolve_key(model, kind, tp, rows, None, device, context, context_warned)
+    for w in key.warnings:
+        print_warning(w)
+    return key
 
 
 def check(
@@ -145,21 +159,18 @@ def check(
             raise UsageError("--gpus takes no --against, --context or --save yet")
         _real_ranks(gpus, kind, tp, rows)
         kind = kind or _ranks_kinds()
-    device, weights, keys = _setup(model, kind, tp, rows, all_keys)  # first: it may select the interpreter
+    # first: it may select the interpreter
+    device, weights, keys = _setup(model, kind, tp, rows, all_keys, context, context_warned=True)
     if gpus > 1:
         _check_ranks(o, weights, keys, seed, device)
         return
     jobs = _jobs(jobs, device, keys)
-    from glm53ctl.tuning.knobs import warn_of_context
-
-    for k, t, r in keys:
-        warn_of_context(weights.spec.name, k, t, r, context_of(k, context))
     if save is not None:  # the other side of --against: outputs only, in this tree's process
-        _save_outputs(weights, keys, seed, device, save, context)
+        _save_outputs(weights, keys, seed, save)
         return
     with tempfile.TemporaryDirectory(prefix="glm53ctl-against-") as tmp:  # removed however the run ends
         ref_dir = _run_ref(against, cache, weights, keys, seed, Path(tmp), o, context) if against is not None else None
-        results = _check_keys(weights, keys, jobs, seed, device, ref_dir, context)
+        results = _check_keys(weights, keys, jobs, seed, device, ref_dir)
     passed = sum(r["ok"] for r in results)
     summary = f"{passed} of {len(results)} configs pass"
     if ref_dir is not None:
@@ -184,8 +195,8 @@ def _check_ranks(o: Output, weights, keys, seed: int, device: str) -> None:
     err_console.print(f"running {len(keys)} keys of {weights.spec.name} on real ranks ({device})", highlight=False)
     progress = Progress(len(keys))
     results = []
-    for k, t, r in keys:
-        row = ranks_key(weights, k, t, r, seed, device)
+    for key in keys:
+        row = ranks_key(weights, key, seed)
         row["ok"] = not row["problems"]
         results.append(row)
         line = f"{'ok  ' if row['ok'] else 'FAIL'} {row['key']}: {row['equal']}/{row['launches']} bitwise equal"
@@ -206,18 +217,16 @@ def _check_ranks(o: Output, weights, keys, seed: int, device: str) -> None:
         raise CheckFailed(summary)
 
 
-def _save_outputs(weights, keys, seed: int, device: str, save: Path, context: int | None = None) -> None:
+def _save_outputs(weights, keys, seed: int, save: Path) -> None:
     from safetensors.torch import save_file
 
-    from glm53ctl.kernels.checks import key_name, launch_outputs
+    from glm53ctl.kernels.checks import launch_outputs
 
     save.mkdir(parents=True, exist_ok=True)
-    for i, (k, t, r) in enumerate(keys, 1):
-        c = context_of(k, context)
-        name = key_name(weights.spec.name, k, t, r, c)
-        path = str(save / (name.replace("/", "_") + ".safetensors"))
-        save_file(launch_outputs(weights, k, t, r, seed, device, c), path)
-        err_console.print(f"  [{i}/{len(keys)}] saved {name}", highlight=False)
+    for i, key in enumerate(keys, 1):
+        path = str(save / (key.name.replace("/", "_") + ".safetensors"))
+        save_file(launch_outputs(weights, key, seed), path)
+        err_console.print(f"  [{i}/{len(keys)}] saved {key.name}", highlight=False)
 
 
 def _run_ref(
@@ -229,9 +238,9 @@ def _run_ref(
 
     tree, sha = checkout(against, cache)
     base = ["check", "--save", str(ref_dir), "--seed", str(seed), "--model", weights.spec.name]
-    base += ["--kind", ",".join(dict.fromkeys(k for k, _, _ in keys))]
+    base += ["--kind", ",".join(dict.fromkeys(k.kind for k in keys))]
     base += ["--context", str(context)] if context is not None else []
-    pairs = list(dict.fromkeys((t, r) for _, t, r in keys))
+    pairs = list(dict.fromkeys((k.tp, k.rows) for k in keys))
     tps, rowss = list(dict.fromkeys(t for t, _ in pairs)), list(dict.fromkeys(r for _, r in pairs))
     grids = [(tps, rowss)] if len(pairs) == len(tps) * len(rowss) else [([t], [r]) for t, r in pairs]
     o.log(f"running {against} ({sha[:12]}) from {tree}: its outputs for {len(keys)} keys, then this tree's checks")
@@ -242,9 +251,7 @@ def _run_ref(
     return ref_dir
 
 
-def _check_keys(
-    weights, keys, jobs: int, seed: int, device: str, ref_dir: Path | None, context: int | None = None
-) -> list[dict]:
+def _check_keys(weights, keys, jobs: int, seed: int, device: str, ref_dir: Path | None) -> list[dict]:
     """Every key's check (and, with ref_dir, its bits against REF's), a progress line on stderr as each ends."""
     from safetensors.torch import load_file
 
@@ -254,12 +261,11 @@ def _check_keys(
     err_console.print(f"checking {len(keys)} keys of {weights.spec.name} on {device}{where}", highlight=False)
     progress = Progress(len(keys))
     results: list[dict | None] = [None] * len(keys)
-    for i, row in _per_key(_check_row, weights, keys, jobs, seed, device, context):
-        k, t, r = keys[i]
+    for i, row in _per_key(_check_row, weights, keys, jobs, seed):
         if ref_dir is not None:
             path = ref_dir / (row["key"].replace("/", "_") + ".safetensors")
             theirs = load_file(str(path)) if path.exists() else {}
-            ours = launch_outputs(weights, k, t, r, seed, device, context_of(k, context))
+            ours = launch_outputs(weights, keys[i], seed)
             row["against"] = diff = _bitwise(ours, theirs)
             row["bitwise_equal"] = not diff
             row["ok"] = row["ok"] and not diff
@@ -329,18 +335,15 @@ def _table_row(r: dict, against: bool, verbose: bool) -> tuple:
     )
 
 
-def _check_row(
-    model: str, kind: str, tp: int, rows: int, seed: int, device: str, context: int | None = None, weights=None
-) -> dict:
+def _check_row(key, seed: int, weights=None) -> dict:
     """One key's check as a plain dict (what a worker process sends back)."""
-    from glm53ctl.kernels.checks import CheckResult, check_key, key_name
+    from glm53ctl.kernels.checks import CheckResult, check_key
 
-    weights = _weights(model, device, weights)
-    c = context_of(kind, context)
+    weights = _weights(key, weights)
     try:
-        res, _ = check_key(weights, kind, tp, rows, seed, device, c)
+        res, _ = check_key(weights, key, seed)
     except CheckFailed as e:  # a LaunchFault in a clean launch: this key fails, the others still run
-        res = CheckResult(key_name(weights.spec.name, kind, tp, rows, c), problems=[f"{type(e).__name__}: {e.message}"])
+        res = CheckResult(key.name, problems=[f"{type(e).__name__}: {e.message}"])
         res.invariants["every output element written"] = False
     return {
         "key": res.key,
@@ -355,12 +358,12 @@ def _check_row(
 
 
 def _per_key(fn, weights, keys, jobs: int, *args):
-    """(i, fn(model, kind, tp, rows, *args[, weights])) for each key i, as each finishes: in this process, or in
-    `jobs` spawned workers (they inherit TRITON_INTERPRET from this process's environment and draw the same
-    seeded weights)."""
+    """(i, fn(key, *args[, weights])) for each resolved key i, as each finishes: in this process, or in `jobs`
+    spawned workers (they inherit this process's environment, so TRITON_INTERPRET and the registry's
+    $GLM53CTL_KINDS, and draw the same seeded weights)."""
     if jobs <= 1:
-        for i, (k, t, r) in enumerate(keys):
-            yield i, fn(weights.spec.name, k, t, r, *args, weights=weights)
+        for i, key in enumerate(keys):
+            yield i, fn(key, *args, weights=weights)
         return
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -371,19 +374,13 @@ def _per_key(fn, weights, keys, jobs: int, *args):
     # workers import this tree's glm53ctl, whatever is installed (a ref's tree runs its own check this way)
     spawn = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(jobs, mp_context=spawn, initializer=exec, initargs=(finder_code(this_tree()), {})) as ex:
-        futures = {ex.submit(fn, weights.spec.name, k, t, r, *args): i for i, (k, t, r) in enumerate(keys)}
+        futures = {ex.submit(fn, key, *args): i for i, key in enumerate(keys)}
         for f in as_completed(futures):
             i = futures[f]
             try:
                 yield i, f.result()
             except BrokenProcessPool:  # a hang ends its worker (os._exit): it printed what hung
-                raise CheckFailed(f"a worker process ended during {_key_name(weights, *keys[i])}") from None
-
-
-def _key_name(weights, kind: str, tp: int, rows: int) -> str:
-    from glm53ctl.kernels.checks import key_name
-
-    return key_name(weights.spec.name, kind, tp, rows)
+                raise CheckFailed(f"a worker process ended during {keys[i].name}") from None
 
 
 def _jobs(jobs: int, device: str, keys: list) -> int:
@@ -393,20 +390,21 @@ def _jobs(jobs: int, device: str, keys: list) -> int:
     return 1 if device != "cpu" else max(1, min(jobs or os.cpu_count() or 1, len(keys)))
 
 
-def _weights(model: str, device: str, weights):
+def _weights(key, weights):
     if weights is None:
         from glm53ctl.kernels.spec import load_model
         from glm53ctl.kernels.weights import Weights
 
-        weights = Weights(load_model(model), seed=0, device=device)  # seeded: the same tensors in every process
+        # seeded: the same tensors in every process
+        weights = Weights(load_model(key.model), seed=0, device=key.device)
     return weights
 
 
-def _fault_row(model, kind, tp, rows, device, site, budget_ns, wall_s, weights=None) -> dict:
+def _fault_row(key, site, budget_ns, wall_s, weights=None) -> dict:
     """One key's fault test as a plain dict."""
     from glm53ctl.kernels.checks import fault_key
 
-    res = fault_key(_weights(model, device, weights), kind, tp, rows, device, site, budget_ns, wall_s)
+    res = fault_key(_weights(key, weights), key, site, budget_ns, wall_s)
     return {
         "key": res.key,
         "sites": res.sites,
@@ -419,13 +417,11 @@ def _fault_row(model, kind, tp, rows, device, site, budget_ns, wall_s, weights=N
     }
 
 
-def _site_count(spec, kind: str, tp: int, rows: int, device: str) -> int:
+def _site_count(spec, key) -> int:
     """The guarded waits of a key's launch (rank 0's), from its table alone: nothing is launched."""
-    from glm53ctl.kernels.kinds import get_kind
-    from glm53ctl.tuning.knobs import knobs_for, resolve_grid
+    from glm53ctl.kernels.checks import build_launches
 
-    knobs = resolve_grid(knobs_for(spec.name, kind, tp, rows, None, device), device)
-    launches = get_kind(kind).load_harness().build_launches(spec, tp, rows, knobs)
+    launches = build_launches(spec, key)
     # rank 0's launch, or every part's of a step (`layers.3.launch`, ...)
     return sum(len(la.table.sites) for name, la in launches if name.split(".")[-1] == "launch")
 
@@ -485,9 +481,9 @@ def fault(
     if gpus > 1:
         _fault_ranks(o, weights, keys, device, int(budget_ms * 1e6), wall_s)
         return
-    sites = {key: _site_count(weights.spec, *key, device) for key in keys}  # the tables alone: no launch
+    sites = {key: _site_count(weights.spec, key) for key in keys}  # the tables alone: no launch
     if list_sites:
-        rows_ = [{"key": _key_name(weights, *key), "sites": n} for key, n in sites.items()]
+        rows_ = [{"key": key.name, "sites": n} for key, n in sites.items()]
         o.json({"device": device, "model": weights.spec.name, "keys": rows_, "sites": sum(sites.values())})
         o.table(
             f"fault sites of {weights.spec.name} on {device}",
@@ -497,7 +493,7 @@ def fault(
         o.text(f"{sum(sites.values())} sites in {len(keys)} keys: one stuck launch each with --all")
         return
     if site is not None:
-        short = [f"{_key_name(weights, *key)} has sites 0..{n - 1}" for key, n in sites.items() if not 0 <= site < n]
+        short = [f"{key.name} has sites 0..{n - 1}" for key, n in sites.items() if not 0 <= site < n]
         if short:
             raise UsageError(f"--site {site}: " + "; ".join(short), hint="`glm53ctl fault --list` lists every key's")
     jobs = _jobs(jobs, device, keys)
@@ -506,7 +502,7 @@ def fault(
     err_console.print(f"sticking {tried} sites of {len(keys)} keys of {weights.spec.name} on {device}", highlight=False)
     progress = Progress(len(keys))
     results = [None] * len(keys)
-    for i, row in _per_key(_fault_row, weights, keys, jobs, device, site, budget_ns, wall_s):
+    for i, row in _per_key(_fault_row, weights, keys, jobs, site, budget_ns, wall_s):
         results[i] = row
         line = f"{'ok  ' if row['ok'] else 'FAIL'} {row['key']}: {row['named']}/{row['sites']} named"
         err_console.print(progress.line(line), highlight=False)
@@ -535,8 +531,8 @@ def _fault_ranks(o: Output, weights, keys, device: str, budget_ns: int, wall_s: 
     )
     progress = Progress(len(keys))
     results = []
-    for k, t, r in keys:
-        row = ranks_fault_key(weights, k, t, r, device, budget_ns, wall_s)
+    for key in keys:
+        row = ranks_fault_key(weights, key, budget_ns, wall_s)
         row["ok"] = not row["problems"]
         results.append(row)
         err_console.print(progress.line(f"{'ok  ' if row['ok'] else 'FAIL'} {row['key']}"), highlight=False)

@@ -11,7 +11,7 @@ import typer
 
 from glm53ctl.commands import Command
 from glm53ctl.errors import UsageError
-from glm53ctl.output import Output
+from glm53ctl.output import Output, print_warning
 
 
 class Backend(StrEnum):
@@ -31,8 +31,16 @@ def register(app: typer.Typer) -> None:
     app.command(name="run", cls=Command)(run)
 
 
+def _kinds_in_words() -> str:
+    """The registry's kinds as `--kind`'s help says them: "embed, dense, kda, sparse, tail or model"."""
+    from glm53ctl.kernels.kinds import KINDS
+
+    *most, last = KINDS
+    return f"{', '.join(most)} or {last}" if most else last
+
+
 def run(
-    kind: Annotated[str, typer.Option("--kind", "-k", help="embed, dense, kda, sparse, tail or model.")],
+    kind: Annotated[str, typer.Option("--kind", "-k", help=f"{_kinds_in_words()}.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="safetensors file to write.")],
     model: Annotated[str, typer.Option("--model", "-m", help="Model name or .toml path.")] = "tiny",
     tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel width (1, 2, 4, 8).")] = 1,
@@ -94,7 +102,7 @@ def run(
     from safetensors.torch import save_file
 
     from glm53ctl import __version__
-    from glm53ctl.kernels.harness import run_reference
+    from glm53ctl.kernels.kinds import run_reference
     from glm53ctl.kernels.numerics import FP32, FP64
     from glm53ctl.kernels.reference import Reference
     from glm53ctl.kernels.weights import Weights, load_weights, save_weights
@@ -109,9 +117,14 @@ def run(
         if device == "cpu":
             # no GPU: the kernels run in Triton's interpreter (set before any kernel is defined)
             os.environ["TRITON_INTERPRET"] = "1"
-        from glm53ctl.kernels.harness import run_triton
+        from glm53ctl.kernels.kinds import run_triton
+        from glm53ctl.tuning.knobs import resolve_key
 
-        tensors = run_triton(weights, key, device=device)
+        # the key resolved once (the tuned file, the grid for the device), what its lookup said printed once
+        resolved = resolve_key(model, kind, tp, rows, None, device)
+        for w in resolved.warnings:
+            print_warning(w)
+        tensors = run_triton(weights, key, resolved)
         # the inputs as the reference run saves them (fp32), so two runs of one key compare input for input
         tensors = {n: t.float() if n.startswith("inputs.") and t.is_floating_point() else t for n, t in tensors.items()}
     else:

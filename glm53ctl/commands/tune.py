@@ -112,7 +112,14 @@ def tune(
     from glm53ctl.kernels.weights import Weights
 
     store = tuning.storage_of(url)
-    _precompile(model, kinds, tps, rowss, spaces, trials, jobs, ctx)
+    from glm53ctl.tuning.knobs import resolve_key
+
+    keys = {}  # each resolved once, what its lookup said printed once (a trial is the key with its knobs)
+    for k, t, r in [(k, t, r) for k in kinds for t in tps for r in rowss]:
+        keys[k, t, r] = key = resolve_key(model, k, t, r, None, "cuda", ctx[k])
+        for w in key.warnings:
+            print_warning(w)
+    _precompile(keys, spaces, trials, jobs)
     measure.warm_clocks()
     weights = Weights(spec, seed=0, device="cuda")
     code = measure.code_digest(folders=("kernels",))  # a study's trials stand while the kernels do
@@ -123,7 +130,7 @@ def tune(
                 where = f"at TP{t} rows {r}" + (f" context {ctx[k]}" if ctx[k] is not None else "")
                 name = study or tuning.study_name(model, k, t, r, spaces[k], code, ctx[k])
                 err_console.print(f"tune {k} {where}: study {name} ({url})")
-                ev = tuning.GpuEvaluator(weights, k, t, r, seed, context=ctx[k])
+                ev = tuning.GpuEvaluator(weights, keys[k, t, r], seed=seed)
                 s = tuning.search(ev, ev.default, spaces[k], store, name, trials, seed, on_trial=_progress(trials))
                 if plots is not None:
                     _plots(s, plots)
@@ -141,7 +148,10 @@ def tune(
     if write:
         from glm53ctl.tuning.write import write_results
 
-        for path in write_results(model, results, env):
+        written, warnings = write_results(model, results, env)
+        for w in warnings:
+            print_warning(w)
+        for path in written:
             err_console.print(f"wrote {path}")
     o = Output(as_json)
     o.json({"environment": env, "code_digest": code, "model": model, "keys": results})
@@ -152,7 +162,7 @@ def tune(
     )
 
 
-def _precompile(model, kinds, tps, rowss, spaces, trials: int, jobs: int, ctx: dict) -> None:
+def _precompile(keys: dict, spaces, trials: int, jobs: int) -> None:
     """Where a key's space is small enough to be searched whole, every point's kernels compiled first, in
     parallel (tuning/bench.py precompile); a TPE search compiles as it goes."""
     import itertools
@@ -162,13 +172,13 @@ def _precompile(model, kinds, tps, rowss, spaces, trials: int, jobs: int, ctx: d
     from glm53ctl.tuning.knobs import defaults
 
     todo = []
-    for k in kinds:
+    for k in dict.fromkeys(kind for kind, _, _ in keys):
         space = spaces[k]
         if math.prod(len(v) for v in space.values()) > trials:
             continue
         for point in itertools.product(*space.values()):
             knobs = defaults(k) | dict(zip(space, point, strict=True))
-            todo += [(model, k, t, r, tuple(sorted(knobs.items())), (), ctx[k]) for t in tps for r in rowss]
+            todo += [(key.with_knobs(knobs), ()) for (kind, _, _), key in keys.items() if kind == k]
     precompile(todo, jobs or compile_workers(), err_console.print)
 
 

@@ -1,144 +1,193 @@
 """The registry of launch kinds: what every command reads to know a kind (docs/design.md §2).
 
-One entry per kind: what it computes, its reference run (what `glm53ctl run` saves), the layer shape it runs
-(for layer kinds), its launch harness (its kernel, launch, table and reference outputs at a key; None until
-the kind has kernels), its accuracy bounds, and its knobs (its own, and the runtime's it takes, with its own
-defaults). How a kind's knobs become compile-time constants is its launch's `constexprs()`.
+One entry per kind (`Kind`, kernels/kinds/base.py): what it computes, its reference run (what `glm53ctl run`
+saves), the layer shape it runs (for layer kinds), its launch harness (its kernel, launch, table and reference
+outputs at a key; None until the kind has kernels), its accuracy bounds, and its knobs (its own, and the runtime's
+it takes, with its own defaults). How a kind's knobs become compile-time constants is its launch's `constexprs()`.
 
 Adding a kind is a folder `kernels/kinds/<kind>/` (facts in `__init__.py`: KNOBS, RUNTIME, RUNTIME_DEFAULTS,
-BOUNDS; then `table.py`, `kernel.py`, `launch.py`, `harness.py`) and one line below. Nothing outside this
-module asks `if kind == ...`. Importing it costs no torch: harnesses and references load when first used.
+BOUNDS; then `table.py`, `kernel.py`, `launch.py`, `harness.py`) and one line below: its `Kind`, whose harness,
+reference and ranks are loaders (small functions below, each importing what it returns). A kind from outside the
+tree (a test's, a plugin's) is one module holding `KIND = Kind(...)`, named in $GLM53CTL_KINDS (comma-separated
+module names): every process that imports the registry loads it, so the worker processes of `check`, `fault`
+and `build`, which inherit the environment, know it too. Nothing outside this module asks `if kind == ...`.
+Importing it costs no torch: harnesses and references load when first used.
 """
 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
-from types import MappingProxyType
+import os
 
 from glm53ctl.kernels.kinds import dense, embed, kda, model, sparse, tail
+from glm53ctl.kernels.kinds.base import Kind, facts
 
-_PKG = "glm53ctl.kernels"
-
-
-@dataclass(frozen=True)
-class Kind:
-    name: str
-    summary: str
-    reference_run: str  # "module:function": `glm53ctl run`'s reference run of the kind (kernels/harness.py)
-    harness: str | None = None  # "module:Class" of its launch harness; None: no kernels yet
-    layer: tuple[str, str] | None = None  # a layer kind's (attention, FFN) shape (kernels/spec.py)
-    takes_tokens: bool = False  # its input is token ids (else the streams H)
-    reads_context: bool = False  # it reads caches that grow with the context (`--context` sizes them)
-    # a step of other kinds' launches (`model`): selected by name only (its parts are checked as their kinds)
-    composite: bool = False
-    bounds: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
-    knobs: tuple = ()  # its own knobs (tuning.knobs.Knob)
-    runtime: tuple[str, ...] = ()  # the runtime's knobs it takes (tuning.knobs.RUNTIME_KNOBS)
-    runtime_defaults: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
-    # "module:function" of what one rank's process runs with real ranks (kernels/runtime/ranks.py); None: the
-    # kind runs on one device only (its peers emulated) so far
-    ranks: str | None = None
-
-    @property
-    def has_kernels(self) -> bool:
-        return self.harness is not None
-
-    def load_harness(self):
-        """The harness class: `Harness(weights, tp, rows, knobs, device, layer=None)` is one key's launch."""
-        from glm53ctl.errors import UsageError
-
-        if self.harness is None:
-            raise UsageError(f"the Triton backend has no {self.name} launch yet", hint=f"kinds with kernels: {names()}")
-        return _load(self.harness)
-
-    def load_ranks(self):
-        """What one rank runs with real ranks: `fn(group, model, tp, rows, inputs, knobs, mute, budget_ns)` -> per
-        launch its outputs (a dict) or its fault in words (kernels/kinds/embed/ranks.py)."""
-        from glm53ctl.errors import UsageError
-
-        if self.ranks is None:
-            real = ", ".join(ranks_kinds()) or "none"
-            raise UsageError(f"{self.name} runs on one device only so far (its peers emulated)", hint=f"--gpus: {real}")
-        return _load(self.ranks)
-
-    def run_reference(self, ref, key):
-        """`glm53ctl run`'s reference run of this kind (kernels/harness.py)."""
-        return _load(self.reference_run)(ref, key)
+# modules, comma-separated, each holding `KIND = Kind(...)`: kinds from outside the tree (module doc)
+ENV_KINDS = "GLM53CTL_KINDS"
 
 
-def _load(path: str):
-    module, name = path.split(":")
-    return getattr(importlib.import_module(f"{_PKG}.{module}"), name)
+def _embed_harness():
+    from glm53ctl.kernels.kinds.embed.harness import EmbedHarness
+
+    return EmbedHarness
 
 
-def _facts(module) -> dict:
-    """A kind folder's facts (its __init__.py) as registry fields."""
-    return {
-        "knobs": module.KNOBS,
-        "runtime": module.RUNTIME,
-        "runtime_defaults": MappingProxyType(module.RUNTIME_DEFAULTS),
-        "bounds": MappingProxyType(module.BOUNDS),
-    }
+def _dense_harness():
+    from glm53ctl.kernels.kinds.dense.harness import DenseHarness
+
+    return DenseHarness
 
 
-KINDS = {
-    k.name: k
-    for k in (
-        Kind(
-            "embed",
-            "token ids -> H (vocab-parallel gather + all-reduce)",
-            "harness:run_embed",
-            "kinds.embed.harness:EmbedHarness",
-            takes_tokens=True,
-            ranks="kinds.embed.ranks:rank_launches",
-            **_facts(embed),
-        ),
-        Kind(
-            "dense",
-            "one KDA layer with the dense MLP (layers 0-2)",
-            "harness:run_layer",
-            "kinds.dense.harness:DenseHarness",
-            layer=("kda", "dense"),
-            **_facts(dense),
-        ),
-        Kind(
-            "kda",
-            "one KDA layer with the MoE (router, 8 routed experts, the shared expert)",
-            "harness:run_layer",
-            "kinds.kda.harness:KdaHarness",
-            layer=("kda", "moe"),
-            **_facts(kda),
-        ),
-        Kind(
-            "sparse",
-            "one DSA layer with the MoE (MLA, the k-pool indexer and its top pools, the MoE)",
-            "harness:run_layer",
-            "kinds.sparse.harness:SparseHarness",
-            layer=("dsa", "moe"),
-            reads_context=True,
-            **_facts(sparse),
-        ),
-        Kind(
-            "tail",
-            "mean of the streams, final norm, lm_head -> logits",
-            "harness:run_tail",
-            "kinds.tail.harness:TailHarness",
-            ranks="kinds.tail.ranks:rank_launches",
-            **_facts(tail),
-        ),
-        Kind(
-            "model",
-            "the whole decode step: embed, the layers in order, tail (each its kind's launch, chained)",
-            "harness:run_model",
-            "kinds.model.harness:ModelHarness",
-            takes_tokens=True,
-            reads_context=True,
-            composite=True,
-            **_facts(model),
-        ),
-    )
-}
+def _kda_harness():
+    from glm53ctl.kernels.kinds.kda.harness import KdaHarness
+
+    return KdaHarness
+
+
+def _sparse_harness():
+    from glm53ctl.kernels.kinds.sparse.harness import SparseHarness
+
+    return SparseHarness
+
+
+def _tail_harness():
+    from glm53ctl.kernels.kinds.tail.harness import TailHarness
+
+    return TailHarness
+
+
+def _model_harness():
+    from glm53ctl.kernels.kinds.model.harness import ModelHarness
+
+    return ModelHarness
+
+
+def _embed_reference():
+    from glm53ctl.kernels.harness import run_embed
+
+    return run_embed
+
+
+def _layer_reference():
+    from glm53ctl.kernels.harness import run_layer
+
+    return run_layer
+
+
+def _tail_reference():
+    from glm53ctl.kernels.harness import run_tail
+
+    return run_tail
+
+
+def _model_reference():
+    from glm53ctl.kernels.harness import run_model
+
+    return run_model
+
+
+def _embed_ranks():
+    from glm53ctl.kernels.kinds.embed.ranks import rank_launches
+
+    return rank_launches
+
+
+def _tail_ranks():
+    from glm53ctl.kernels.kinds.tail.ranks import rank_launches
+
+    return rank_launches
+
+
+IN_TREE = (
+    Kind(
+        "embed",
+        "token ids -> H (vocab-parallel gather + all-reduce)",
+        _embed_reference,
+        _embed_harness,
+        takes_tokens=True,
+        ranks=_embed_ranks,
+        colour="#8c8c8c",
+        **facts(embed),
+    ),
+    Kind(
+        "dense",
+        "one KDA layer with the dense MLP (layers 0-2)",
+        _layer_reference,
+        _dense_harness,
+        layer=("kda", "dense"),
+        colour="#4c72b0",
+        **facts(dense),
+    ),
+    Kind(
+        "kda",
+        "one KDA layer with the MoE (router, 8 routed experts, the shared expert)",
+        _layer_reference,
+        _kda_harness,
+        layer=("kda", "moe"),
+        colour="#55a868",
+        **facts(kda),
+    ),
+    Kind(
+        "sparse",
+        "one DSA layer with the MoE (MLA, the k-pool indexer and its top pools, the MoE)",
+        _layer_reference,
+        _sparse_harness,
+        layer=("dsa", "moe"),
+        reads_context=True,
+        colour="#c44e52",
+        **facts(sparse),
+    ),
+    Kind(
+        "tail",
+        "mean of the streams, final norm, lm_head -> logits",
+        _tail_reference,
+        _tail_harness,
+        ranks=_tail_ranks,
+        colour="#8172b2",
+        **facts(tail),
+    ),
+    Kind(
+        "model",
+        "the whole decode step: embed, the layers in order, tail (each its kind's launch, chained)",
+        _model_reference,
+        _model_harness,
+        takes_tokens=True,
+        reads_context=True,
+        composite=True,
+        parts=("embed", "dense", "kda", "sparse", "tail"),
+        **facts(model),
+    ),
+)
+
+
+def _extra_kinds() -> tuple[Kind, ...]:
+    """The kinds of the modules $GLM53CTL_KINDS names (module doc)."""
+    from glm53ctl.errors import ConfigError
+
+    out = []
+    for name in (n.strip() for n in os.environ.get(ENV_KINDS, "").split(",") if n.strip()):
+        try:
+            kind = importlib.import_module(name).KIND
+        except (ImportError, AttributeError) as e:
+            raise ConfigError(f"{ENV_KINDS}: {name}: {e}", hint="a module holding KIND = Kind(...)") from None
+        if not isinstance(kind, Kind):
+            raise ConfigError(f"{ENV_KINDS}: {name}.KIND is not a Kind")
+        out.append(kind)
+    return tuple(out)
+
+
+def _registry() -> dict[str, Kind]:
+    kinds: dict[str, Kind] = {}
+    for k in IN_TREE + _extra_kinds():
+        if k.name in kinds:
+            from glm53ctl.errors import ConfigError
+
+            raise ConfigError(f"{ENV_KINDS}: kind {k.name!r} is already registered")
+        kinds[k.name] = k
+    return kinds
+
+
+KINDS = _registry()
 
 
 # The keys `check` and `fault` take on a CPU unless told otherwise (the full TP x rows matrix is --all-keys): every
@@ -170,6 +219,44 @@ def get_kind(name: str) -> Kind:
     return KINDS[name]
 
 
+def load_harness(name: str):
+    """The harness class of a kind (`Harness(weights, key)` is one key's launch: kernels/harness.py)."""
+    from glm53ctl.errors import UsageError
+
+    kind = get_kind(name)
+    if kind.harness is None:
+        raise UsageError(f"the Triton backend has no {name} launch yet", hint=f"kinds with kernels: {names()}")
+    return kind.harness()
+
+
+def load_ranks(name: str):
+    """What one rank runs with real ranks: `fn(group, key, inputs, mute, budget_ns)` -> per launch its outputs (a
+    dict) or its fault in words (kernels/kinds/embed/ranks.py)."""
+    from glm53ctl.errors import UsageError
+
+    kind = get_kind(name)
+    if kind.ranks is None:
+        real = ", ".join(ranks_kinds()) or "none"
+        raise UsageError(f"{name} runs on one device only so far (its peers emulated)", hint=f"--gpus: {real}")
+    return kind.ranks()
+
+
+def run_reference(ref, key):
+    """`glm53ctl run`'s reference run of the key's kind (kernels/harness.py): inputs.*, outputs.*, writes.*."""
+    from glm53ctl.kernels.run_key import check_run_key
+
+    check_run_key(key)
+    return get_kind(key.kind).reference()(ref, key)
+
+
+def run_triton(weights, key, resolved):
+    """`glm53ctl run --backend triton`: the saved tensors of run_reference's layout, the launch at `resolved`."""
+    from glm53ctl.kernels.run_key import check_run_key
+
+    check_run_key(key)
+    return load_harness(key.kind).run(weights, key, resolved)
+
+
 def ranks_kinds() -> tuple[str, ...]:
     """The kinds that run on real ranks, one process per rank (`--gpus T`): the default selection there."""
     return tuple(n for n, k in KINDS.items() if k.ranks)
@@ -182,4 +269,4 @@ def context_kinds() -> tuple[str, ...]:
 
 LAYER_KINDS = {n: k.layer for n, k in KINDS.items() if k.layer is not None}
 
-__all__ = ["CPU_KEYS", "KINDS", "LAYER_KINDS", "Kind", "get_kind", "kernel_kinds", "names"]
+__all__ = ["CPU_KEYS", "KINDS", "LAYER_KINDS", "Kind", "get_kind", "kernel_kinds", "load_harness", "names"]

@@ -40,9 +40,9 @@ def test_all_keys_and_explicit_keys_select_the_matrix():
 
     assert len(_setup(None, "embed", None, None)[2]) == 4
     assert len(_setup(None, "embed", None, None, all_keys=True)[2]) == 16
-    assert [k for k in _setup(None, "embed,tail", "2", None)[2]] == [("embed", 2, r) for r in (1, 2, 4, 8)] + [
-        ("tail", 2, r) for r in (1, 2, 4, 8)
-    ]
+    assert [(k.kind, k.tp, k.rows) for k in _setup(None, "embed,tail", "2", None)[2]] == [
+        ("embed", 2, r) for r in (1, 2, 4, 8)
+    ] + [("tail", 2, r) for r in (1, 2, 4, 8)]
 
 
 def test_check_jobs_must_be_positive(capsys):
@@ -280,11 +280,13 @@ def test_a_context_sizes_sparse_rows_and_its_build():
     from glm53ctl.kernels.checks import build_launches, make_harness
     from glm53ctl.kernels.spec import load_model
     from glm53ctl.kernels.weights import Weights
+    from tests.helpers import resolved
 
     spec = load_model("tiny")
-    k = make_harness(Weights(spec, seed=0, device="cpu"), "sparse", 1, 3, {}, "cpu", context=100)
+    key = resolved("sparse", 1, 3, context=100)
+    k = make_harness(Weights(spec, seed=0, device="cpu"), key)
     assert k.contexts == [100, 97, 94] and k.slots > 100 and k.slots % spec.indexer.kpool == 0
-    ((_, launch),) = build_launches(spec, "sparse", 1, 3, dict(k.knobs), context=100)
+    ((_, launch),) = build_launches(spec, key)
     assert launch.d.LMAX == k.slots
 
 

@@ -80,7 +80,7 @@ def test_atomic_write_keeps_the_old_file_on_failure(tmp_path, monkeypatch):
     def boom(*a):
         raise OSError("disk full")
 
-    monkeypatch.setattr(tuned.os, "replace", boom)
+    monkeypatch.setattr("os.replace", boom)
     with pytest.raises(OSError):
         tuned.write_atomic(path, "new\n")
     assert path.read_text() == "old\n"

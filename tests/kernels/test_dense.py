@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from glm53ctl.kernels.checks import fault_key
-from glm53ctl.kernels.harness import RunKey, run_reference, run_triton
-from glm53ctl.kernels.kinds import get_kind
+from glm53ctl.kernels.harness import RunKey
+from glm53ctl.kernels.kinds import get_kind, run_reference, run_triton
 from glm53ctl.kernels.kinds import task_types as tt
 from glm53ctl.kernels.kinds.dense.harness import DenseHarness
 from glm53ctl.kernels.kinds.layer.table import STAGES, k_slices
@@ -17,7 +17,7 @@ from glm53ctl.kernels.reference import Reference
 from glm53ctl.kernels.spec import load_model
 from glm53ctl.kernels.weights import Weights
 from glm53ctl.tuning.knobs import kind_knobs
-from tests.helpers import assert_same_bits, bits
+from tests.helpers import assert_same_bits, bits, resolved
 
 BOUNDS = get_kind("dense").bounds
 # the task types as the table's rows hold them (ints)
@@ -47,7 +47,7 @@ def assert_accurate(weights, k, x, out) -> None:
 @pytest.mark.parametrize(("tp", "rows"), [(1, 8), (2, 4), (4, 2), (8, 1)])
 def test_against_the_reference(weights, tp, rows):
     """Every output and write within its bound (every TP x rows key: `glm53ctl check`, in tests/cli)."""
-    k = DenseHarness(weights, tp, rows, {"grid": 3}, "cpu")
+    k = DenseHarness(weights, resolved("dense", tp, rows, {"grid": 3}))
     x = k.inputs(seed=100 * tp + rows)[0]  # fresh H and state per key
     assert_accurate(weights, k, x, k(x, poison=True))
 
@@ -73,20 +73,20 @@ def _variants():
 def test_schedule_knobs_are_bitwise_equal(weights, tp, rows, base, knobs):
     """Each value of each schedule knob gives the default's bits (ksplit, a numeric knob: its own baseline).
     The peers' partials are the default's: what is compared is rank 0's whole launch under the knob."""
-    k = DenseHarness(weights, tp, rows, {"grid": 4, **base}, "cpu")
+    k = DenseHarness(weights, resolved("dense", tp, rows, {"grid": 4, **base}))
     x = k.inputs(seed=3)[0]
     peers = k.peer_partials(x)
     ref = k(x, peers, poison=True)
     assert_accurate(weights, k, x, ref)
     for name, value in _variants():
         if knobs is None or name in knobs:
-            other = DenseHarness(weights, tp, rows, {"grid": 4, **base, name: value}, "cpu")
+            other = DenseHarness(weights, resolved("dense", tp, rows, {"grid": 4, **base, name: value}))
             assert_same_bits(ref, other(x, peers, poison=True), f"{name}={value}")
 
 
 @pytest.mark.parametrize("ksplit", [2, 4])
 def test_ksplit_is_numeric_and_accurate(weights, ksplit):
-    k = DenseHarness(weights, 2, 2, {"ksplit": ksplit}, "cpu")
+    k = DenseHarness(weights, resolved("dense", 2, 2, {"ksplit": ksplit}))
     assert k.launch.d.KS_O == k_slices(ksplit, k.launch.d.P) > 1
     x = k.inputs(seed=9)[0]
     assert_accurate(weights, k, x, k(x, poison=True))
@@ -104,13 +104,13 @@ def test_k_slices_are_accurate_and_keep_their_bits(weights, ksplit_gu, ksplit_in
     order after a late wait: accurate, the same bits for other grids and hand-offs and as separate launches,
     and slice 0 waits late on the tile's other slices (and, folded, on its gates)."""
     knobs = {"ksplit_gu": ksplit_gu, "ksplit_in": ksplit_in, "norm": norm}
-    k = DenseHarness(weights, 2, 3, {**knobs, "grid": 3}, "cpu")
+    k = DenseHarness(weights, resolved("dense", 2, 3, {**knobs, "grid": 3}))
     assert (k.launch.d.KS_GU, k.launch.d.KS_IN) == (ksplit_gu, ksplit_in)
     x = k.inputs(seed=11)[0]
     peers = k.peer_partials(x)
     out = k(x, peers, poison=True)
     assert_accurate(weights, k, x, out)
-    other = DenseHarness(weights, 2, 3, {**knobs, "grid": 7, "handoff": "flag"}, "cpu")
+    other = DenseHarness(weights, resolved("dense", 2, 3, {**knobs, "grid": 7, "handoff": "flag"}))
     assert_same_bits(out, other(x, peers, poison=True), "grid 7, flags")
     assert_same_bits(out, k.separate()(x, peers, poison=True), "separate")
     t = k.launch.table
@@ -214,7 +214,7 @@ def test_any_claim_order_the_waits_allow_gives_the_same_bits(weights, tp, rows, 
 
     from glm53ctl.kernels.runtime.table import TaskTable
 
-    k = DenseHarness(weights, tp, rows, {"grid": 3, **knobs}, "cpu")
+    k = DenseHarness(weights, resolved("dense", tp, rows, {"grid": 3, **knobs}))
     x = k.inputs(seed=12)[0]
     peers = k.peer_partials(x)
     ref = {n: t.clone() for n, t in k(x, peers, poison=True).items()}
@@ -230,7 +230,7 @@ def test_any_claim_order_the_waits_allow_gives_the_same_bits(weights, tp, rows, 
             wait(self, task, producers, mechanism, words)
 
     with mock.patch.object(TaskTable, "wait", early_only):
-        bad = DenseHarness(weights, tp, rows, {"grid": 3, **knobs}, "cpu")
+        bad = DenseHarness(weights, resolved("dense", tp, rows, {"grid": 3, **knobs}))
     assert not any(s.late for s in bad.launch.table.sites)
     assert_same_bits(ref, bad(x, peers, poison=True), "table order hides the missing waits")
     differs = 0
@@ -242,7 +242,7 @@ def test_any_claim_order_the_waits_allow_gives_the_same_bits(weights, tp, rows, 
 
 
 def test_three_launches_in_a_row_without_host_reset(weights):
-    k = DenseHarness(weights, 4, 3, {"grid": 3}, "cpu")
+    k = DenseHarness(weights, resolved("dense", 4, 3, {"grid": 3}))
     x = k.inputs(seed=4)[0]
     peers = k.peer_partials(x)
     first = k(x, peers, poison=True)
@@ -256,7 +256,7 @@ def test_each_site_stuck_is_named_and_the_retry_is_clean(weights):
     """Every site of TP8 rows 1 (43: early and late ones, the peers' site) stuck in turn. The retry starts
     from poisoned hand-off buffers (`LayerLaunch.poison`): a stuck KDA part leaves its head's arrival count
     partial, and a retry that counted it would make no z and fail here."""
-    res = fault_key(weights, "dense", 8, 1, "cpu", None, budget_ns=10**6, wall_s=60)
+    res = fault_key(weights, resolved("dense", 8, 1), None, budget_ns=10**6, wall_s=60)
     assert res.sites > 40 and res.ok, res.problems
     assert res.named == res.retries_equal == res.sites
 
@@ -269,13 +269,15 @@ def test_the_other_norm_value_is_accurate_and_keeps_its_bits(weights, tp, rows):
     rows 8 (32 stream rows, a 32-row tile): accurate, and its schedule knobs and separate launches keep its
     bits."""
     norm = "task" if folds("auto", rows, weights.spec.mhc.streams) else "fold"
-    k = DenseHarness(weights, tp, rows, {"grid": 3, "norm": norm}, "cpu")
+    k = DenseHarness(weights, resolved("dense", tp, rows, {"grid": 3, "norm": norm}))
     assert k.launch.constexprs()["dims"].M == (32 if norm == "fold" else 16)
     x = k.inputs(seed=500 + 10 * tp + rows)[0]
     peers = k.peer_partials(x)
     out = k(x, peers, poison=True)
     assert_accurate(weights, k, x, out)
-    other = DenseHarness(weights, tp, rows, {"grid": 64, "norm": norm, "handoff": "flag", "block_n_in": 16}, "cpu")
+    other = DenseHarness(
+        weights, resolved("dense", tp, rows, {"grid": 64, "norm": norm, "handoff": "flag", "block_n_in": 16})
+    )
     assert_same_bits(out, other(x, peers, poison=True), "grid 64, flags, block_n_in 16")
     if (tp, rows) == (2, 3):
         assert_same_bits(out, k.separate()(x, peers, poison=True), "separate")
@@ -285,7 +287,7 @@ def test_the_other_norm_value_is_accurate_and_keeps_its_bits(weights, tp, rows):
 def test_separate_launches_give_the_same_bits(weights, oproj_first, kda_split):
     """The baseline a persistent launch must beat: one launch per stage, the same bodies and bits. A split KDA
     head's parts wait for nothing in the KDA stage's launch (the last part of a head to arrive makes z)."""
-    k = DenseHarness(weights, 2, 2, {"oproj_first": oproj_first, "kda_split": kda_split}, "cpu")
+    k = DenseHarness(weights, resolved("dense", 2, 2, {"oproj_first": oproj_first, "kda_split": kda_split}))
     x = k.inputs(seed=6)[0]
     peers = k.peer_partials(x)
     whole = k(x, peers, poison=True)
@@ -302,7 +304,7 @@ def test_separate_launches_give_the_same_bits(weights, oproj_first, kda_split):
 def test_run_backend_triton_matches_the_reference_over_steps(weights):
     key = RunKey("dense", 2, 2, context=5, steps=2, seed=1)
     ref = run_reference(Reference(weights, 2), key)
-    out = run_triton(weights, key)
+    out = run_triton(weights, key, resolved("dense", 2, 2))
     assert set(ref) == set(out)
     for name in ref:
         if name.startswith(("outputs.", "writes.", "inputs.state.")):  # step 2 reads step 1's writes
@@ -317,7 +319,7 @@ def test_a_traced_launch_keeps_its_bits_and_records_every_task(weights):
     no timer: it records the program only) and changes no output."""
     from glm53ctl.kernels.runtime.trace import format_summary, summarize
 
-    k = DenseHarness(weights, 2, 2, {"grid": 3}, "cpu")
+    k = DenseHarness(weights, resolved("dense", 2, 2, {"grid": 3}))
     x = k.inputs(seed=8)[0]
     peers = k.peer_partials(x)
     plain = {n: t.clone() for n, t in k(x, peers, poison=True).items()}

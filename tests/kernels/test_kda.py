@@ -12,7 +12,7 @@ from glm53ctl.kernels.kinds.kda.harness import KdaHarness
 from glm53ctl.kernels.numerics import rel_rms
 from glm53ctl.kernels.spec import load_model
 from glm53ctl.kernels.weights import ROOT, Weights
-from tests.helpers import assert_same_bits, assert_separate_launches_keep_bits, first_site_of_each
+from tests.helpers import assert_same_bits, assert_separate_launches_keep_bits, first_site_of_each, resolved
 
 BOUNDS = get_kind("kda").bounds
 MOE_TYPES = tuple(t.value for t in (tt.ROUTER, tt.ROUTE, tt.EXP_GU, tt.EXP_DOWN))
@@ -33,7 +33,7 @@ def test_against_the_reference(weights, tp, rows):
     """Every output, state write and routing weight within its bound, and the routing exactly the reference's
     (its invariants), at every key. Bitwise equal across grids and repeated launches: `glm53ctl check` at the CPU
     keys (tests/cli/test_check.py runs it for every kind)."""
-    k = KdaHarness(weights, tp, rows, {"grid": 3}, "cpu")
+    k = KdaHarness(weights, resolved("kda", tp, rows, {"grid": 3}))
     x = k.inputs(seed=100 * tp + rows)[0]
     out = k(x, poison=True)
     ref = k.reference(x)
@@ -53,7 +53,7 @@ def test_exact_ties_are_routed_by_index():
         pre + "e_score_correction_bias": torch.zeros(16),
     }
     w = Weights(spec, seed=3, loaded=loaded)
-    k = KdaHarness(w, 2, 4, {}, "cpu")
+    k = KdaHarness(w, resolved("kda", 2, 4))
     x = k.inputs(seed=1)[0]
     out = k(x, poison=True)
     ref = k.reference(x)
@@ -73,18 +73,18 @@ def test_exact_ties_are_routed_by_index():
     ],
 )
 def test_schedule_knobs_keep_every_bit(weights, knobs):
-    k = KdaHarness(weights, 2, 2, {}, "cpu")
+    k = KdaHarness(weights, resolved("kda", 2, 2))
     x = k.inputs(seed=9)[0]
     peers = k.peer_partials(x)
     base = {n: t.clone() for n, t in k(x, peers, poison=True).items()}
-    assert_same_bits(base, KdaHarness(weights, 2, 2, knobs, "cpu")(x, peers, poison=True), str(knobs))
+    assert_same_bits(base, KdaHarness(weights, resolved("kda", 2, 2, knobs))(x, peers, poison=True), str(knobs))
 
 
 @pytest.mark.parametrize("slices", [1, 4])
 def test_expert_k_slices_are_accurate_and_their_late_waits_named(weights, slices):
     """ksplit_gu (numeric) reaches the experts' gate/up: over 1 or 4 K slices, within the bounds; with 4, slice 0
     of a tile adds the other slices' sums after a late wait (stuck and named at the default's 2 slices: below)."""
-    k = KdaHarness(weights, 2, 2, {"ksplit_gu": slices}, "cpu")
+    k = KdaHarness(weights, resolved("kda", 2, 2, {"ksplit_gu": slices}))
     assert k.launch.d.KS_GU == slices
     x = k.inputs(seed=23)[0]
     out = k(x, poison=True)
@@ -99,17 +99,17 @@ def test_expert_k_slices_are_accurate_and_their_late_waits_named(weights, slices
 
 def test_separate_launches_keep_every_bit(weights):
     """The MoE's stages too (router, routing, expert gate/up, expert down) as launches of their own."""
-    assert_separate_launches_keep_bits(KdaHarness(weights, 4, 2, {}, "cpu"))
+    assert_separate_launches_keep_bits(KdaHarness(weights, resolved("kda", 4, 2)))
 
 
 def test_the_moe_sites_stuck_are_named(weights):
     """A site of each MoE task type stuck (and a late one): LaunchFault names it and the retried launch is a clean
     one's bits."""
-    k = KdaHarness(weights, 2, 1, {}, "cpu")
+    k = KdaHarness(weights, resolved("kda", 2, 1))
     t = k.launch.table
     sites = first_site_of_each(t, MOE_TYPES)
     # and an expert gate/up slice 0's late wait for its other K slices (ksplit_gu 2 by default)
     late = next(i for i, s in enumerate(t.sites) if s.late and t.tasks[s.task][0] == tt.EXP_GU.value)
     for s in [*sites.values(), late]:
-        res = fault_key(weights, "kda", 2, 1, "cpu", s, budget_ns=10**6, wall_s=60)
+        res = fault_key(weights, resolved("kda", 2, 1), s, budget_ns=10**6, wall_s=60)
         assert res.ok and res.named == 1 and res.retries_equal == 1, res.problems

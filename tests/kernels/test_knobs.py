@@ -62,6 +62,7 @@ def test_launches_take_the_tuned_entry_of_their_key(tmp_path, monkeypatch):
     from glm53ctl.kernels.spec import load_model
     from glm53ctl.kernels.weights import Weights
     from glm53ctl.paths import config_root
+    from glm53ctl.tuning.knobs import resolve_key
     from tests.configs.test_tuned import doc
 
     shutil.copytree(config_root() / "models", tmp_path / "models")
@@ -71,12 +72,15 @@ def test_launches_take_the_tuned_entry_of_their_key(tmp_path, monkeypatch):
     (tmp_path / "tuned" / "tiny" / "tp4.json").write_text(json.dumps(d))
     monkeypatch.setenv("GLM53CTL_CONFIG_DIR", str(tmp_path))
     w = Weights(load_model("tiny"))
-    assert make_harness(w, "tail", 4, 2, {}, "cpu").knobs["block_n"] == 32
-    assert make_harness(w, "tail", 4, 2, {}, "cpu").knobs["handoff"] == "flag"
-    assert make_harness(w, "tail", 4, 1, {}, "cpu").knobs == {**defaults("tail"), "grid": 4}
-    assert make_harness(w, "tail", 4, 2, {"block_n": 64}, "cpu").knobs["block_n"] == 64
+    assert make_harness(w, resolve_key("tiny", "tail", 4, 2, {}, "cpu")).knobs["block_n"] == 32
+    key = resolve_key("tiny", "tail", 4, 2, {}, "cpu")
+    assert key.knobs["handoff"] == "flag" and key.source == "tuned r3"
+    assert resolve_key("tiny", "tail", 4, 1, {}, "cpu").knobs == {**defaults("tail"), "grid": 4}
+    assert resolve_key("tiny", "tail", 4, 2, {"block_n": 64}, "cpu").knobs["block_n"] == 64
+    # a variant of the key (a check's other grid, a tune trial) keeps the tuned entry and reads no file again
+    assert key.with_knobs({"grid": 3}).knobs == key.knobs | {"grid": 3}
     d["entries"] = {"tail": {"2": {"knobs": {"chunk": 256}}}}
     (tmp_path / "tuned" / "tiny" / "tp4.json").write_text(json.dumps(d))
     # a tuned file naming another kind's knob is refused naming the file and the key path
     with pytest.raises(ConfigError, match=r"tp4.json: entries.tail.2.knobs.chunk: 'chunk' is not a knob of tail"):
-        make_harness(w, "tail", 4, 2, {}, "cpu")
+        resolve_key("tiny", "tail", 4, 2, {}, "cpu")

@@ -8,8 +8,8 @@ import triton
 import triton.language as tl
 
 from glm53ctl.kernels.checks import make_harness
-from glm53ctl.kernels.harness import RunKey, run_reference, run_triton
-from glm53ctl.kernels.kinds import get_kind, kernel_kinds
+from glm53ctl.kernels.harness import RunKey
+from glm53ctl.kernels.kinds import get_kind, kernel_kinds, run_reference, run_triton
 from glm53ctl.kernels.kinds.task_types import EMBED_GATHER, HOP
 from glm53ctl.kernels.numerics import rel_rms
 from glm53ctl.kernels.reference import Reference
@@ -19,7 +19,7 @@ from glm53ctl.kernels.runtime.table import BOX, FLAG, PEER, TaskTable
 from glm53ctl.kernels.spec import load_model
 from glm53ctl.kernels.weights import Weights
 from glm53ctl.tuning.knobs import kind_knobs
-from tests.helpers import assert_same_bits
+from tests.helpers import assert_same_bits, resolved
 
 pytestmark = pytest.mark.interpreter
 
@@ -52,7 +52,7 @@ def weights():
 def test_against_the_reference(weights, kind, tp, rows):
     key = RunKey(kind, tp, rows, seed=100 * tp + rows)  # fresh inputs per key
     ref = run_reference(Reference(weights, tp), key)
-    out = run_triton(weights, key, knobs={"grid": 3})
+    out = run_triton(weights, key, resolved(kind, tp, rows, {"grid": 3}))
     for name in (n for n in ref if n.startswith("outputs.")):
         err = rel_rms(ref[name], out[name])
         assert err <= BOUNDS[name.removeprefix("outputs.")], (name, err)
@@ -67,13 +67,13 @@ def test_tail_with_the_norm_weight_in_lm_head_or_not(weights, tp, rows):
     scale at their end by the NORM tasks' 1/RMS) is checked by test_against_the_reference; here "task"."""
     key = RunKey("tail", tp, rows, seed=300 + 10 * tp + rows)
     ref = run_reference(Reference(weights, tp), key)
-    out = run_triton(weights, key, knobs={"grid": 3, "norm": "task"})
+    out = run_triton(weights, key, resolved("tail", tp, rows, {"grid": 3, "norm": "task"}))
     assert torch.equal(out["outputs.h_hat"], ref["outputs.h_hat"])  # the NORM tasks still write ĥ
     assert rel_rms(ref["outputs.logits"], out["outputs.logits"]) <= BOUNDS["logits"]
 
 
 def _launch(weights, kind, tp, rows, **knobs):
-    k = make_harness(weights, kind, tp, rows, knobs, "cpu")
+    k = make_harness(weights, resolved(kind, tp, rows, knobs))
     x = k.inputs(seed=7)[0]
     return k, x, k.peer_partials(x)
 
@@ -238,7 +238,7 @@ def test_an_unchecked_fault_does_not_leak_into_the_next_launch(weights):
 def test_build_placeholders_mirror_the_launch_arguments(weights):
     """The ahead-of-time build must see the dtypes the launch passes (tail passes H when it has no peers)."""
     for tp, partial, dtype in ((1, False, torch.bfloat16), (2, False, torch.float32), (2, True, torch.bfloat16)):
-        k = make_harness(weights, "tail", tp, 1, {}, "cpu")
+        k = make_harness(weights, resolved("tail", tp, 1))
         launch = k.peers[0] if partial else k.launch
         assert launch.placeholder_args()["peers"].logits.dtype == dtype
 
@@ -269,7 +269,7 @@ def test_the_faster_interpreter_gives_the_stock_interpreters_bits(weights, kind)
 
     from glm53ctl.kernels.interpreter import interpreter_as_shipped
 
-    k = make_harness(weights, kind, 2, 2, None, "cpu")
+    k = make_harness(weights, resolved(kind, 2, 2))
     assert ti._patch_lang is not ti._glm53ctl_stock[0]  # glm53ctl's settings are in force (the kernels' import)
     x = k.inputs(seed=5)[0]
     peers = k.peer_partials(x)

@@ -8,6 +8,7 @@ from glm53ctl.kernels.checks import check_key, fault_key
 from glm53ctl.kernels.kinds.model.harness import ModelHarness
 from glm53ctl.kernels.spec import load_model
 from glm53ctl.kernels.weights import Weights
+from tests.helpers import resolved
 
 pytestmark = [pytest.mark.interpreter, pytest.mark.slow]
 
@@ -20,7 +21,7 @@ def weights():
 def test_two_steps_against_the_reference(weights):
     """`check` of the step at TP1 rows 1: every layer's H, routing, selection, states and caches and the logits
     within bounds after two steps (the second reads what the first wrote), one other grid and a repeat bitwise."""
-    res, out = check_key(weights, "model", 1, 1, 0, "cpu")
+    res, out = check_key(weights, resolved("model", 1, 1), 0)
     assert res.ok, res.problems
     spec = weights.spec
     assert {f"layers.{i}.H" for i in range(spec.model.num_layers)} <= set(res.errors)
@@ -31,15 +32,15 @@ def test_two_steps_against_the_reference(weights):
 def test_a_stuck_wait_names_the_layer_and_the_retry_is_clean(weights):
     """A site of the first DSA layer's launch stuck: the fault names the step's site and the layer; the step
     retried gives the clean step's bits."""
-    k = ModelHarness(weights, 1, 1, None, "cpu", steps=1)
+    k = ModelHarness(weights, resolved("model", 1, 1), steps=1)
     j = next(j for j, (name, _) in enumerate(k.launch.parts) if name == "layers.3")
     site = k.launch.offsets[j] + 1
-    res = fault_key(weights, "model", 1, 1, "cpu", site, int(2e6), 600.0)
+    res = fault_key(weights, resolved("model", 1, 1), site, int(2e6), 600.0)
     assert res.ok and res.named == 1, res.problems
 
 
 def test_step_sites_map_to_their_part(weights):
-    k = ModelHarness(weights, 2, 1, None, "cpu", steps=1)
+    k = ModelHarness(weights, resolved("model", 2, 1), steps=1)
     assert len(k.launch.parts) == weights.spec.model.num_layers + 2
     for j, (_, h) in enumerate(k.launch.parts):
         first = k.launch.offsets[j]
@@ -60,7 +61,7 @@ def test_layers_share_weights_where_a_step_does_not_fit(weights):
     name = lambda i: f"model.language_model.layers.{i}.mlp.gate.weight"  # noqa: E731
     assert shared.shard(name(kda[2])) is shared.shard(name(kda[0]))
     assert not torch.equal(shared.shard(name(kda[1])), shared.shard(name(kda[0])))
-    k = ModelHarness(shared, 2, 1, None, "cpu", steps=1)
+    k = ModelHarness(shared, resolved("model", 2, 1), steps=1)
     parts = k.parts
     assert parts[f"layers.{kda[2]}"].w[1] is parts[f"layers.{kda[0]}"].w[1]
     assert parts[f"layers.{kda[1]}"].w[0] is not parts[f"layers.{kda[0]}"].w[0]
@@ -79,7 +80,7 @@ def test_each_choice_is_proven_on_the_launchs_own_inputs(weights):
     from glm53ctl.kernels.state import DsaCache
 
     spec = weights.spec
-    k = ModelHarness(weights, 1, 2, None, "cpu", steps=1, context=4 * spec.index_width)
+    k = ModelHarness(weights, resolved("model", 1, 2, None, context=4 * spec.index_width), steps=1)
     x = k.inputs(3)[0]
     gen = torch.Generator().manual_seed(5)
     moe_i = next(i for i, s in enumerate(spec.layers) if s == ("kda", "moe"))

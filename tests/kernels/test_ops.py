@@ -14,7 +14,7 @@ from glm53ctl.kernels.ops.tail import naive as tail_naive
 from glm53ctl.kernels.ops.tail.kernel import final_norm
 from glm53ctl.kernels.spec import load_model
 from glm53ctl.kernels.weights import ROOT, Weights
-from tests.helpers import assert_close
+from tests.helpers import assert_close, resolved
 
 pytestmark = pytest.mark.interpreter
 
@@ -68,7 +68,7 @@ def test_the_mhc_plain_launches_give_the_dense_kinds_bits(weights):
     launch's attn.x_hat, attn.post, attn.comb and attn.H (norm "task": the launch stores x̂ for the GEMV)."""
     from glm53ctl.kernels.kinds.dense.harness import DenseHarness
 
-    k = DenseHarness(weights, 1, 2, {"grid": 3, "norm": "task"}, "cpu")
+    k = DenseHarness(weights, resolved("dense", 1, 2, {"grid": 3, "norm": "task"}))
     x = k.inputs(seed=4)[0]
     out = k(x, poison=True)
     w, ch = k.w[0], k.launch.d.CH

@@ -11,6 +11,7 @@ import torch
 
 from glm53ctl.errors import UsageError
 from glm53ctl.kernels.runtime.ranks import NVLS_OFF, RankFailed, RankLayout, run_ranks
+from tests.helpers import resolved
 
 pytestmark = [pytest.mark.interpreter]
 
@@ -80,8 +81,10 @@ def test_a_peer_that_never_publishes_is_named_and_the_retry_is_clean():
     from glm53ctl.kernels.weights import Weights
 
     tokens = [[900], [900]]
-    out = run_ranks(RankLayout(4, 4, "cpu"), rank_launches, "tiny", 4, 1, tokens, {}, [2, -1], int(2e7), timeout_s=600)
-    want = EmbedHarness(Weights(load_model("tiny"), seed=0), 4, 1, None, "cpu")(torch.tensor(tokens[0]))["H"]
+    out = run_ranks(
+        RankLayout(4, 4, "cpu"), rank_launches, resolved("embed", 4, 1), tokens, [2, -1], int(2e7), timeout_s=600
+    )
+    want = EmbedHarness(Weights(load_model("tiny"), seed=0), resolved("embed", 4, 1))(torch.tensor(tokens[0]))["H"]
     for rank in (0, 1, 3):
         assert isinstance(out[rank][0], str), rank
         assert "embed launch fault at site 1: task 1 (embed reduce) waited for peer rank 2 (" in out[rank][0]

@@ -6,14 +6,14 @@ the separate launches; every MLA site stuck is named."""
 import pytest
 import torch
 
-from glm53ctl.kernels.checks import FOLLOWED, fault_key
+from glm53ctl.kernels.checks import fault_key
 from glm53ctl.kernels.kinds import get_kind
 from glm53ctl.kernels.kinds import task_types as tt
 from glm53ctl.kernels.kinds.sparse.harness import SparseHarness
 from glm53ctl.kernels.numerics import rel_rms
 from glm53ctl.kernels.spec import load_model
 from glm53ctl.kernels.weights import ROOT, Weights
-from tests.helpers import assert_same_bits, assert_separate_launches_keep_bits, first_site_of_each
+from tests.helpers import assert_same_bits, assert_separate_launches_keep_bits, first_site_of_each, resolved
 
 BOUNDS = get_kind("sparse").bounds
 MLA_TYPES = tuple(
@@ -31,7 +31,7 @@ def weights():
 def _check(k: SparseHarness, seed: int) -> dict:
     x = k.inputs(seed=seed)[0]
     out = k(x, poison=True)
-    k.follow = {n: out[n] for n in FOLLOWED if n in out}  # as `check`: near-ties in a top-k go the launch's way
+    k.follow = {n: out[n] for n in k.FOLLOWED if n in out}  # as `check`: near-ties in a top-k go the launch's way
     ref = k.reference(x)
     for name, bound in BOUNDS.items():
         err = rel_rms(ref[name], out[name])
@@ -46,7 +46,7 @@ def _check(k: SparseHarness, seed: int) -> dict:
 def test_against_the_reference(weights, tp, rows):
     """Every output and cache write within its bound, the selection and the routing exactly the reference's, at
     every key (rows 2 and more mix contexts below and above the selection width)."""
-    k = SparseHarness(weights, tp, rows, {"grid": 3}, "cpu")
+    k = SparseHarness(weights, resolved("sparse", tp, rows, {"grid": 3}))
     w = load_model("tiny").index_width
     if rows > 1:
         assert min(k.contexts) < w < max(k.contexts)
@@ -60,7 +60,7 @@ def test_tied_index_scores_take_the_lower_pools():
     pre = f"{ROOT}layers.3.self_attn.indexer."
     ix = spec.indexer
     loaded = {pre + "wq_b.weight": torch.zeros(ix.heads * ix.head_dim, spec.mla.q_lora_rank)}
-    k = SparseHarness(Weights(spec, seed=5, loaded=loaded), 2, 2, {}, "cpu")
+    k = SparseHarness(Weights(spec, seed=5, loaded=loaded), resolved("sparse", 2, 2))
     out = _check(k, seed=7)
     n = max(k.contexts) + 1
     row = k.contexts.index(max(k.contexts))
@@ -72,27 +72,27 @@ def test_tied_index_scores_take_the_lower_pools():
 
 @pytest.mark.parametrize("knobs", [{"box_words": 16, "handoff": "flag"}, {"block_n_down": 16, "block_n_in": 16}])
 def test_schedule_knobs_keep_every_bit(weights, knobs):
-    k = SparseHarness(weights, 2, 2, {}, "cpu")
+    k = SparseHarness(weights, resolved("sparse", 2, 2))
     x = k.inputs(seed=9)[0]
     peers = k.peer_partials(x)
     base = {n: t.clone() for n, t in k(x, peers, poison=True).items()}
-    assert_same_bits(base, SparseHarness(weights, 2, 2, knobs, "cpu")(x, peers, poison=True), str(knobs))
+    assert_same_bits(base, SparseHarness(weights, resolved("sparse", 2, 2, knobs))(x, peers, poison=True), str(knobs))
 
 
 def test_token_block_is_accurate(weights):
     """token_block (numeric): 32 tokens per attention task instead of 64, within the bounds."""
-    _check(SparseHarness(weights, 2, 2, {"token_block": 32}, "cpu"), seed=13)
+    _check(SparseHarness(weights, resolved("sparse", 2, 2, {"token_block": 32})), seed=13)
 
 
 def test_separate_launches_keep_every_bit(weights):
-    assert_separate_launches_keep_bits(SparseHarness(weights, 4, 2, {}, "cpu"))
+    assert_separate_launches_keep_bits(SparseHarness(weights, resolved("sparse", 4, 2)))
 
 
 def test_the_mla_sites_stuck_are_named(weights):
     """A site of each MLA task type stuck: LaunchFault names it and the retried launch is a clean one's bits."""
-    k = SparseHarness(weights, 2, 1, {}, "cpu")
+    k = SparseHarness(weights, resolved("sparse", 2, 1))
     t = k.launch.table
     sites = first_site_of_each(t, MLA_TYPES)
     for s in sites.values():
-        res = fault_key(weights, "sparse", 2, 1, "cpu", s, budget_ns=10**6, wall_s=60)
+        res = fault_key(weights, resolved("sparse", 2, 1), s, budget_ns=10**6, wall_s=60)
         assert res.ok and res.named == 1 and res.retries_equal == 1, res.problems

@@ -168,18 +168,18 @@ def _result(kind="dense", tp=4, rows=2, kept=None):
 
 
 def test_a_written_file_validates_loads_and_changes_what_check_and_build_use(config_dir, capsys, tmp_path):
-    from glm53ctl.kernels.build import BuildKey, knobs_in_force
+    from glm53ctl.kernels.build import for_build
     from glm53ctl.kernels.checks import make_harness
     from glm53ctl.kernels.spec import load_model
     from glm53ctl.kernels.weights import Weights
-    from glm53ctl.tuning.knobs import knobs_for, warn_of_context
+    from glm53ctl.tuning.knobs import resolve_key
     from glm53ctl.tuning.write import add_changelog_line, changelog_line, write_results
     from tests.helpers import invoke
 
     env = measure.environment("glm53ctl tune --tp 4 --rows 2 --kind dense --write")
-    before = knobs_for("tiny", "dense", 4, 2)
+    before = resolve_key("tiny", "dense", 4, 2).knobs
     assert before["oproj_first"] == 0
-    (path,) = write_results("tiny", [_result()], env, root=config_dir)
+    (path,), _ = write_results("tiny", [_result()], env, root=config_dir)
     assert path == config_dir / "tuned" / "tiny" / "tp4.json"
     cfg = tuned.load(path)
     assert cfg.revision == 1 and cfg.provenance.command.endswith("--write")
@@ -189,29 +189,31 @@ def test_a_written_file_validates_loads_and_changes_what_check_and_build_use(con
     code, _, err = invoke(capsys, "configs", "validate", str(path))
     assert code == 0, err
     # what check (its harness) and build (its key's knobs) use
-    assert knobs_for("tiny", "dense", 4, 2)["oproj_first"] == 1
-    assert knobs_in_force(BuildKey("tiny", "dense", 4, 2))["oproj_first"] == 1
-    assert knobs_in_force(BuildKey("tiny", "dense", 4, 1))["oproj_first"] == 0
-    k = make_harness(Weights(load_model("tiny"), seed=0), "dense", 4, 2, None, "cpu")
+    assert resolve_key("tiny", "dense", 4, 2).knobs["oproj_first"] == 1
+    assert for_build(resolve_key("tiny", "dense", 4, 2)).knobs["oproj_first"] == 1
+    assert for_build(resolve_key("tiny", "dense", 4, 1)).knobs == {**before, "grid": 396}
+    k = make_harness(Weights(load_model("tiny"), seed=0), resolve_key("tiny", "dense", 4, 2, None, "cpu"))
     assert k.knobs["oproj_first"] == 1 and k.launch.constexprs()["sched"].OPROJ_FIRST
     # a second write keeps the other entries and bumps the revision
-    (path,) = write_results("tiny", [_result(rows=8, kept={})], env, root=config_dir)
+    (path,), _ = write_results("tiny", [_result(rows=8, kept={})], env, root=config_dir)
     cfg = tuned.load(path)
     assert cfg.revision == 2 and cfg.entry("dense", 2).knobs == {"oproj_first": 1}
     assert cfg.entry("dense", 8).knobs == {} and cfg.entry("dense", 8).evidence is None
-    # a kind that reads caches, tuned at a context: its entry says which (the line too); knobs_for warns at another
+    # a kind that reads caches, tuned at a context: its entry says which (the line too); its key at another context
+    # carries the warning (the command prints it)
     at_32k = _result("sparse", rows=1, kept={}) | {"context": 32768, "decisions": []}
-    (path,) = write_results("tiny", [at_32k], env, root=config_dir)
+    (path,), _ = write_results("tiny", [at_32k], env, root=config_dir)
     cfg = tuned.load(path)
     assert cfg.entry("sparse", 1).context == 32768 and cfg.entry("dense", 8).context is None
     assert "sparse rows 1 at context 32768 keeps the defaults" in changelog_line(path, cfg, [at_32k])
-    # once per key that check or bench runs, not per harness (a step has a sparse harness per DSA layer)
+    # once per key that check or bench runs, not per harness (a step has a sparse harness per DSA layer): the
+    # resolved key says it, nothing below the command prints
     capsys.readouterr()
-    knobs_for("tiny", "sparse", 4, 1)
-    warn_of_context("tiny", "sparse", 4, 1, 32768)
+    assert resolve_key("tiny", "sparse", 4, 1).warnings == ()
+    assert resolve_key("tiny", "sparse", 4, 1, None, "cpu", 32768, context_warned=True).warnings == ()
+    warned = resolve_key("tiny", "sparse", 4, 1, None, "cpu", 4096, context_warned=True).warnings
+    assert "tuned at context 32768, this key runs at context 4096" in warned[0]
     assert capsys.readouterr().err == ""
-    warn_of_context("tiny", "sparse", 4, 1, 4096)
-    assert "tuned at context 32768, this key runs at context 4096" in capsys.readouterr().err
     # the CHANGELOG line goes first under Unreleased / Changed
     log = tmp_path / "CHANGELOG.md"
     log.write_text("# Changelog\n\n## [Unreleased]\n\n### Added\n\n- a\n\n## [0.1.0]\n\n- old\n")

@@ -5,7 +5,7 @@ FFN half; this folder holds its facts and `harness.py` (one key with its peers).
 Knob defaults: the best of the H200 sweeps and traces in docs/perf/dense.md.
 """
 
-from glm53ctl.tuning.knobs import Knob
+from glm53ctl.kernels.kinds.base import Knob
 
 KNOBS = (
     # a tile per stage, so each stage has enough tasks

@@ -22,11 +22,11 @@ from glm53ctl.kernels.harness import (
     nbytes,
     row_contexts,
 )
+from glm53ctl.kernels.key import ResolvedKey
 from glm53ctl.kernels.kinds.layer.launch import LayerLaunch
 from glm53ctl.kernels.kinds.layer.table import STAGES
 from glm53ctl.kernels.kinds.layer.weights import prepare_weights
 from glm53ctl.kernels.numerics import FP32
-from glm53ctl.kernels.ops.gemv.kernel import folds
 from glm53ctl.kernels.reference import DecodeState, Reference, conv_join, conv_slice, head_slice, room
 from glm53ctl.kernels.state import KdaState
 from glm53ctl.kernels.weights import Weights
@@ -64,11 +64,11 @@ class DenseHarness(KindHarness):
     Launch = LayerLaunch
     FFN = "dense"  # the FFN half: the dense MLP here, the MoE in kda (kinds/kda)
 
-    def __init__(self, weights: Weights, tp: int, rows: int, knobs: dict | None, device, layer=None) -> None:
-        super().__init__(weights, tp, rows, knobs, device)
-        spec, knobs = self.spec, self.knobs
+    def __init__(self, weights: Weights, key: ResolvedKey, layer=None) -> None:
+        super().__init__(weights, key)
+        spec, knobs, tp, rows, device = self.spec, self.knobs, self.tp, self.rows, self.device
         self.layer = layer_for(spec, self.kind, layer)
-        fold = folds(knobs["norm"], rows, spec.mhc.streams)
+        fold = key.norm_folds
         ffn = self.FFN
         src = weights.source_layer(self.layer)
         self.w = [
@@ -84,9 +84,9 @@ class DenseHarness(KindHarness):
             self.ffn = [LayerLaunch(spec, tp, rows, knobs, device, rank=q, mode="ffn", ffn=ffn) for q in range(1, tp)]
 
     @classmethod
-    def build_launches(cls, spec, tp: int, rows: int, knobs: dict) -> list[tuple[str, object]]:
+    def build_launches(cls, spec, key: ResolvedKey) -> list[tuple[str, object]]:
         # a peer's partial launches differ from rank 0's in the task table and runtime arguments only
-        return [("launch", LayerLaunch(spec, tp, rows, knobs, "cpu", ffn=cls.FFN))]
+        return [("launch", LayerLaunch(spec, key.tp, key.rows, key.knobs, "cpu", ffn=cls.FFN))]
 
     def rank_state(self, x: LayerInput, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Rank's slices of the state: its q, k and v conv channels and its heads (contiguous, on device)."""
@@ -213,11 +213,11 @@ class DenseHarness(KindHarness):
         return [LayerInput(gen.H(self.rows).to(torch.bfloat16), gen.kda_state(self.rows)) for _ in range(steps)]
 
     @classmethod
-    def run(cls, weights: Weights, key: RunKey, knobs: dict | None, device) -> dict[str, torch.Tensor]:
+    def run(cls, weights: Weights, key: RunKey, resolved: ResolvedKey) -> dict[str, torch.Tensor]:
         """`run --backend triton`: run_reference's inputs (the same draws: the layer's state prefilled to each
         row's context, then H per step) through the launch, each step's state writes read by the next."""
         spec = weights.spec
-        k = cls(weights, key.tp, key.rows, knobs, device, layer=key.layer)
+        k = cls(weights, resolved, layer=key.layer)
         i = k.layer
         inputs = Inputs(spec, key.seed, FP32)
         contexts = row_contexts(key.context, key.rows, spec.indexer.kpool)

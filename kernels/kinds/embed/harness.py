@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from glm53ctl.kernels.harness import Inputs, KindHarness, Timed, bf16_numerics, nbytes
+from glm53ctl.kernels.key import ResolvedKey
 from glm53ctl.kernels.kinds.embed.launch import EmbedLaunch
 from glm53ctl.kernels.kinds.task_types import EMBED_GATHER, EMBED_REDUCE
 from glm53ctl.kernels.numerics import FP32
@@ -21,9 +22,9 @@ class EmbedHarness(KindHarness):
     Launch = EmbedLaunch
     STAGES = ((EMBED_GATHER,), (EMBED_REDUCE,))
 
-    def __init__(self, weights: Weights, tp: int, rows: int, knobs: dict | None, device, layer=None) -> None:
-        super().__init__(weights, tp, rows, knobs, device)
-        spec = self.spec
+    def __init__(self, weights: Weights, key: ResolvedKey, layer=None) -> None:
+        super().__init__(weights, key)
+        spec, tp, rows, device = self.spec, self.tp, self.rows, self.device
         self.shards = [self.shard(f"{ROOT}embed_tokens.weight", r) for r in range(tp)]
         self.launch = EmbedLaunch(spec, tp, rows, self.knobs, device)
         self.peers = [EmbedLaunch(spec, tp, rows, self.knobs, device, partial_only=True) for _ in range(1, tp)]

@@ -12,10 +12,10 @@ gate/up tiles and K slices), and `block_n_down`, the experts' down tiles. `ffn_m
 attention half and the FFN gate here (no expert folds the norm: each reads x̂ after the routing).
 """
 
+from glm53ctl.kernels.kinds.base import Knob
 from glm53ctl.kernels.kinds.dense import BOUNDS as DENSE_BOUNDS
 from glm53ctl.kernels.kinds.dense import KNOBS as DENSE_KNOBS
 from glm53ctl.kernels.kinds.dense import RUNTIME, RUNTIME_DEFAULTS
-from glm53ctl.tuning.knobs import Knob
 
 __all__ = ["BOUNDS", "KNOBS", "RUNTIME", "RUNTIME_DEFAULTS"]
 

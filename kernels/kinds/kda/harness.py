@@ -15,6 +15,7 @@ class KdaHarness(DenseHarness):
     kind = "kda"
     FFN = "moe"
     STAGES = MOE_STAGES
+    FOLLOWED = ("moe.ids",)  # the routing, where the router's scores tie
 
     def invariants(self, out: dict, ref: dict) -> dict[str, bool]:
         """The routing as check asks for it: the reference's experts, distinct and in range per row, weights

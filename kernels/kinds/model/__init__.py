@@ -5,7 +5,7 @@ kind's knobs (tuned file, defaults), so the step takes the runtime's `grid`, han
 parts' launches chain.
 """
 
-from glm53ctl.tuning.knobs import Knob
+from glm53ctl.kernels.kinds.base import Knob
 
 # chain: plain stream order measured 1.1% (TP8 rows 1) and 0.7% (rows 8) faster than PDL on the H200 at 4K
 # (docs/perf/model.md): a persistent launch fills every SM, so the next one cannot start early anyway

@@ -19,9 +19,9 @@ from types import SimpleNamespace
 
 import torch
 
-from glm53ctl.kernels.checks import FOLLOWED
 from glm53ctl.kernels.harness import Inputs, KindHarness, RunKey, Timed, model_state, row_contexts
-from glm53ctl.kernels.kinds import LAYER_KINDS, get_kind
+from glm53ctl.kernels.key import ResolvedKey
+from glm53ctl.kernels.kinds import LAYER_KINDS, get_kind, load_harness
 from glm53ctl.kernels.kinds.dense.harness import LayerInput
 from glm53ctl.kernels.kinds.sparse.harness import CACHE_NAMES, SparseInput, check_contexts
 from glm53ctl.kernels.numerics import FP32
@@ -85,21 +85,12 @@ class ModelHarness(KindHarness):
     CHECK_GRIDS = (3,)
     CHECK_REPEATS = 1
     POISON_INT = {"dsa.idx": -2}  # as `sparse`: -1 is the selection's padding
+    FAULT_OPTIONS = {"steps": 1}  # one step a launch (a check runs two; a stuck site is in the first anyway)
+    BENCH_OPTIONS = {"timing": True}  # layers share weights where a step's do not fit
 
-    def __init__(
-        self,
-        weights: Weights,
-        tp: int,
-        rows: int,
-        knobs: dict | None,
-        device,
-        layer=None,
-        context=None,
-        steps=STEPS,
-        timing: bool = False,
-    ) -> None:
-        super().__init__(weights, tp, rows, knobs, device)
-        spec = self.spec
+    def __init__(self, weights: Weights, key: ResolvedKey, layer=None, steps=STEPS, timing: bool = False) -> None:
+        super().__init__(weights, key)
+        spec, tp, rows, device, context = self.spec, self.tp, self.rows, self.device, key.context
         self.steps = 1 if timing else steps
         # where every layer's weights (all ranks': the peers are emulated here) do not fit, layers share
         self.sets = weight_sets(spec, tp, rows, device, timing)
@@ -109,14 +100,16 @@ class ModelHarness(KindHarness):
             check_contexts(spec, rows) if context is None else row_contexts(context, rows, spec.indexer.kpool)
         )
         self.slots = room(spec, max(self.contexts) + steps)
-        runtime = {n: v for n, v in (knobs or {}).items() if n == "grid"}  # the step's grid is every part's
-        make = lambda kind, **kw: get_kind(kind).load_harness()(weights, tp, rows, runtime, device, **kw)  # noqa: E731
+        # each part its own kind's key (resolved with the step's: a grid given to the step is every part's)
+        make = lambda kind, **kw: load_harness(kind)(weights, key.part(kind), **kw)  # noqa: E731
         parts = [("embed", make("embed"))]
         for i, shape in enumerate(spec.layers):
             kind = SHAPE_KIND[shape]
-            kw = {"context": max(self.contexts), "steps": self.steps} if get_kind(kind).reads_context else {}
-            h = make(kind, layer=i, **kw)
-            if kw:
+            if get_kind(kind).reads_context:
+                h = load_harness(kind)(weights, replace(key.part(kind), context=max(self.contexts)), i, self.steps)
+            else:
+                h = make(kind, layer=i)
+            if get_kind(kind).reads_context:
                 h.contexts, h.slots = self.contexts, self.slots  # the step's rows, one capacity for every layer
             parts.append((f"layers.{i}", h))
             if timing and self.sets is not None:
@@ -124,23 +117,27 @@ class ModelHarness(KindHarness):
         parts.append(("tail", make("tail")))
         self.launch = StepLaunches(parts)
         self.parts = dict(parts)
+        # the choices the step's layers make that the reference follows (each part kind's FOLLOWED)
+        self.followed = tuple(dict.fromkeys(n for _, h in parts for n in h.FOLLOWED))
         chain(parts, self.knobs["chain"])
         self.chosen: list[dict] = []  # each step's routing and selection: what the reference follows at a near-tie
 
     @classmethod
-    def build_launches(cls, spec, tp: int, rows: int, knobs: dict, context=None) -> list[tuple[str, object]]:
-        """Every part's launches, under the part's name (`layers.3.launch`, ...)."""
-        from glm53ctl.tuning.knobs import knobs_for
+    def build_launches(cls, spec, key: ResolvedKey, *legacy) -> list[tuple[str, object]]:
+        """Every part's launches, under the part's name (`layers.3.launch`, ...), each at its part's key."""
+        if legacy:  # (spec, tp, rows, knobs[, context]): checks.legacy_key says until when
+            from glm53ctl.kernels.checks import legacy_key
 
-        runtime = {n: v for n, v in knobs.items() if n == "grid"}
-        longest = context if context is not None else max(check_contexts(spec, rows))
+            key = legacy_key(spec.name, cls.kind, key, legacy[0], legacy[1], None, *legacy[2:])
+        longest = key.context if key.context is not None else max(check_contexts(spec, key.rows))
         out = []
         parts = [("embed", "embed")] + [(f"layers.{i}", SHAPE_KIND[s]) for i, s in enumerate(spec.layers)]
         for name, kind in parts + [("tail", "tail")]:
-            k = knobs_for(spec.name, kind, tp, rows, runtime)
-            kw = {"context": longest, "steps": STEPS} if get_kind(kind).reads_context else {}  # the check's caches
-            for n, la in get_kind(kind).load_harness().build_launches(spec, tp, rows, k, **kw):
-                la.pdl = n == "launch" and knobs.get("chain", "pdl") == "pdl"  # a peer's launch is emulation
+            part, kw = key.part(kind), {}
+            if get_kind(kind).reads_context:  # the check's caches
+                part, kw = replace(part, context=longest), {"steps": STEPS}
+            for n, la in load_harness(kind).build_launches(spec, part, **kw):
+                la.pdl = n == "launch" and key.knobs.get("chain", "pdl") == "pdl"  # a peer's launch is emulation
                 out.append((f"{name}.{n}", la))
         return out
 
@@ -213,7 +210,7 @@ class ModelHarness(KindHarness):
                 H = o["H"]
                 out[f"{name}.H"] = H
             out |= self._part(len(self.launch.parts) - 1, H, poison, stuck, s, budget_ns)
-            self.chosen.append({n: t for n, t in out.items() if n.endswith(FOLLOWED)})
+            self.chosen.append({n: t for n, t in out.items() if n.endswith(self.followed)})
             self.seen.append(seen)
             pos = pos + 1
         if [b - a for a, b in zip(before, self.launch.epochs(), strict=True)] == [self.steps] * len(before):
@@ -321,14 +318,14 @@ class ModelHarness(KindHarness):
         return off
 
     @classmethod
-    def run(cls, weights: Weights, key: RunKey, knobs: dict | None, device) -> dict[str, torch.Tensor]:
+    def run(cls, weights: Weights, key: RunKey, resolved: ResolvedKey) -> dict[str, torch.Tensor]:
         """`run --backend triton`: run_reference's inputs (every row prefilled to its context by the reference,
         the first step's token ids drawn, or --tokens) through the step's launches, `key.steps` steps, each
         next token the argmax of the logits (greedy), every state carried."""
         spec = weights.spec
         inputs = Inputs(spec, key.seed, FP32)
         # caches with room for every step; then one step a call, each next token from the last logits
-        k = cls(weights, key.tp, key.rows, knobs, device, context=key.context, steps=key.steps)
+        k = cls(weights, replace(resolved, context=key.context), steps=key.steps)
         k.steps = 1
         contexts = k.contexts
         st = model_state(Reference(weights), contexts, inputs, k.slots)
@@ -459,6 +456,10 @@ class ModelHarness(KindHarness):
 
         return Timed(call, lambda n: [None] * n, main.stream_bytes, main.nbytes, main.what, launches=len(calls))
 
+    def compiled(self, x: ModelInput, peers) -> Timed:
+        """The `compile` baseline: each part's stock step compiled on its own (one graph of a step is too big)."""
+        return self.stock(x, peers, compile=True)
+
 
 def chain(parts: list[tuple[str, object]], how: str) -> None:
     """Every part's rank-0 launch chained to the one before by programmatic dependent launch, or not."""
@@ -489,8 +490,7 @@ def weight_sets(spec, tp: int, rows: int, device, timing: bool) -> int | None:
     layer's weights back only after twice the L2 has streamed (tuning/measure.py `rotations`), as memory allows."""
     import math
 
-    from glm53ctl.kernels.weights import tensor_table
-    from glm53ctl.tuning.measure import L2_BYTES
+    from glm53ctl.kernels.weights import L2_BYTES, tensor_table
 
     dev = torch.device(device)
     if dev.type != "cuda":

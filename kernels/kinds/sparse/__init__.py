@@ -9,10 +9,10 @@ Knobs: `kda`'s (those only the KDA attention reads give the same launch here, so
 `token_block`, the tokens per attention task.
 """
 
+from glm53ctl.kernels.kinds.base import Knob
 from glm53ctl.kernels.kinds.kda import BOUNDS as KDA_BOUNDS
 from glm53ctl.kernels.kinds.kda import KNOBS as KDA_KNOBS
 from glm53ctl.kernels.kinds.kda import RUNTIME, RUNTIME_DEFAULTS
-from glm53ctl.tuning.knobs import Knob
 
 __all__ = ["BOUNDS", "KNOBS", "RUNTIME", "RUNTIME_DEFAULTS"]
 

@@ -8,11 +8,12 @@ random (bf16 normal rows): a step reads them as they are, so their values need n
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from glm53ctl.kernels.harness import Inputs, RunKey, Timed, cloned, layer_state, nbytes, row_contexts
+from glm53ctl.kernels.key import ResolvedKey
 from glm53ctl.kernels.kinds.layer.launch import LayerLaunch
 from glm53ctl.kernels.kinds.layer.table import STAGES
 from glm53ctl.kernels.kinds.layer.weights import prepare_weights
@@ -77,15 +78,14 @@ class SparseHarness(KdaHarness):
     Launch = LayerLaunch
     # -1 is the selection's padding: its poison is -2
     POISON_INT = {"dsa.idx": -2}
+    FOLLOWED = ("moe.ids", "dsa.idx")
 
-    def __init__(
-        self, weights: Weights, tp: int, rows: int, knobs: dict | None, device, layer=None, context=None, steps: int = 1
-    ) -> None:
+    def __init__(self, weights: Weights, key: ResolvedKey, layer=None, steps: int = 1) -> None:
         from glm53ctl.kernels.harness import KindHarness
         from glm53ctl.kernels.run_key import layer_for
 
-        KindHarness.__init__(self, weights, tp, rows, knobs, device)
-        spec, knobs = self.spec, self.knobs
+        KindHarness.__init__(self, weights, key)
+        spec, knobs, tp, rows, device, context = self.spec, self.knobs, self.tp, self.rows, self.device, key.context
         self.layer = layer_for(spec, self.kind, layer)
         self.contexts = (
             check_contexts(spec, rows) if context is None else row_contexts(context, rows, spec.indexer.kpool)
@@ -106,12 +106,11 @@ class SparseHarness(KdaHarness):
             self.ffn = [mk(rank=q, mode="ffn") for q in range(1, tp)]
 
     @classmethod
-    def build_launches(
-        cls, spec, tp: int, rows: int, knobs: dict, context=None, steps: int = 1
-    ) -> list[tuple[str, object]]:
+    def build_launches(cls, spec, key: ResolvedKey, steps: int = 1) -> list[tuple[str, object]]:
         # the caches' capacity is a compile-time constant: a launch per capacity (whole pools past the context)
-        longest = max(check_contexts(spec, rows)) if context is None else context
+        longest = max(check_contexts(spec, key.rows)) if key.context is None else key.context
         slots = room(spec, longest + steps)
+        tp, rows, knobs = key.tp, key.rows, key.knobs
         return [("launch", LayerLaunch(spec, tp, rows, knobs, "cpu", ffn="moe", attn="mla", slots=slots))]
 
     def inputs(self, seed: int, steps: int = 1, tokens=None) -> list[SparseInput]:
@@ -197,12 +196,12 @@ class SparseHarness(KdaHarness):
         }
 
     @classmethod
-    def run(cls, weights: Weights, key: RunKey, knobs: dict | None, device) -> dict[str, torch.Tensor]:
+    def run(cls, weights: Weights, key: RunKey, resolved: ResolvedKey) -> dict[str, torch.Tensor]:
         """`run --backend triton`: run_reference's inputs (the same draws: the caches prefilled to each row's
         context by the reference, then H per step) through the launch, each step's cache writes read by the
         next."""
         spec = weights.spec
-        k = cls(weights, key.tp, key.rows, knobs, device, layer=key.layer, context=key.context, steps=key.steps)
+        k = cls(weights, replace(resolved, context=key.context), layer=key.layer, steps=key.steps)
         i = k.layer
         inputs = Inputs(spec, key.seed, FP32)
         st = layer_state(Reference(weights), i, k.contexts, inputs, k.slots)

@@ -4,7 +4,7 @@ Files: `table.py`, `kernel.py`, `launch.py`, `harness.py`, as every kind. Knob d
 sweeps in docs/perf/tail.md (TP4/TP8, rows 1/8).
 """
 
-from glm53ctl.tuning.knobs import Knob
+from glm53ctl.kernels.kinds.base import Knob
 
 KNOBS = (
     Knob("block_n", (16, 32, 64, 128), 64, "schedule", "GEMV output rows per task"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from glm53ctl.kernels.harness import Inputs, KindHarness, Timed, bf16_numerics, cloned, nbytes
+from glm53ctl.kernels.key import ResolvedKey
 from glm53ctl.kernels.kinds.tail.launch import TailLaunch
 from glm53ctl.kernels.kinds.task_types import TAIL_GATHER, TAIL_LM_HEAD, TAIL_NORM
 from glm53ctl.kernels.numerics import FP32
@@ -21,9 +22,9 @@ class TailHarness(KindHarness):
     Launch = TailLaunch
     STAGES = ((TAIL_NORM,), (TAIL_LM_HEAD, TAIL_GATHER))
 
-    def __init__(self, weights: Weights, tp: int, rows: int, knobs: dict | None, device, layer=None) -> None:
-        super().__init__(weights, tp, rows, knobs, device)
-        spec = self.spec
+    def __init__(self, weights: Weights, key: ResolvedKey, layer=None) -> None:
+        super().__init__(weights, key)
+        spec, tp, rows, device = self.spec, self.tp, self.rows, self.device
         self.norm = weights.shard(f"{ROOT}norm.weight").to(self.device)
         self.launch = TailLaunch(spec, tp, rows, self.knobs, device)
         self.shards = [self.launch.prepare_lm_head(self.norm, self.shard("lm_head.weight", r)) for r in range(tp)]

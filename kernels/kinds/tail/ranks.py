@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 
-def rank_launches(group, model: str, tp: int, rows: int, streams: list, knobs: dict, mute: list, budget_ns):
+def rank_launches(group, key, streams: list, mute: list, budget_ns):
     """One rank of a TP-`tp` tail: its lm_head shard, its mailboxes, its launch; one launch per H in `streams`
     (nested lists of bf16 values). `mute[i]`: the rank that never publishes at launch i (-1: none). Per launch
     its outputs ({"h_hat", "logits"}: every rank the full logits) or its fault, in words."""
@@ -13,11 +13,10 @@ def rank_launches(group, model: str, tp: int, rows: int, streams: list, knobs: d
     from glm53ctl.kernels.runtime.ranks import PeerLinks, launches_on_rank
     from glm53ctl.kernels.spec import load_model
     from glm53ctl.kernels.weights import ROOT, Weights
-    from glm53ctl.tuning.knobs import knobs_for, resolve_grid
 
-    spec = load_model(model)
+    spec, tp, rows = load_model(key.model), key.tp, key.rows
     dev = group.device
-    full = resolve_grid(knobs_for(model, "tail", tp, rows, knobs, dev), dev)
+    full = key.knobs  # resolved where the command started the key (its grid for this device type)
     weights = Weights(spec, seed=0, device=dev.type)  # as the emulation's: a CPU and a GPU draw other numbers
     links = PeerLinks.open(group, "tail", TailLaunch.mailbox_shapes(spec, tp, rows, full))
     launch = TailLaunch(spec, tp, rows, full, dev, links=links)

@@ -1,0 +1,108 @@
+"""What a kind and a knob are (docs/design.md §2, §5): the registry's definitions, a leaf that imports nothing of
+the project, so that the registry, the tuned files and the commands read them for no torch and no circle.
+
+A `Kind` names its harness, its reference run and (where it has them) its real-rank launches by *loaders*: small
+functions whose body imports the thing and returns it, so an editor follows a key from a command to the kernel,
+while importing the registry still loads none of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Literal
+
+KnobClass = Literal["schedule", "numeric"]
+
+
+@dataclass(frozen=True, slots=True)
+class Knob:
+    name: str
+    values: tuple
+    default: object
+    cls: KnobClass
+    help: str
+
+
+# The runtime's knobs, shared by the kinds (grid 0: three programs per SM on a GPU, 4 programs in the
+# interpreter). A kind's own defaults, where its measurements chose another value, are in its registry entry.
+RUNTIME_KNOBS = {
+    k.name: k
+    for k in (
+        Knob("grid", (0, 132, 264, 396), 0, "schedule", "programs in the persistent grid"),
+        # warps: the layout of a tl.sum's operands, so its reduction order (dense's gates and KDA heads differ in
+        # the last bit at 8 warps on the H200, docs/perf/dense.md): numeric
+        Knob("warps", (4, 8), 4, "numeric", "warps per program"),
+        Knob(
+            "handoff",
+            ("flag", "box"),
+            "box",
+            "schedule",
+            "broadcast hand-off: one flag word per producer, or per-consumer 128-byte box lines",
+        ),
+        Knob(
+            "poll",
+            (0, 1, 2),
+            1,
+            "schedule",
+            "0: every thread polls with ld.acquire.gpu; 1: relaxed polls (+64 ns sleep), then one acquire; "
+            "2: as 1 with 512 ns sleeps (less traffic from many waiters); the clock and abort word every 8th poll",
+        ),
+        Knob("stages", (1, 2, 3, 4, 6, 8), 4, "schedule", "software-pipelining depth of the GEMV's K loop"),
+    )
+}
+
+
+def _empty() -> MappingProxyType:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One launch kind as every command reads it. `harness`, `reference` and `ranks` are loaders (module doc):
+    `harness()` is the kind's `KindHarness` class (None: no kernels yet), `reference()` the function that runs
+    its reference (`glm53ctl run`: `fn(ref, key)`), `ranks()` what one rank's process runs with real ranks."""
+
+    name: str
+    summary: str
+    reference: Callable[[], Callable]
+    harness: Callable[[], type] | None = None
+    layer: tuple[str, str] | None = None  # a layer kind's (attention, FFN) shape (kernels/spec.py)
+    takes_tokens: bool = False  # its input is token ids (else the streams H)
+    reads_context: bool = False  # it reads caches that grow with the context (`--context` sizes them)
+    # a step of other kinds' launches (`model`): selected by name only (its parts are checked as their kinds);
+    # `parts`, the kinds whose launches make it (each part gets its own resolved key)
+    composite: bool = False
+    parts: tuple[str, ...] = ()
+    bounds: MappingProxyType = field(default_factory=_empty)
+    knobs: tuple = ()  # its own knobs
+    runtime: tuple[str, ...] = ()  # the runtime's knobs it takes (RUNTIME_KNOBS)
+    runtime_defaults: MappingProxyType = field(default_factory=_empty)
+    # `fn(group, key, inputs, mute, budget_ns)` -> per launch its outputs or its fault in words
+    # (kernels/runtime/ranks.py); None: the kind runs on one device only (its peers emulated) so far
+    ranks: Callable[[], Callable] | None = None
+    colour: str = "#dd8452"  # its segments in a step's picture (bench --save)
+
+    @property
+    def has_kernels(self) -> bool:
+        return self.harness is not None
+
+    def all_knobs(self) -> dict[str, Knob]:
+        """Every knob of the kind, by name: the runtime knobs it takes (with its defaults), then its own."""
+        shared = {n: RUNTIME_KNOBS[n] for n in self.runtime}
+        shared = {n: replace(k, default=self.runtime_defaults.get(n, k.default)) for n, k in shared.items()}
+        return shared | {k.name: k for k in self.knobs}
+
+    def defaults(self) -> dict[str, object]:
+        return {name: k.default for name, k in self.all_knobs().items()}
+
+
+def facts(module) -> dict:
+    """A kind folder's facts (its __init__.py: KNOBS, RUNTIME, RUNTIME_DEFAULTS, BOUNDS) as `Kind` fields."""
+    return {
+        "knobs": module.KNOBS,
+        "runtime": module.RUNTIME,
+        "runtime_defaults": MappingProxyType(module.RUNTIME_DEFAULTS),
+        "bounds": MappingProxyType(module.BOUNDS),
+    }
