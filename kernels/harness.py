@@ -93,13 +93,6 @@ def model_state(ref: Reference, contexts: list[int], inputs: Inputs, max_context
     return merge_rows(states)
 
 
-def run_reference(ref: Reference, key: RunKey) -> Tensors:
-    """Run `key.steps` steps of one kind; return inputs.*, outputs.* of the last step and writes.*."""
-    from glm53ctl.kernels.kinds import run_reference
-
-    return run_reference(ref, key)
-
-
 def _start(ref: Reference, key: RunKey) -> tuple[Inputs, list[int], int, Tensors]:
     inputs = Inputs(ref.spec, key.seed, ref.num)
     contexts = row_contexts(key.context, key.rows, ref.spec.indexer.kpool)
@@ -157,14 +150,6 @@ def run_layer(ref: Reference, key: RunKey) -> Tensors:
         | _prefixed("outputs.", out)
         | _prefixed("writes.", state.tensors([i]))
     )
-
-
-def run_triton(weights, key: RunKey, resolved: ResolvedKey) -> Tensors:
-    """`glm53ctl run --backend triton`: the saved tensors of run_reference's layout for this kind, the launch at
-    the resolved key."""
-    from glm53ctl.kernels.kinds import run_triton
-
-    return run_triton(weights, key, resolved)
 
 
 def nbytes(*tensors: torch.Tensor) -> int:

@@ -135,7 +135,7 @@ def _check_against(repo, tmp_path, kind):
 @pytest.mark.slow
 def test_against_a_schedule_knob_change_is_bitwise_equal(repo, tmp_path):
     old = '"handoff",\n            ("flag", "box"),\n            "box",'
-    _edit(repo, "tuning/knobs.py", old, old.replace('"box",', '"flag",'))
+    _edit(repo, "kernels/kinds/base.py", old, old.replace('"box",', '"flag",'))
     code, doc, err = _check_against(repo, tmp_path, "tail")
     assert code == 0, err
     assert doc["summary"].startswith("2 of 2 configs bitwise equal to HEAD~1")
