@@ -24,16 +24,23 @@ from glm53ctl.kernels.kinds.layer.shared import PR, task_gate, task_mix, task_ow
 from glm53ctl.kernels.kinds.task_types import (
     COMB_A,
     COMB_F,
+    DOWN,
+    EXP_DOWN,
     GATE_A,
     GATE_F,
+    GU,
+    INPROJ,
     KDA_HEAD,
     MIX_A,
     MIX_F,
+    MLA_A,
     OPROJ,
     OWN_A,
     OWN_F,
     RED_A,
     RED_F,
+    ROUTER,
+    WUV,
 )
 from glm53ctl.kernels.runtime.device import (
     finish,
@@ -82,18 +89,58 @@ def _gate(ttype, a0, H, gates, hand, outs, consts, ffn: tl.constexpr, dims: tl.c
 
 
 @triton.jit
-def _shared_task(
-    ttype, a0, a1, H, gates, attn_o, w_o, ffn_src, hand, outs, consts, R, RANK, dims: tl.constexpr,
-    sched: tl.constexpr, MOE: tl.constexpr, TOPK: tl.constexpr, NSLOT: tl.constexpr, INTERPRET: tl.constexpr,
+def _is_attn_half(ttype, MLA: tl.constexpr):
+    """Whether a task is the attention half's own: MLA's (its types are consecutive ids) or KDA's."""
+    if MLA:
+        yes = (ttype >= MLA_A) & (ttype <= WUV)
+    else:
+        yes = (ttype == INPROJ) | (ttype == KDA_HEAD)
+    return yes
+
+
+@triton.jit
+def _is_ffn_half(ttype, MOE: tl.constexpr):
+    """Whether a task is the FFN half's own: the MoE's (consecutive ids) or the dense MLP's."""
+    if MOE:
+        yes = (ttype >= ROUTER) & (ttype <= EXP_DOWN)
+    else:
+        yes = (ttype == GU) | (ttype == DOWN)
+    return yes
+
+
+@triton.jit
+def _run_task(
+    ttype, row, task, ok, epoch, rt, stuck_site, budget_ns, H, gates, attn_w, attn_state, attn_buf, ffn_w, ffn_buf,
+    hand, outs, consts, R, RANK, dims: tl.constexpr, mla: tl.constexpr, moe: tl.constexpr, sched: tl.constexpr,
+    MLA: tl.constexpr, MOE: tl.constexpr, INTERPRET: tl.constexpr, POLL: tl.constexpr, THREADS: tl.constexpr,
 ):  # fmt: skip
-    """A task every layer has, if it is one: the gates, o_proj's partial, the all-reduces (or a peer's partials).
-    attn_o: what o_proj reads (KDA's z or MLA's values); ffn_src: what the FFN partial is summed from."""
+    """One task, whose inputs have arrived: the tasks every layer has (the gates, o_proj's partial, the
+    all-reduces or a peer's partials) and the halves' own, in one chain of tests in the order a layer runs them
+    (the order of the kernel before the halves were parts). Returns ok, false where a late wait failed."""
+    a0, a1 = row[1], row[2]
+    TOPK: tl.constexpr = moe.TOPK if MOE else 1
+    NSLOT: tl.constexpr = moe.NSLOT if MOE else 1
+    if MLA:  # what o_proj reads: the MLA heads' W_UV outputs, or the KDA heads' z
+        attn_o = attn_buf.o_mla
+    else:
+        attn_o = attn_buf.z
+    if MOE:  # what this rank's FFN partial is summed from (shared.py `_own`)
+        ffn_src = (ffn_buf.y_m, ffn_buf.ids, ffn_buf.wts, ffn_buf.slot_of)
+    else:
+        ffn_src = (hand.kpart_f,)
+    w_o = attn_w.w_o
     D: tl.constexpr = dims.D
     NCH: tl.constexpr = dims.NCH
     if ttype == MIX_A:
         task_mix(H=H, fn=gates.fn_a, mixp=hand.mixp, ssp=hand.ssp, c=a0, r=a1, D=D, HC=dims.HC, CH=dims.CH)
     elif (ttype == GATE_A) | (ttype == COMB_A):
         _gate(ttype, a0, H, gates, hand, outs, consts, False, dims, INTERPRET)
+    elif _is_attn_half(ttype, MLA):
+        if MLA:
+            mla_task(ttype, row, H, attn_w, attn_state, attn_buf, outs, consts, R, dims, mla, INTERPRET)
+        else:
+            ok = kda_task(ttype, row, task, ok, epoch, rt, stuck_site, budget_ns, H, attn_w, attn_state, attn_buf,
+                          hand, outs, consts, R, dims, sched, INTERPRET, POLL, THREADS)  # fmt: skip
     elif ttype == OPROJ:
         task_partial(
             x=attn_o + a1 * dims.PK, w=w_o + a1 * dims.PK, out=hand.kpart_a + a1 * R * D, n0=a0, R=R, N=D, K=dims.PK,
@@ -113,6 +160,13 @@ def _shared_task(
         )  # fmt: skip
     elif (ttype == GATE_F) | (ttype == COMB_F):
         _gate(ttype, a0, H, gates, hand, outs, consts, True, dims, INTERPRET)
+    elif _is_ffn_half(ttype, MOE):
+        if MOE:
+            ok = moe_task(ttype, row, task, ok, epoch, rt, stuck_site, budget_ns, ffn_w, ffn_buf, hand, outs, R, dims,
+                          moe, sched, INTERPRET, POLL, THREADS)  # fmt: skip
+        else:
+            ok = mlp_task(ttype, row, task, ok, epoch, rt, stuck_site, budget_ns, ffn_w, ffn_buf, hand, outs, R, dims,
+                          sched, INTERPRET, POLL, THREADS)  # fmt: skip
     elif ttype == RED_F:
         task_reduce(
             src=ffn_src, parts=hand.parts_f, out=outs.ffn_out, H=outs.H1, post=outs.post_f, comb=outs.comb_f,
@@ -129,6 +183,7 @@ def _shared_task(
             src=ffn_src, parts=hand.parts_f, c=a0, r=a1, R=R, RANK=RANK, D=D, CH=dims.CH, KS=dims.KS_F, MOE=MOE,
             TOPK=TOPK, NSLOT=NSLOT,
         )  # fmt: skip
+    return ok
 
 
 @triton.jit(do_not_specialize=["stuck_site", "budget_ns", "RANK", "n_tasks", "n_peers", "n_programs"])
@@ -162,16 +217,6 @@ def layer_kernel(
     THREADS: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    TOPK: tl.constexpr = moe.TOPK if MOE else 1
-    NSLOT: tl.constexpr = moe.NSLOT if MOE else 1
-    if MLA:  # what o_proj reads: the MLA heads' W_UV outputs, or the KDA heads' z
-        attn_o = attn_buf.o_mla
-    else:
-        attn_o = attn_buf.z
-    if MOE:  # what this rank's FFN partial is summed from (shared.py `_own`)
-        ffn_src = (ffn_buf.y_m, ffn_buf.ids, ffn_buf.wts, ffn_buf.slot_of)
-    else:
-        ffn_src = (hand.kpart_f,)
     ctl = rt[0]
     if PDL:  # a stage of separate-pdl: ask for this program's first weights while the launch before ends
         first = task_row(rt, tl.minimum(tl.program_id(0), n_tasks - 1))
@@ -199,19 +244,9 @@ def layer_kernel(
         if sched.TRACE:
             stamp(hand.trace, task, 1, INTERPRET)
         if ok:
-            _shared_task(ttype, a0, a1, H, gates, attn_o, attn_w.w_o, ffn_src, hand, outs, consts, R, RANK, dims,
-                         sched, MOE, TOPK, NSLOT, INTERPRET)  # fmt: skip
-            if MLA:
-                mla_task(ttype, row, H, attn_w, attn_state, attn_buf, outs, consts, R, dims, mla, INTERPRET)
-            else:
-                ok = kda_task(ttype, row, task, ok, epoch, rt, stuck_site, budget_ns, H, attn_w, attn_state,
-                              attn_buf, hand, outs, consts, R, dims, sched, INTERPRET, POLL, THREADS)  # fmt: skip
-            if MOE:
-                ok = moe_task(ttype, row, task, ok, epoch, rt, stuck_site, budget_ns, ffn_w, ffn_buf, hand, outs, R,
-                              dims, moe, sched, INTERPRET, POLL, THREADS)  # fmt: skip
-            else:
-                ok = mlp_task(ttype, row, task, ok, epoch, rt, stuck_site, budget_ns, ffn_w, ffn_buf, hand, outs, R,
-                              dims, sched, INTERPRET, POLL, THREADS)  # fmt: skip
+            ok = _run_task(ttype, row, task, ok, epoch, rt, stuck_site, budget_ns, H, gates, attn_w, attn_state,
+                           attn_buf, ffn_w, ffn_buf, hand, outs, consts, R, RANK, dims, mla, moe, sched, MLA, MOE,
+                           INTERPRET, POLL, THREADS)  # fmt: skip
             if ok:
                 publish(rt, row, task, epoch, INTERPRET)
                 if sched.TRACE:

@@ -12,6 +12,7 @@ import triton.language as tl
 from glm53ctl.kernels.ops.ffn.moe import moe_sum_cols
 from glm53ctl.kernels.ops.gemv.kernel import gemv_tile, sum_streams
 from glm53ctl.kernels.ops.mhc.kernel import gate_comb, gate_pre, gate_scale, hc_post_cols, mix_row
+from glm53ctl.kernels.tlx import interpreting  # noqa: F401 (importing tlx applies the interpreter's settings)
 
 PR = tl.constexpr(8)  # floats per row of the gates' pre [HC] and 1/RMS (buffer "pr")
 
