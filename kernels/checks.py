@@ -66,10 +66,11 @@ def make_harness(weights: Weights, key: ResolvedKey, *legacy, **extra):
 
 
 def legacy_key(model: str, kind: str, tp: int, rows: int, knobs: dict | None, device, context=None) -> ResolvedKey:
-    """A key resolved as a command resolves it, for callers that still pass (kind, tp, rows, knobs, device): the
-    bench worker of `bench --against` and its tests (tuning/bench_worker.py, tests/tuning/test_bench.py,
-    tests/gpu/). It is the one place below the commands that reads a tuned file, and prints the lookup's warnings
-    as `knobs_for` did; it goes when those callers resolve their keys (pyproject's import contracts name it)."""
+    """A key resolved as a command resolves it, for the callers of before resolved keys that pass (kind, tp, rows,
+    knobs, device): the bench workers of older trees (before glm53ctl-bench 1), which drive this tree's kernels when
+    an older tree runs `bench --against` this one (the way to compare across the protocol's start). The one place
+    below the commands that reads a tuned file, and prints the lookup's warnings as `knobs_for` did, as those
+    workers expect; this tree's own callers resolve their keys (pyproject's import contracts name it)."""
     import sys
 
     from glm53ctl.tuning.knobs import resolve_key

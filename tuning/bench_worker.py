@@ -60,12 +60,17 @@ import torch  # noqa: E402
 from glm53ctl.kernels.checks import make_harness  # noqa: E402
 from glm53ctl.kernels.spec import load_model  # noqa: E402
 from glm53ctl.kernels.weights import Weights  # noqa: E402
+from glm53ctl.tuning.knobs import resolve_key  # noqa: E402
 
 spec_ = importlib.util.spec_from_file_location("bench_measure", key["measure"])
 measure = importlib.util.module_from_spec(spec_)
 spec_.loader.exec_module(measure)
 weights = Weights(load_model(key["model"]), seed=0, device="cuda")
-k = make_harness(weights, key["kind"], key["tp"], key["rows"], key["knobs"], "cuda", context=key["context"])
+# this side's command boundary: the key resolved once in this tree (its defaults and tuned files), its warnings said
+resolved = resolve_key(key["model"], key["kind"], key["tp"], key["rows"], key["knobs"], "cuda", key["context"])
+for w in resolved.warnings:
+    print(f"Warning: {w}", file=sys.stderr)
+k = make_harness(weights, resolved)
 x = k.inputs(seed=key["seed"])[0]
 peers = k.peer_partials(x)
 k(x, peers)  # compiles; the peers' partials in place

@@ -19,7 +19,7 @@ from glm53ctl.kernels.kinds import kernel_kinds
 from glm53ctl.kernels.spec import load_model
 from glm53ctl.kernels.weights import Weights
 from glm53ctl.tuning.knobs import kind_knobs
-from tests.helpers import assert_same_bits
+from tests.helpers import assert_same_bits, resolved
 
 pytestmark = [
     pytest.mark.gpu,
@@ -34,7 +34,7 @@ def weights():
 
 
 def _key(weights, kind: str, **knobs):
-    k = make_harness(weights, kind, TP, ROWS, knobs, "cuda")
+    k = make_harness(weights, resolved(kind, TP, ROWS, knobs, "cuda", model="glm53_flash"))
     x = k.inputs(seed=3)[0].to("cuda")
     return k, x, k.peer_partials(x)
 

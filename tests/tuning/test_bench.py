@@ -15,6 +15,7 @@ from glm53ctl.kernels.kinds import kernel_kinds  # noqa: E402
 from glm53ctl.kernels.numerics import rel_rms  # noqa: E402
 from glm53ctl.kernels.spec import load_model  # noqa: E402
 from glm53ctl.kernels.weights import Weights  # noqa: E402
+from tests.helpers import resolved  # noqa: E402
 
 pytestmark = pytest.mark.interpreter
 
@@ -29,7 +30,7 @@ def weights():
 
 @pytest.mark.parametrize("kind", kernel_kinds())
 def test_timed_and_stock_compute_the_launch(weights, kind):
-    k = make_harness(weights, kind, 2, 2, {}, "cpu")
+    k = make_harness(weights, resolved(kind, 2, 2))
     x = k.inputs(seed=3)[0]
     peers = k.peer_partials(x)
     t = k.timed(x, peers)
@@ -58,7 +59,7 @@ def test_timed_and_stock_compute_the_launch(weights, kind):
 def test_separate_pdl_gives_the_launch_bits(weights, kind):
     """The PDL-chained stage launches run the same task bodies (the interpreter has no PDL and ignores it): the
     same bits as the launch."""
-    k = make_harness(weights, kind, 2, 2, {}, "cpu")
+    k = make_harness(weights, resolved(kind, 2, 2))
     x = k.inputs(seed=4)[0]
     peers = k.peer_partials(x)
     want = {n: v.clone() for n, v in k(x, peers, poison=True).items()}
@@ -217,12 +218,20 @@ class Harness:
         return Timed()
 
 
-def make_harness(weights, kind, tp, rows, knobs, device, context=None):
+def make_harness(weights, key):
     if {fail!r}:
         raise RuntimeError({fail!r})
     h = Harness()
-    h.knobs = {{"tree": {name!r}, "kind": kind, "tp": tp, "rows": rows, "context": context}} | knobs
+    h.knobs = {{"tree": {name!r}, "kind": key.kind, "tp": key.tp, "rows": key.rows, "context": key.context}} | key.knobs
     return h
+"""
+# the worker resolves its key in its own tree
+FAKE_KNOBS = """
+from types import SimpleNamespace
+
+
+def resolve_key(model, kind, tp, rows, knobs, device, context=None):
+    return SimpleNamespace(kind=kind, tp=tp, rows=rows, knobs=dict(knobs or {}), context=context, warnings=())
 """
 FAKE_MEASURE = """
 from glm53ctl.kernels import checks  # the worker's tree's
@@ -258,6 +267,8 @@ def _tree(root, name: str, worker: str | None = None, us: float = 1.0, fail: str
     (tree / "kernels" / "checks.py").write_text(FAKE_CHECKS.format(us=us, name=name, fail=fail))
     text = (this_tree() / "tuning" / "bench_worker.py").read_text() if worker is None else worker
     (tree / "tuning" / "bench_worker.py").write_text(text)
+    (tree / "tuning" / "__init__.py").write_text("")
+    (tree / "tuning" / "knobs.py").write_text(FAKE_KNOBS)
     return tree
 
 
