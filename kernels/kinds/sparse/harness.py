@@ -14,10 +14,10 @@ import torch
 
 from glm53ctl.kernels.harness import Inputs, RunKey, Timed, cloned, layer_state, nbytes, row_contexts
 from glm53ctl.kernels.key import ResolvedKey
+from glm53ctl.kernels.kinds.kda.harness import KdaHarness
 from glm53ctl.kernels.kinds.layer.launch import LayerLaunch
 from glm53ctl.kernels.kinds.layer.table import STAGES
 from glm53ctl.kernels.kinds.layer.weights import prepare_weights
-from glm53ctl.kernels.kinds.kda.harness import KdaHarness
 from glm53ctl.kernels.kinds.task_types import (
     ABSORB,
     ATTN,
