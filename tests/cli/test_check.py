@@ -153,6 +153,23 @@ def test_against_an_arithmetic_change_fails_naming_the_tensor(repo, tmp_path):
         assert not k["bitwise_equal"] and k["against"][0].startswith("H[0, 0, 0]: ")
 
 
+@pytest.mark.slow
+def test_against_a_ref_that_differs_names_every_tensor_in_the_table(repo, tmp_path):
+    """Before: when REF's bits differed but this tree passed its own checks, the table took the first problem of a
+    result that had none: an IndexError traceback, exit 1, no table (issue 30). REF here doubles the gathered rows;
+    this tree is right, so the bitwise difference is the only failure."""
+    old = "b_e = tl.load(table + e_row * D + o_d, mask=(o_d < D) & mine, other=0.0).to(tl.float32)"
+    _edit(repo, "kernels/ops/embed/kernel.py", old, old + " * 2.0")
+    _edit(repo, "kernels/ops/embed/kernel.py", old + " * 2.0", old)  # HEAD is right again, HEAD~1 doubles
+    args = ["check", "--against", "HEAD~1", "--kind", "embed", "--tp", "1", "--rows", "1"]
+    p = run_cli(repo, args + ["--cache", str(tmp_path / "cache")], capture_stderr=True)
+    assert p.returncode == 1, p.stderr
+    assert "Traceback" not in p.stderr and "Error: 0 of 1 configs bitwise equal to HEAD~1" in p.stderr
+    (row,) = [line for line in p.stdout.splitlines() if "embed/" in line]
+    assert "FAIL" in row and "H" in row and "partial" in p.stdout, p.stdout
+    assert max(map(len, p.stdout.splitlines())) <= 100, p.stdout
+
+
 def test_bitwise_compares_bits():
     import torch
 
