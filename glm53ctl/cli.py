@@ -6,15 +6,17 @@ No module-level torch/triton/optuna here or in commands/: `--help` stays fast.
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 import traceback
 from typing import Annotated
 
 import typer
 
-from glm53ctl import __version__
+from glm53ctl import __version__, interrupts
 from glm53ctl.commands import bench, build, check, compare, configs, prune, run, tune
-from glm53ctl.errors import EXIT_USAGE, Glm53Error
+from glm53ctl.errors import EXIT_INTERRUPTED, EXIT_USAGE, Glm53Error
 from glm53ctl.output import print_error
 
 app = typer.Typer(
@@ -58,7 +60,20 @@ def run_cli(argv: list[str] | None = None) -> int:
     """Run the command line and return its exit code (0 ok, 1 a check failed, 2 usage/config error).
 
     The one error boundary: the project's errors and Typer's usage errors (an unknown command or option, a
-    missing argument, a bad value) both print `Error:` and a hint on stderr."""
+    missing argument, a bad value) both print `Error:` and a hint on stderr. SIGINT and SIGTERM stop it at once
+    (glm53ctl/interrupts.py): `Error: interrupted ...` and 130."""
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    if threading.current_thread() is threading.main_thread():
+        interrupts.install()
+    try:
+        return _run(argv)
+    finally:
+        for s, handler in previous.items():
+            if threading.current_thread() is threading.main_thread() and handler is not None:
+                signal.signal(s, handler)
+
+
+def _run(argv: list[str] | None) -> int:
     try:
         code = app(args=argv, prog_name="glm53ctl", standalone_mode=False)
     except SystemExit as e:
@@ -68,14 +83,16 @@ def run_cli(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print_error(e.message, e.hint)
         return e.exit_code
-    except typer.Abort:
-        print_error("interrupted")
-        return 130
+    except (typer.Abort, KeyboardInterrupt):
+        print_error(interrupts.interrupted().message)
+        return EXIT_INTERRUPTED
     except Exception as e:
         usage = _usage_error(e)
         if usage is None:
             raise
         return usage
+    if code == EXIT_INTERRUPTED:  # Typer's answer to a KeyboardInterrupt no command caught: Exit(130), silent
+        print_error(interrupts.interrupted().message)
     return code if isinstance(code, int) else 0
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 EXIT_OK = 0
 EXIT_FAILED = 1  # a check, fault test or regression failed
 EXIT_USAGE = 2  # usage or configuration error
+EXIT_INTERRUPTED = 130  # SIGINT or SIGTERM (128 + SIGINT, as shells report a Ctrl-C)
 
 
 class Glm53Error(Exception):
@@ -35,3 +36,9 @@ class CheckFailed(Glm53Error):
     """A check, fault test or regression ran and failed."""
 
     exit_code = EXIT_FAILED
+
+
+class Interrupted(Glm53Error):
+    """SIGINT or SIGTERM stopped the command (glm53ctl/interrupts.py): what finished, exit 130."""
+
+    exit_code = EXIT_INTERRUPTED

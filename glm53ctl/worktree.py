@@ -7,11 +7,13 @@ the ref's folders (the package-dir layout of docs/design.md §1), ahead of any i
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 from glm53ctl.errors import UsageError
+from glm53ctl.interrupts import run_group
 from glm53ctl.paths import checkout_root
 
 # installs, in any interpreter, an import finder that maps glm53ctl's packages onto the tree at ROOT
@@ -98,15 +100,28 @@ def checkout(ref: str, cache: Path) -> tuple[Path, str]:
     sha = resolve(ref, root)
     path = cache / "worktrees" / sha[:12]
     if not (path / ".git").exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UsageError(
+                f"--cache {cache}: cannot make {path.parent} ({e.strerror})",
+                hint="--cache DIR: a folder this user can write (the worktrees of other refs go there)",
+            ) from None
         git(root, "worktree", "prune")
-        git(root, "worktree", "add", "--detach", "--force", str(path.resolve()), sha)
+        try:
+            git(root, "worktree", "add", "--detach", "--force", str(path.resolve()), sha)
+        except BaseException:  # an interrupt or a failure mid-checkout: no half-made tree is taken next time
+            subprocess.run(["git", "worktree", "remove", "--force", str(path.resolve())], cwd=root, capture_output=True)
+            shutil.rmtree(path, ignore_errors=True)
+            subprocess.run(["git", "worktree", "prune"], cwd=root, capture_output=True)
+            raise
     return path, sha
 
 
 def run_cli(tree: Path, args: list[str], capture_stderr: bool = False) -> subprocess.CompletedProcess:
-    """The glm53ctl of `tree` with `args`, in a child process (stdout captured; stderr passed through)."""
-    return subprocess.run(
+    """The glm53ctl of `tree` with `args`, in a child process (stdout captured; stderr passed through), killed
+    with its workers if this one is interrupted."""
+    return run_group(
         [sys.executable, "-c", BOOTSTRAP, str(tree), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE if capture_stderr else None,

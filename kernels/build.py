@@ -199,8 +199,7 @@ def compile_key(key: ResolvedKey, target: int, cache_dir: str) -> list[dict]:
 
 def build(keys: list[ResolvedKey], target: int, out: Path, jobs: int, progress=None) -> dict:
     """Compile `keys` with `jobs` worker processes; the manifest (also written to out/manifest.json)."""
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures import as_completed
 
     import triton
 
@@ -214,20 +213,24 @@ def build(keys: list[ResolvedKey], target: int, out: Path, jobs: int, progress=N
     cache = out / "cache"
     t0 = time.perf_counter()
     results: dict[ResolvedKey, list[dict]] = {}
+    from glm53ctl.interrupts import interrupted, worker_pool
     from glm53ctl.worktree import finder_code, this_tree
 
     # workers import this tree's kernels even when another glm53ctl is installed (--against runs a ref's tree);
     # whatever the compiler prints goes to stderr: stdout carries the manifest (--json) alone
     init = "import os\nos.dup2(2, 1)\n" + finder_code(this_tree())
-    pool = ProcessPoolExecutor(
-        max_workers=jobs, mp_context=mp.get_context("spawn"), initializer=exec, initargs=(init, {})
-    )
-    with pool:
-        futures = {pool.submit(compile_key, k, target, str(cache)): k for k in keys}
-        for f in as_completed(futures):
-            results[futures[f]] = f.result()
-            if progress:
-                progress(futures[f])
+    try:
+        with worker_pool(jobs, init) as pool:
+            futures = {pool.submit(compile_key, k, target, str(cache)): k for k in keys}
+            for f in as_completed(futures):
+                results[futures[f]] = f.result()
+                if progress:
+                    progress(futures[f])
+    except KeyboardInterrupt:  # the workers are stopped; what each finished is in the cache (written whole)
+        raise interrupted(
+            f"{len(results)} of {len(keys)} keys built, kept in {cache} (a rerun takes them free); "
+            f"{out / 'manifest.json'} not written: it would leave the other keys out"
+        ) from None
     entries = [
         {"model": k.model, "kind": k.kind, "tp": k.tp, "rows": k.rows, "key": k.name, "knobs": k.knobs}
         | {"kernels": results[k]}

@@ -93,14 +93,22 @@ def launch_outputs(weights: Weights, key: ResolvedKey, seed: int) -> dict[str, t
     return {n: t.cpu() for n, t in k(x, poison=True).items()} | k.writes()
 
 
-def check_key(weights: Weights, key: ResolvedKey, seed: int) -> tuple[CheckResult, dict]:
+def _quiet(at: str) -> None:
+    pass
+
+
+def check_key(weights: Weights, key: ResolvedKey, seed: int, tick=_quiet) -> tuple[CheckResult, dict]:
+    """`tick(where)`: told where the check is (a heartbeat prints it during a long key)."""
+    tick("making the launch")
     k = make_harness(weights, key)
     bounds = dict(k.bounds)
     res = CheckResult(key.name, bounds=bounds)
     x = k.inputs(key_seed(seed, res.key))[0].to(k.device)
     peers = k.peer_partials(x)
+    tick("the first launch")
     out = k(x, peers, poison=True)
     k.follow = {n: out[n] for n in k.FOLLOWED if n in out}  # near-ties in a top-k go the launch's way
+    tick("the reference")
     ref = k.reference(x)
     for name, bound in bounds.items():
         res.errors[name] = err = rel_rms(ref[name], out[name])
@@ -122,12 +130,14 @@ def check_key(weights: Weights, key: ResolvedKey, seed: int) -> tuple[CheckResul
         res.problems.append("an output element was not written (NaN poison left)")
     # a kind of many launches (`model`) checks fewer: its parts' grids and repeats are their own kinds' checks
     for g in k.CHECK_GRIDS:
+        tick(f"the launch at grid {g}")
         other = make_harness(weights, key.with_knobs({"grid": g}))(x, peers, poison=True)
         if not outputs_equal(out, other):
             res.grids_equal = False
             res.problems.append(f"grid {g} gives other bits than grid {k.knobs['grid']}")
     epoch = k.launch.runtime.epoch
     for i in range(k.CHECK_REPEATS):
+        tick(f"repeated launch {i + 1} of {k.CHECK_REPEATS}")
         if not outputs_equal(out, k(x, peers, poison=True)):
             res.repeats_equal = False
             res.problems.append(f"launch {i + 2} in a row gives other bits")
@@ -152,10 +162,13 @@ class FaultResult:
         return not self.problems and self.named == self.sites == self.retries_equal and self.hangs == 0
 
 
-def fault_key(weights: Weights, key: ResolvedKey, site: int | None, budget_ns: int, wall_s: float) -> FaultResult:
+def fault_key(
+    weights: Weights, key: ResolvedKey, site: int | None, budget_ns: int, wall_s: float, tick=_quiet
+) -> FaultResult:
     """Each site (or one) stuck in turn. A launch that outlives `wall_s` is reported as a hang and the
-    process ends (a hung GPU launch cannot be recovered from inside it)."""
+    process ends (a hung GPU launch cannot be recovered from inside it). `tick(where)`: the sites done so far."""
     res = FaultResult(key.name)
+    tick("the clean launch")
     k = make_harness(weights, key, **load_harness(key.kind).FAULT_OPTIONS)
     x = k.inputs(key_seed(0, res.key))[0].to(k.device)
     peers = k.peer_partials(x)
@@ -167,6 +180,7 @@ def fault_key(weights: Weights, key: ResolvedKey, site: int | None, budget_ns: i
 
         raise UsageError(f"--site {site}: {res.key} has sites 0..{n_sites - 1}")
     for s in sites:
+        tick(f"{res.sites} of {len(sites)} sites stuck")
         res.sites += 1
         watchdog = threading.Timer(wall_s, _hang, args=(res.key, s, wall_s))
         watchdog.start()

@@ -6,6 +6,7 @@ import math
 import os
 import re
 import tempfile
+from contextlib import closing
 from pathlib import Path
 from typing import Annotated
 
@@ -15,7 +16,8 @@ from glm53ctl.commands import Command
 from glm53ctl.commands.build import parse_list
 from glm53ctl.commands.keys import context_applies, context_of
 from glm53ctl.errors import CheckFailed, UsageError
-from glm53ctl.output import Output, Progress, err_console, print_warning
+from glm53ctl.interrupts import interrupted
+from glm53ctl.output import Heartbeat, Output, Progress, err_console, plural, print_warning
 
 ModelOpt = Annotated[
     str | None, typer.Option("--model", "-m", help="Model (default: tiny on a CPU, glm53_flash on a GPU).")
@@ -151,6 +153,7 @@ def check(
     """Accuracy against the reference, determinism, invariants; with --against, bitwise equality with REF; with
     --gpus T, every rank's outputs on real ranks bitwise equal to the one-device emulation."""
     o = Output(as_json)
+    _jobs_given(jobs)
     if context is not None:  # before torch is imported: a usage error costs no seconds
         from glm53ctl.kernels.kinds import kernel_kinds, selectable_kinds
 
@@ -174,7 +177,10 @@ def check(
         results = _check_keys(weights, keys, jobs, seed, device, None)
     else:
         with tempfile.TemporaryDirectory(prefix="glm53ctl-against-") as tmp:  # removed however the run ends
-            ref_dir = _run_ref(against, cache, weights, keys, seed, Path(tmp), o, context)
+            try:
+                ref_dir = _run_ref(against, cache, weights, keys, seed, Path(tmp), o, context)
+            except KeyboardInterrupt:  # REF's process is stopped with it (worktree.run_cli)
+                raise interrupted(f"while {against} computed its outputs, before this tree checked a key") from None
             results = _check_keys(weights, keys, jobs, seed, device, ref_dir)
     passed = sum(r["ok"] for r in results)
     summary = f"{passed} of {len(results)} configs pass"
@@ -197,15 +203,16 @@ def _check_ranks(o: Output, weights, keys, seed: int, device: str) -> None:
     """`check --gpus T`: each key on T real ranks against the one-device emulation, bit for bit."""
     from glm53ctl.kernels.checks import ranks_key
 
-    err_console.print(f"running {len(keys)} keys of {weights.spec.name} on real ranks ({device})", highlight=False)
+    err_console.print(f"running {plural(len(keys), 'keys')} of {weights.spec.name} on real ranks ({device})")
     progress = Progress(len(keys))
     results = []
-    for key in keys:
-        row = ranks_key(weights, key, seed)
-        row["ok"] = not row["problems"]
-        results.append(row)
-        line = f"{'ok  ' if row['ok'] else 'FAIL'} {row['key']}: {row['equal']}/{row['launches']} bitwise equal"
-        err_console.print(progress.line(line), highlight=False)
+    with progress.stops("checked on real ranks"):
+        for key in keys:
+            row = ranks_key(weights, key, seed)
+            row["ok"] = not row["problems"]
+            results.append(row)
+            line = f"{'ok  ' if row['ok'] else 'FAIL'} {row['key']}: {row['equal']}/{row['launches']} bitwise equal"
+            err_console.print(progress.line(line))
     equal, total = sum(r["equal"] for r in results), sum(r["launches"] for r in results)
     summary = f"{equal} of {total} rank launches bitwise equal to the one-device emulation"
     o.json({"device": device, "model": weights.spec.name, "seed": seed, "summary": summary, "keys": results})
@@ -263,26 +270,40 @@ def _check_keys(weights, keys, jobs: int, seed: int, device: str, ref_dir: Path 
     from glm53ctl.kernels.checks import launch_outputs
 
     where = f" with {jobs} processes" if jobs > 1 else ""
-    err_console.print(f"checking {len(keys)} keys of {weights.spec.name} on {device}{where}", highlight=False)
-    progress = Progress(len(keys))
+    err_console.print(f"checking {plural(len(keys), 'keys')} of {weights.spec.name} on {device}{where}")
+    costs = _costs(weights.spec, keys)
+    progress = Progress(len(keys), costs)
     results: list[dict | None] = [None] * len(keys)
-    for i, row in _per_key(_check_row, weights, keys, jobs, seed):
-        if ref_dir is not None:
-            path = ref_dir / (row["key"].replace("/", "_") + ".safetensors")
-            theirs = load_file(str(path)) if path.exists() else {}
-            ours = launch_outputs(weights, keys[i], seed)
-            row["against"] = diff = _bitwise(ours, theirs)
-            row["bitwise_equal"] = not diff
-            if diff:  # a failure of its own: the table and the summary name every tensor that differs
-                row["problems"].append(f"other bits than the ref: {', '.join(_names(diff))}")
-                row["ok"] = False
-        results[i] = row
-        worst = _worst(row)
-        err_console.print(
-            progress.line(f"{'ok  ' if row['ok'] else 'FAIL'} {row['key']}" + (f" ({worst})" if worst else "")),
-            highlight=False,
-        )
+    # closing: an interrupt between two keys stops the workers now, not when the generator is collected
+    with progress.stops("checked"), closing(_per_key(_check_row, weights, keys, jobs, seed, costs=costs)) as ends:
+        for i, row in ends:
+            if ref_dir is not None:
+                path = ref_dir / (row["key"].replace("/", "_") + ".safetensors")
+                theirs = load_file(str(path)) if path.exists() else {}
+                row["against"] = diff = _bitwise(launch_outputs(weights, keys[i], seed), theirs)
+                row["bitwise_equal"] = not diff
+                if diff:  # a failure of its own: the table and the summary name every tensor that differs
+                    row["problems"].append(f"other bits than the ref: {', '.join(_names(diff))}")
+                    row["ok"] = False
+            results[i] = row
+            worst = f" ({_worst(row)})" if row["errors"] else ""
+            err_console.print(progress.line(f"{'ok  ' if row['ok'] else 'FAIL'} {row['key']}{worst}", costs[i]))
     return results
+
+
+def _costs(spec, keys, per_site: bool = False) -> list[float]:
+    """What each key weighs in the estimate of the time left and in the order workers take keys (the heaviest
+    first): the tasks its launches run (the interpreter's time goes with them), times its sites for `fault`
+    (a stuck launch and its retry each). From the tables alone: nothing is launched."""
+    from glm53ctl.kernels.checks import build_launches
+
+    costs = []
+    for key in keys:
+        launches = build_launches(spec, key)
+        tasks = sum(len(la.table.tasks) for _, la in launches) + 1
+        sites = sum(len(la.table.sites) for name, la in launches if name.split(".")[-1] == "launch")
+        costs.append(float(tasks * (2 * sites + 1) if per_site else tasks))
+    return costs
 
 
 def _worst(row: dict) -> str:
@@ -348,7 +369,8 @@ def _check_row(key, seed: int, weights=None) -> dict:
 
     weights = _weights(key, weights)
     try:
-        res, _ = check_key(weights, key, seed)
+        with Heartbeat(key.name) as beat:
+            res, _ = check_key(weights, key, seed, tick=beat)
     except CheckFailed as e:  # a LaunchFault in a clean launch: this key fails, the others still run
         res = CheckResult(key.name, problems=[f"{type(e).__name__}: {e.message}"])
         res.invariants["every output element written"] = False
@@ -364,24 +386,25 @@ def _check_row(key, seed: int, weights=None) -> dict:
     }
 
 
-def _per_key(fn, weights, keys, jobs: int, *args):
+def _per_key(fn, weights, keys, jobs: int, *args, costs: list[float] | None = None):
     """(i, fn(key, *args[, weights])) for each resolved key i, as each finishes: in this process, or in `jobs`
     spawned workers (they inherit this process's environment, so TRITON_INTERPRET and the registry's
-    $GLM53CTL_KINDS, and draw the same seeded weights)."""
+    $GLM53CTL_KINDS, and draw the same seeded weights). Workers take the heaviest keys first (`costs`): the
+    last key to end is then a light one."""
+    order = sorted(range(len(keys)), key=lambda i: -costs[i]) if costs and jobs > 1 else range(len(keys))
     if jobs <= 1:
-        for i, key in enumerate(keys):
-            yield i, fn(key, *args, weights=weights)
+        for i in order:
+            yield i, fn(keys[i], *args, weights=weights)
         return
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures import as_completed
     from concurrent.futures.process import BrokenProcessPool
 
+    from glm53ctl.interrupts import worker_pool
     from glm53ctl.worktree import finder_code, this_tree
 
     # workers import this tree's glm53ctl, whatever is installed (a ref's tree runs its own check this way)
-    spawn = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(jobs, mp_context=spawn, initializer=exec, initargs=(finder_code(this_tree()), {})) as ex:
-        futures = {ex.submit(fn, key, *args): i for i, key in enumerate(keys)}
+    with worker_pool(jobs, finder_code(this_tree())) as ex:
+        futures = {ex.submit(fn, keys[i], *args): i for i in order}
         for f in as_completed(futures):
             i = futures[f]
             try:
@@ -390,10 +413,14 @@ def _per_key(fn, weights, keys, jobs: int, *args):
                 raise CheckFailed(f"a worker process ended during {keys[i].name}") from None
 
 
-def _jobs(jobs: int, device: str, keys: list) -> int:
-    """Worker processes: the interpreter is one core's work per key (a GPU runs the keys in turn)."""
+def _jobs_given(jobs: int) -> None:
+    """--jobs as given, before torch is imported (a usage error costs no seconds)."""
     if jobs < 0:
         raise UsageError(f"--jobs {jobs}: expected 1 or more (0: one per core)")
+
+
+def _jobs(jobs: int, device: str, keys: list) -> int:
+    """Worker processes: the interpreter is one core's work per key (a GPU runs the keys in turn)."""
     return 1 if device != "cpu" else max(1, min(jobs or os.cpu_count() or 1, len(keys)))
 
 
@@ -411,7 +438,8 @@ def _fault_row(key, site, budget_ns, wall_s, weights=None) -> dict:
     """One key's fault test as a plain dict."""
     from glm53ctl.kernels.checks import fault_key
 
-    res = fault_key(_weights(key, weights), key, site, budget_ns, wall_s)
+    with Heartbeat(key.name) as beat:
+        res = fault_key(_weights(key, weights), key, site, budget_ns, wall_s, tick=beat)
     return {
         "key": res.key,
         "sites": res.sites,
@@ -481,6 +509,7 @@ def fault(
     --gpus T, each rank in turn never publishes: every other rank names it, nothing hangs, the retry is clean."""
     if site is not None and all_sites:
         raise UsageError("--site and --all exclude each other")
+    _jobs_given(jobs)
     if not (0 < budget_ms < 1e6 and 0 < wall_s < 1e6):  # NaN and inf fail too
         raise UsageError("--budget-ms and --wall-s must be positive and finite (under 10^6)")
     if gpus > 1:
@@ -502,7 +531,8 @@ def fault(
             ["key", "sites", "--site range"],
             [(r["key"], r["sites"], f"0..{r['sites'] - 1}") for r in rows_],
         )
-        o.text(f"{sum(sites.values())} sites in {len(keys)} keys: one stuck launch each with --all")
+        n_sites, n_keys = plural(sum(sites.values()), "sites"), plural(len(keys), "keys")
+        o.text(f"{n_sites} in {n_keys}: one stuck launch each with --all")
         return
     if site is not None:
         short = [f"{key.name} has sites 0..{n - 1}" for key, n in sites.items() if not 0 <= site < n]
@@ -511,13 +541,18 @@ def fault(
     jobs = _jobs(jobs, device, keys)
     budget_ns = int(budget_ms * 1e6)
     tried = sum(sites.values()) if site is None else len(keys)
-    err_console.print(f"sticking {tried} sites of {len(keys)} keys of {weights.spec.name} on {device}", highlight=False)
-    progress = Progress(len(keys))
+    err_console.print(
+        f"sticking {plural(tried, 'sites')} of {plural(len(keys), 'keys')} of {weights.spec.name} on {device}"
+    )
+    costs = _costs(weights.spec, keys, per_site=site is None)
+    progress = Progress(len(keys), costs)
     results = [None] * len(keys)
-    for i, row in _per_key(_fault_row, weights, keys, jobs, site, budget_ns, wall_s):
-        results[i] = row
-        line = f"{'ok  ' if row['ok'] else 'FAIL'} {row['key']}: {row['named']}/{row['sites']} named"
-        err_console.print(progress.line(line), highlight=False)
+    ends = closing(_per_key(_fault_row, weights, keys, jobs, site, budget_ns, wall_s, costs=costs))
+    with progress.stops("fault-tested"), ends as ends:
+        for i, row in ends:
+            results[i] = row
+            line = f"{'ok  ' if row['ok'] else 'FAIL'} {row['key']}: {row['named']}/{row['sites']} named"
+            err_console.print(progress.line(line, costs[i]))
     tot = {f: sum(r[f] for r in results) for f in ("sites", "named", "hangs", "retries_equal")}
     summary = (
         f"{tot['sites']} sites tried, {tot['named']} named correctly, {tot['hangs']} hangs, "
@@ -543,11 +578,12 @@ def _fault_ranks(o: Output, weights, keys, device: str, budget_ns: int, wall_s: 
     )
     progress = Progress(len(keys))
     results = []
-    for key in keys:
-        row = ranks_fault_key(weights, key, budget_ns, wall_s)
-        row["ok"] = not row["problems"]
-        results.append(row)
-        err_console.print(progress.line(f"{'ok  ' if row['ok'] else 'FAIL'} {row['key']}"), highlight=False)
+    with progress.stops("fault-tested on real ranks"):
+        for key in keys:
+            row = ranks_fault_key(weights, key, budget_ns, wall_s)
+            row["ok"] = not row["problems"]
+            results.append(row)
+            err_console.print(progress.line(f"{'ok  ' if row['ok'] else 'FAIL'} {row['key']}"))
     tot = {f: sum(r[f] for r in results) for f in ("peers", "named", "hangs", "retries_equal")}
     summary = (
         f"{tot['peers']} peers muted, {tot['named']} named by every other rank, {tot['hangs']} hangs, "

@@ -101,6 +101,10 @@ class Group:
 
 
 def _child(rank: int, world: int, layout: RankLayout, folder: str, init: str, fn, args, queue) -> None:
+    import signal
+
+    # a terminal's Ctrl-C reaches every rank too: the parent alone stops the run (it kills the ranks)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.update(NVLS_OFF)
     try:
         device = layout.device(rank)

@@ -307,7 +307,16 @@ def test_a_context_sizes_sparse_rows_and_its_build():
     assert launch.d.LMAX == k.slots
 
 
-@pytest.mark.parametrize("args", [["check", "--tp", "0"], ["fault", "--rows", "3"], ["check", "--kind", "nope"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["check", "--tp", "0"],
+        ["fault", "--rows", "3"],
+        ["check", "--kind", "nope"],
+        ["check", "--jobs", "-1"],  # issue 30: it came after torch loaded (4-7 s)
+        ["fault", "--jobs", "-2"],
+    ],
+)
 def test_check_and_fault_refuse_bad_keys_before_torch_is_imported(args):
     code = "import sys\nfrom glm53ctl.cli import run_cli\nc = run_cli(sys.argv[1:])\nprint(c, 'torch' in sys.modules)"
     p = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)

@@ -1,0 +1,121 @@
+"""How a command stops early: Ctrl-C (SIGINT) and SIGTERM end it at once, its workers and child processes with it.
+
+Both signals raise KeyboardInterrupt in the main process (`install`), so one path unwinds everything: `with`
+blocks remove their temporary folders, `worker_pool` kills its workers, `run_group` kills a child and the
+processes it started. The command then raises `interrupted(...)`: "interrupted (SIGTERM): 3 of 12 keys checked"
+on stderr and exit 130. Workers ignore SIGINT: a terminal sends it to the whole process group, and a worker's
+traceback would only bury the parent's one line.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from glm53ctl.errors import Interrupted
+
+_received: list[str] = []  # the signals that reached this process, by name
+
+# first in a worker's initializer code (a string: it runs before the worker imports any glm53ctl)
+WORKER_INIT = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+
+
+def _raise(signum, frame) -> None:
+    _received.append(signal.Signals(signum).name)
+    raise KeyboardInterrupt
+
+
+def install() -> None:
+    """SIGINT and SIGTERM raise KeyboardInterrupt here (the main thread of the command's process)."""
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, _raise)
+
+
+def interrupted(done: str | None = None) -> Interrupted:
+    """The error a command raises once its work is stopped: which signal, and what finished."""
+    by = _received[-1] if _received else "SIGINT"
+    return Interrupted(f"interrupted ({by})" + (f": {done}" if done else ""))
+
+
+@contextmanager
+def worker_pool(jobs: int, init_code: str) -> Iterator:
+    """A ProcessPoolExecutor of `jobs` spawned workers, each running WORKER_INIT + `init_code` first, their
+    temporary files (theirs and their tools', ptxas's) in a folder of their own, removed after them. Leaving the
+    block by an exception (an interrupt) kills the workers and what they started at once: a worker mid-key would
+    otherwise run it to its end (minutes under the interpreter) and `shutdown` would wait for it."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    tmp = tempfile.mkdtemp(prefix="glm53ctl-workers-")
+    private = f"import os, tempfile\nos.environ['TMPDIR'] = tempfile.tempdir = {tmp!r}\n"
+    spawn = multiprocessing.get_context("spawn")
+    init = WORKER_INIT + private + init_code
+    try:
+        pool = ProcessPoolExecutor(jobs, mp_context=spawn, initializer=exec, initargs=(init, {}))
+        try:
+            yield pool
+        except BaseException:
+            kill_workers(pool)
+            raise
+        pool.shutdown(wait=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def kill_workers(pool) -> None:
+    """SIGKILL every worker of a ProcessPoolExecutor and every process it started, then reap the workers (the
+    executor names no public way)."""
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    doomed = [q for p in procs if p.pid for q in _descendants(p.pid)] + [p.pid for p in procs if p.pid]
+    for pid in doomed:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    pool.shutdown(wait=False, cancel_futures=True)
+    for p in procs:
+        p.join(timeout=5)
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes under `pid`, deepest first (Linux /proc; none elsewhere)."""
+    out: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                kids = [int(c) for c in f.read().split()]
+        except OSError:
+            continue
+        for c in kids:
+            out += _descendants(c) + [c]
+    return out
+
+
+def run_group(args: list[str], **kwargs) -> subprocess.CompletedProcess:
+    """`subprocess.run` in a session of its own, killed with everything it started (a ref's glm53ctl and its
+    workers) when this process is interrupted (the group is killed before the child is reaped: its id is not
+    anybody else's yet)."""
+    p = subprocess.Popen(args, start_new_session=True, **kwargs)
+    try:
+        out, err = p.communicate()
+    except BaseException:
+        _kill_group(p.pid)
+        p.wait()
+        raise
+    return subprocess.CompletedProcess(args, p.returncode, out, err)
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
