@@ -10,23 +10,65 @@ from pathlib import Path
 from glm53ctl.errors import UsageError
 
 
-def check_replaceable(flag: str, path: Path) -> None:
-    """Refuse, before any work, to write where a user would not expect a file to be replaced."""
+def _named(flag: str, path: Path) -> str:
+    """How an error names the path: after its option (`--out x`), or alone (a FILE argument)."""
+    return f"{flag} {path}" if flag else str(path)
+
+
+def _not_writable(folder: Path) -> str:
+    """Why a folder takes no new file (os.access says so for root too on a read-only mount or an immutable
+    folder, where chmod alone does not stop root)."""
+    try:
+        read_only = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    name = f"the working folder {Path.cwd()}" if folder == Path(".") else f"folder {folder}"
+    return f"{name} is not writable" + (" (a read-only file system)" if read_only else "")
+
+
+def _nearest_existing(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_folder_writable(flag: str, folder: Path) -> None:
+    """Refuse, before any work, a folder a command will make (if absent) and write into: its nearest existing
+    ancestor must be a folder we may write in (a path under a regular file fails even for root)."""
+    at = _nearest_existing(folder)
+    if not at.is_dir():
+        raise UsageError(
+            f"{_named(flag, folder)}: {at} is a file, not a folder", hint=f"pass {flag or 'a path'} elsewhere"
+        )
+    if not os.access(at, os.W_OK | os.X_OK):
+        raise UsageError(
+            f"{_named(flag, folder)}: {_not_writable(at)}",
+            hint=f"pass {flag + ' DIR' if flag else 'a folder'} where you may write",
+        )
+
+
+def check_replaceable(flag: str, path: Path, hint: str | None = None) -> None:
+    """Refuse, before any work, to write where a user would not expect a file to be replaced. `flag`: the option
+    naming the path ("" for an argument); `hint`: what to do about a read-only file or folder."""
+    where = _named(flag, path)
     if path.is_dir():
-        raise UsageError(f"{flag} {path}: is a folder")
+        raise UsageError(f"{where}: is a folder")
+    if not (at := _nearest_existing(path.parent)).is_dir():
+        raise UsageError(f"{where}: {at} is a file, not a folder")
     if not path.parent.is_dir():
-        raise UsageError(f"{flag} {path}: folder {path.parent} does not exist")
-    if not os.access(path.parent, os.W_OK):
-        raise UsageError(f"{flag} {path}: folder {path.parent} is not writable")
+        raise UsageError(f"{where}: folder {path.parent} does not exist")
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise UsageError(
+            f"{where}: {_not_writable(path.parent)}", hint=hint or "pass another path, or make it writable"
+        )
     if path.exists() and (path.stat().st_mode & 0o222 == 0 or not os.access(path, os.W_OK)):
         raise UsageError(
-            f"{flag} {path}: the file is read-only; glm53ctl does not replace it",
-            hint="remove it or make it writable first, or pass another path",
+            f"{where}: the file is read-only; glm53ctl does not replace it",
+            hint=hint or "remove it or make it writable first, or pass another path",
         )
     if path.exists() and path.stat().st_mode & 0o444 == 0:  # the new file would keep the mode: unreadable too
         raise UsageError(
-            f"{flag} {path}: the file is not readable; glm53ctl keeps a replaced file's mode, so it does not "
-            "replace it",
+            f"{where}: the file is not readable; glm53ctl keeps a replaced file's mode, so it does not replace it",
             hint="remove it or make it readable first, or pass another path",
         )
 

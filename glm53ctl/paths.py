@@ -32,6 +32,11 @@ def config_roots() -> list[Path]:
         if not Path(env).is_dir():
             from glm53ctl.errors import ConfigError
 
+            if Path(env).exists():  # a file (a tuned file, say) where its folder was meant
+                raise ConfigError(
+                    f"{ENV_CONFIG_DIR}={env}: is a file, not a folder",
+                    hint=f"set it to a folder holding tuned/<model>/tp<T>.json (and models/), or unset {ENV_CONFIG_DIR}",
+                )
             raise ConfigError(f"{ENV_CONFIG_DIR}={env}: no such folder", hint=f"create it or unset {ENV_CONFIG_DIR}")
         roots.append(Path(env))
     roots.append(shipped_root())

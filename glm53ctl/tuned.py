@@ -159,13 +159,19 @@ def read_document_text(path: Path, text: str) -> dict[str, Any]:
 
 
 def schema_version_of(path: Path, doc: dict[str, Any]) -> int:
-    v = doc.get("schema_version")
+    if "schema_version" not in doc:
+        raise ConfigError(
+            f"{path}: schema_version: missing (every tuned file names its schema; this glm53ctl reads 1 to "
+            f"{SCHEMA_VERSION})",
+            hint=f'add "schema_version": {SCHEMA_VERSION} if the file follows the current schema (docs/design.md §6)',
+        )
+    v = doc["schema_version"]
     if not isinstance(v, int) or isinstance(v, bool) or v < 1:
         raise ConfigError(f"{path}: schema_version: expected a positive integer, found {v!r}")
     if v > SCHEMA_VERSION:
         raise ConfigError(
             f"{path}: schema_version {v} is newer than this glm53ctl reads (up to {SCHEMA_VERSION})",
-            hint="upgrade glm53ctl to read this file",
+            hint="a newer glm53ctl wrote it: upgrade glm53ctl (`git pull` in its checkout, or `pip install -U`)",
         )
     return v
 

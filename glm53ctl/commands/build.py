@@ -30,6 +30,12 @@ def parse_list(flag: str, text: str | None, allowed: tuple, cast=str, default: t
     return values
 
 
+def plural(n: int, noun: str, one: str | None = None) -> str:
+    """'1 key', '3 keys' (`noun` in the plural, as the counts say it; `one` where the singular is not it less
+    its s: 'process')."""
+    return f"{n} {noun if n != 1 else one or noun.removesuffix('s')}"
+
+
 def register(app: typer.Typer) -> None:
     app.command(name="build", cls=Command)(build)
 
@@ -50,7 +56,7 @@ def build(
     as_json: Annotated[bool, typer.Option("--json", help="The manifest (or comparison) as JSON.")] = False,
 ) -> None:
     """Compile every kernel per build key ahead of time; registers, spills, shared memory, stack, code hash."""
-    from glm53ctl.files import check_replaceable
+    from glm53ctl.files import check_folder_writable, check_replaceable
     from glm53ctl.kernels.build import build as run_build
     from glm53ctl.kernels.build import for_build, parse_target
     from glm53ctl.kernels.kinds import kernel_kinds, selectable_kinds
@@ -59,7 +65,13 @@ def build(
     o = Output(as_json)
     arch = parse_target(target)
     if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out}: is a file; the build folder holds manifest.json and its cache")
+        raise UsageError(
+            f"--out {out}: is a file; the build folder holds manifest.json and its cache",
+            hint="pass --out DIR, a folder (made if absent)",
+        )
+    # before any compiling: the build folder (default build/ in the working folder) must take files
+    check_folder_writable("--out", out)
+    check_folder_writable("--out", out / "cache")
     if (out / "manifest.json").exists():
         check_replaceable("--out", out / "manifest.json")
     if jobs < 1:
@@ -98,9 +110,18 @@ def build(
         if p.returncode:
             raise UsageError(f"building {against} failed (exit {p.returncode})", hint="its error is above")
         theirs = json.loads(p.stdout)
-    o.log(f"building {len(keys)} keys for {target} with {jobs} processes")
+    o.log(f"building {plural(len(keys), 'keys')} for {target} with {plural(jobs, 'processes', 'process')}")
     progress = Progress(len(keys))  # on stderr, --json or not: stdout carries the manifest alone
-    manifest = run_build(keys, arch, out, jobs, progress=lambda k: err_console.print(progress.line(f"built {k.name}")))
+    try:
+        manifest = run_build(
+            keys, arch, out, jobs, progress=lambda k: err_console.print(progress.line(f"built {k.name}"))
+        )
+    except OSError as e:  # what the checks above cannot foresee (a full disk, a folder made read-only since)
+        if e.filename is None or not Path(e.filename).absolute().is_relative_to(out.absolute()):
+            raise
+        raise UsageError(
+            f"--out {out}: cannot write {e.filename} ({e.strerror})", hint="pass --out DIR where you may write"
+        ) from None
     if theirs is None:
         o.json(manifest)
         _table(o, manifest)
@@ -109,7 +130,7 @@ def build(
 
     rows_ = compare(manifest, theirs)
     changed = sum(r["status"] != "unchanged" for r in rows_)
-    summary = f"{changed} of {len(rows_)} builds change against {against}"
+    summary = f"{changed} of {plural(len(rows_), 'builds')} {'changes' if changed == 1 else 'change'} against {against}"
     o.json({"against": against, "summary": summary, "keys": rows_, "manifest": manifest})
     _table(o, manifest)
     o.table(
@@ -169,7 +190,8 @@ def _table(o: Output, manifest: dict) -> None:
     )
     t = manifest["totals"]
     o.text(
-        f"{t['keys']} keys, {t['kernels']} kernels, {t['distinct_symbols']} distinct code objects; "
+        f"{plural(t['keys'], 'keys')}, {plural(t['kernels'], 'kernels')}, "
+        f"{plural(t['distinct_symbols'], 'distinct code objects')}; "
         f"{t['compiled']} compiled in {t['compile_s']:.1f} s of compiler time ({manifest['seconds']:.1f} s wall), "
-        f"max {t['max_registers']} registers, {t['spill_bytes']} spill bytes"
+        f"max {plural(t['max_registers'], 'registers')}, {plural(t['spill_bytes'], 'spill bytes')}"
     )

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from glm53ctl.commands import Command
+from glm53ctl.commands.build import plural
 from glm53ctl.errors import CheckFailed, UsageError
 from glm53ctl.output import Output
 
@@ -16,16 +17,27 @@ def register(app: typer.Typer) -> None:
     app.command(name="compare", cls=Command)(compare)
 
 
+RUN_FILE = "pass the .safetensors file `glm53ctl run --out` wrote"
+
+
+def _check_run_file(path: Path) -> None:
+    """A saved run's path, checked before torch loads (seconds): a typo answers at once."""
+    if path.is_dir():
+        raise UsageError(f"{path}: is a folder, not a saved run", hint=RUN_FILE)
+    if not path.is_file():
+        raise UsageError(f"{path}: no such file", hint=RUN_FILE)
+
+
 def _load(path: Path) -> dict:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    if not path.is_file():
-        raise UsageError(f"{path}: no such file")
     try:
         return load_file(str(path))
-    except (SafetensorError, OSError) as e:
-        raise UsageError(f"{path}: not a safetensors file ({e})") from None
+    except SafetensorError as e:
+        raise UsageError(f"{path}: not a safetensors file ({e})", hint=RUN_FILE) from None
+    except OSError as e:  # unreadable, or not safetensors where the file system says why (EISDIR and the like)
+        raise UsageError(f"{path}: cannot be read as a safetensors file ({e.strerror or e})", hint=RUN_FILE) from None
 
 
 def compare_tensors(a: dict, b: dict) -> list[dict]:
@@ -52,7 +64,9 @@ def compare_tensors(a: dict, b: dict) -> list[dict]:
                 a64, b64 = ta.double(), tb.double()  # integers too: exact below 2^53
                 nan_a, nan_b = torch.isnan(a64), torch.isnan(b64)
                 if not torch.equal(nan_a, nan_b):
-                    row["problem"] = f"NaN in one and not the other at {int((nan_a != nan_b).sum())} elements"
+                    row["problem"] = (
+                        f"NaN in one and not the other at {plural(int((nan_a != nan_b).sum()), 'elements')}"
+                    )
                 finite = ~(nan_a | nan_b)
                 if finite.any():
                     row["rel_rms"] = float(rel_rms(a64[finite], b64[finite]))
@@ -76,9 +90,13 @@ def compare(
     """Every tensor of two saved runs: bitwise equal or not, B's relative RMS error against A, the largest
     difference; the worst first."""
     o = Output(as_json)
+    if bound is not None and not bound >= 0:  # NaN too: a bound nothing passes is no bound
+        raise UsageError(f"--bound {bound:g}: expected a relative RMS error of 0 or more", hint="--bound 1e-2")
+    for path in (a, b):
+        _check_run_file(path)
     rows = compare_tensors(_load(a), _load(b))
     equal = sum(r["equal"] for r in rows)
-    summary = f"{equal} of {len(rows)} tensors bitwise equal"
+    summary = f"{equal} of {plural(len(rows), 'tensors')} bitwise equal"
     over = [r for r in rows if r["problem"] or (bound is not None and not r["rel_rms"] <= bound)]
     if over:
         summary += f"; {len(over)} " + (f"over the bound {bound:g} or " if bound is not None else "") + "mismatched"

@@ -9,7 +9,9 @@ import typer
 
 from glm53ctl import tuned
 from glm53ctl.commands import Command
+from glm53ctl.commands.build import plural
 from glm53ctl.errors import ConfigError, Glm53Error, UsageError
+from glm53ctl.files import check_replaceable
 from glm53ctl.output import Output, print_error
 from glm53ctl.paths import config_root
 
@@ -96,15 +98,15 @@ def show(
         try:
             models.append(_model_row(load_model_file(path)))
         except ConfigError as e:
-            errors.append(e.message)
+            errors.append(e)
     for path in tuned.tuned_files(root):
         try:
             files.append(_tuned_summary(path))
         except ConfigError as e:
-            errors.append(e.message)
+            errors.append(e)
     for e in errors:
-        print_error(e)
-    out.json({"config_root": str(root), "models": models, "tuned": files, "errors": errors})
+        print_error(e.message, e.hint)  # with its hint: a newer file says to upgrade glm53ctl
+    out.json({"config_root": str(root), "models": models, "tuned": files, "errors": [e.message for e in errors]})
     out.text(f"config root: {root}")
     out.table(
         "models",
@@ -145,12 +147,13 @@ def _dims_rows(spec) -> list[tuple[str, str]]:
 
 
 def _tuned_summary(path: Path) -> dict:
-    cfg = tuned.load(path)
+    doc, start = tuned.migrate_document(path, tuned.read_document(path))
+    cfg = tuned.load_document(path, doc)
     return {
         "file": str(path),
         "model": cfg.model,
         "tp": cfg.tp,
-        "schema_version": cfg.schema_version,
+        "schema_version": start,  # the file's own, not the one it reads as
         "revision": cfg.revision,
         "entries": sum(len(v) for v in cfg.entries.values()),
         "gpu": cfg.provenance.gpu_name,
@@ -184,15 +187,23 @@ def _all_files(root: Path) -> list[Path]:
     return list(model_files().values()) + tuned.tuned_files(root)
 
 
-def _validate_one(path: Path) -> None:
+def _validate_one(path: Path) -> int | None:
+    """Raise on an invalid file; a tuned file's schema_version (as written: an older one reads migrated)."""
     from glm53ctl.kernels.spec import load_model_file
 
     if path.suffix == ".toml":
         load_model_file(path)
-    elif path.suffix == ".json":
-        tuned.load(path)
-    else:
-        raise ConfigError(f"{path}: not a config file (expected .toml or .json)")
+        return None
+    if path.suffix == ".json":
+        doc, start = tuned.migrate_document(path, tuned.read_document(path))
+        tuned.load_document(path, doc)
+        return start
+    raise ConfigError(f"{path}: not a config file (expected .toml or .json)")
+
+
+def _older(schema: int | None) -> bool:
+    """A tuned file at an older schema: it reads (migrated in memory), and `configs migrate` rewrites it."""
+    return schema is not None and schema < tuned.SCHEMA_VERSION
 
 
 @app.command(cls=Command)
@@ -208,17 +219,35 @@ def validate(
     results = []
     for p in files:
         try:
-            _validate_one(p)
-            results.append({"file": str(p), "ok": True, "error": None})
+            schema = _validate_one(p)
+            results.append(
+                {
+                    "file": str(p),
+                    "ok": True,
+                    "error": None,
+                    "schema_version": schema,
+                    "result": f"ok, schema v{schema}: wants migrating" if _older(schema) else "ok",
+                }
+            )
         except ConfigError as e:
-            results.append({"file": str(p), "ok": False, "error": e.message})
-            print_error(e.message)
+            results.append(
+                {"file": str(p), "ok": False, "error": e.message, "schema_version": None, "result": "INVALID"}
+            )
+            print_error(e.message, e.hint)
     out.json({"files": results, "ok": all(r["ok"] for r in results)})
-    out.table("validate", ["file", "result"], [(r["file"], "ok" if r["ok"] else "INVALID") for r in results])
-    bad = sum(not r["ok"] for r in results)
-    if bad:
+    out.table("validate", ["file", "result"], [(r["file"], r["result"]) for r in results])
+    older = [r for r in results if _older(r["schema_version"])]
+    for r in older:  # one greppable line each, the command to run in it
+        out.text(
+            f"{r['file']}: schema v{r['schema_version']}: `glm53ctl configs migrate {r['file']}` brings it to "
+            f"v{tuned.SCHEMA_VERSION}"
+        )
+    if any(not r["ok"] for r in results):
         raise typer.Exit(2)
-    out.text(f"{len(results)} of {len(results)} files valid")
+    out.text(
+        f"{len(results)} of {plural(len(results), 'files')} valid"
+        + (f"; {len(older)} at an older schema" if older else "")
+    )
 
 
 @app.command(cls=Command)
@@ -264,22 +293,48 @@ def diff(
             for k in sorted(set(va) | set(vb)):
                 if va.get(k) != vb.get(k):
                     changes.append({"where": where, "knob": f"evidence.{k}", "a": va.get(k), "b": vb.get(k)})
-            da = sorted(f"{d.knob}={d.value}: {d.reason}" for d in ea.dropped)
-            db = sorted(f"{d.knob}={d.value}: {d.reason}" for d in eb.dropped)
-            if da != db:
-                changes.append({"where": where, "knob": "dropped", "a": "; ".join(da), "b": "; ".join(db)})
+            da, db = _dropped(ea), _dropped(eb)
+            if da != db:  # only the drops that differ (the rest are in both), each on a line of its own
+                changes.append({"where": where, "knob": "dropped", "a": sorted(da - db), "b": sorted(db - da)})
     out.json({"a": str(a), "b": str(b), "changes": changes, "equal": not changes})
     if not changes:
         out.text(f"{a} and {b} are equal")
         return
+    # 100 columns at most, on a terminal or in a file: long cells (a tune command, a drop's reason) fold
     out.table(
         f"{a} → {b}",
         ["where", "knob", "A", "B"],
         [
-            (c["where"], c["knob"], "—" if c["a"] is None else c["a"], "—" if c["b"] is None else c["b"])
+            (c["where"], c["knob"], *(_drops(c[s]) if c["knob"] == "dropped" else _cell(c[s]) for s in "ab"))
             for c in changes
         ],
+        width=100,
     )
+
+
+def _drops(drops: list[str]) -> str:
+    """One drop a line, each marked where it starts (a long reason folds)."""
+    return "\n".join(f"- {d}" for d in drops) or "—"
+
+
+def _dropped(entry) -> set[str]:
+    """A drop as `knob=value: reason`, the knob named once (`tune` writes reasons that start with it)."""
+    out = set()
+    for d in entry.dropped:
+        head = f"{d.knob}={d.value}"
+        out.add(d.reason if d.reason.startswith(head) else f"{head}: {d.reason}")
+    return out
+
+
+def _cell(v) -> str:
+    """A diff cell as a person reads it: 1.03, not 1.0300000000000002; a pair as `a, b`; none as —."""
+    if v is None or v == "":
+        return "—"
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    if isinstance(v, tuple | list):
+        return ", ".join(_cell(x) for x in v)
+    return str(v)
 
 
 @app.command(cls=Command)
@@ -299,8 +354,17 @@ def migrate(
         try:
             doc, start = tuned.migrate_document(p, tuned.read_document(p))
             cfg = tuned.load_document(p, doc)
-        except ConfigError as e:
-            print_error(e.message)
+            if start != tuned.SCHEMA_VERSION:  # a read-only file or folder is refused, --dry-run too: never replaced
+                check_replaceable(
+                    "", p, hint="make it and its folder writable to migrate it in place, or migrate a copy"
+                )
+            if start != tuned.SCHEMA_VERSION and not dry_run:
+                try:
+                    tuned.save(p, cfg)
+                except OSError as e:  # what the check cannot foresee (a full disk); the old file stays whole
+                    raise ConfigError(f"{p}: cannot write the migrated file ({e.strerror})") from None
+        except Glm53Error as e:
+            print_error(e.message, e.hint)
             results.append({"file": str(p), "from": None, "to": tuned.SCHEMA_VERSION, "status": "error"})
             failed += 1
             continue
@@ -309,7 +373,6 @@ def migrate(
         elif dry_run:
             status = f"would migrate schema_version {start} → {tuned.SCHEMA_VERSION}"
         else:
-            tuned.save(p, cfg)
             status = f"migrated schema_version {start} → {tuned.SCHEMA_VERSION}"
         results.append({"file": str(p), "from": start, "to": tuned.SCHEMA_VERSION, "status": status})
     out.json({"files": results, "schema_version": tuned.SCHEMA_VERSION})

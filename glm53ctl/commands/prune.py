@@ -11,6 +11,8 @@ from typing import Annotated
 import typer
 
 from glm53ctl.commands import Command
+from glm53ctl.commands.build import plural
+from glm53ctl.errors import UsageError
 from glm53ctl.output import Output
 
 
@@ -25,7 +27,6 @@ def _is_compile_cache(path: Path) -> bool:
 
 def _forget_worktrees() -> None:
     """`git worktree prune` in the repository, so it forgets the removed worktrees (none to do outside one)."""
-    from glm53ctl.errors import UsageError
     from glm53ctl.worktree import git, repo_root
 
     try:
@@ -41,14 +42,27 @@ def _size(path: Path) -> int:
 
 def prune(
     cache: Annotated[
-        Path, typer.Option("--cache", metavar="DIR", help="The cache folder of --against and build.")
-    ] = Path("build"),
+        Path | None,
+        typer.Option("--cache", metavar="DIR", help="The cache folder of --against and build (default: build)."),
+    ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be removed; remove nothing.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="What was removed, as JSON on stdout.")] = False,
 ) -> None:
     """Remove what --against and build keep in the cache folder: the worktrees of other refs, their builds, and
     build's compile cache; nothing else there."""
     o = Output(as_json)
+    # a folder named and absent is a typo, not "nothing to prune"; the default build/ may not exist yet
+    named, cache = cache is not None, cache or Path("build")
+    if cache.exists() and not cache.is_dir():
+        raise UsageError(
+            f"--cache {cache}: is a file, not a folder",
+            hint="pass the folder that `build --out` or `--against` used (default: build)",
+        )
+    if named and not cache.exists():
+        raise UsageError(
+            f"--cache {cache}: no such folder",
+            hint="pass the folder that `build --out` or `--against` used (default: build)",
+        )
     # what glm53ctl made there, and only that: worktrees it checked out (each has git's .git file), the builds of
     # other refs (`build --against`), and the compile cache
     trees = sorted(p for p in (cache / "worktrees").glob("*") if (p / ".git").is_file())
@@ -58,7 +72,13 @@ def prune(
     removed = [{"path": str(p), "bytes": _size(p)} for p in items]
     if not dry_run:
         for p in items:
-            shutil.rmtree(p)
+            try:
+                shutil.rmtree(p)
+            except OSError as e:  # a read-only cache folder: what was removed before it stays removed
+                raise UsageError(
+                    f"--cache {cache}: cannot remove {e.filename or p} ({e.strerror})",
+                    hint="make the cache folder writable, or remove it yourself",
+                ) from None
         if trees:
             _forget_worktrees()
     freed = sum(r["bytes"] for r in removed)
@@ -66,4 +86,8 @@ def prune(
     verb = "would remove" if dry_run else "removed"
     for r in removed:
         o.text(f"{verb} {r['path']} ({r['bytes'] / 2**20:.1f} MiB)")
-    o.text(f"{verb} {len(removed)} items, {freed / 2**20:.1f} MiB" if removed else f"nothing to prune in {cache}")
+    o.text(
+        f"{verb} {plural(len(removed), 'items')}, {freed / 2**20:.1f} MiB"
+        if removed
+        else f"nothing to prune in {cache}" + ("" if cache.exists() else " (no such folder here)")
+    )
