@@ -35,7 +35,8 @@ def config_roots() -> list[Path]:
             if Path(env).exists():  # a file (a tuned file, say) where its folder was meant
                 raise ConfigError(
                     f"{ENV_CONFIG_DIR}={env}: is a file, not a folder",
-                    hint=f"set it to a folder holding tuned/<model>/tp<T>.json (and models/), or unset {ENV_CONFIG_DIR}",
+                    hint=f"set it to a folder holding tuned/<model>/tp<T>.json (and models/), "
+                    f"or unset {ENV_CONFIG_DIR}",
                 )
             raise ConfigError(f"{ENV_CONFIG_DIR}={env}: no such folder", hint=f"create it or unset {ENV_CONFIG_DIR}")
         roots.append(Path(env))

@@ -78,3 +78,20 @@ def pytest_runtest_makereport(item, call):
             f"the GPU tier was asked for ({asked}), and this gpu test skipped: {why.removeprefix('Skipped: ')}"
         )
     return report
+
+
+ROOT = Path(__file__).resolve().parents[1]
+# what a test run must not leave in the checkout (issue 30: the tests left build/tune/ behind): the default places
+# of tune's studies and of build's outputs, relative to the folder a command runs in
+LEFT_BEHIND = ("build/tune", "build/tune/studies.db")
+
+
+@pytest.fixture(autouse=True)
+def leaves_no_build_folder():
+    """Each test leaves the checkout's build/ as it found it: a test that runs tune or build gives it a tmp_path
+    (--storage, -o) or runs it in one (monkeypatch.chdir)."""
+    before = {p for p in LEFT_BEHIND if (ROOT / p).exists()}
+    yield
+    made = [p for p in LEFT_BEHIND if (ROOT / p).exists() and p not in before]
+    if made:
+        pytest.fail(f"the test left {', '.join(made)} in the checkout ({ROOT}); run it in a tmp_path")

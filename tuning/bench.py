@@ -14,8 +14,13 @@ kernels/harness.py), so a kind added to the registry is benched with no change h
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
 import os
+import warnings
+from contextlib import contextmanager
+from dataclasses import replace
 
 import torch
 
@@ -60,8 +65,47 @@ def variant(k, x, peers, which: str):
         # this one's (and past 8 keys stop compiling): a fresh cache per key (a step compiles each part on its
         # own: one graph of a step is too big; its harness's `compiled`)
         torch._dynamo.reset()
-        return k.compiled(x, peers)
+        t = k.compiled(x, peers)
+        return replace(t, call=quiet_compile(t.call))
     raise ValueError(f"unknown baseline {which!r}")
+
+
+# what torch.compile logs as it compiles and runs, at WARNING and below: Inductor's and Dynamo's notes on a GPU
+# (autotuning, reductions split, graph breaks, recompiles: pages of them in bench's progress)
+COMPILE_LOGGERS = ("torch._inductor", "torch._dynamo", "torch.fx.experimental.symbolic_shapes")
+
+
+@contextmanager
+def compile_quiet():
+    """torch.compile's warnings held back inside: the loggers of COMPILE_LOGGERS at ERROR, Python warnings issued
+    from torch._inductor or torch._dynamo ignored. Errors still show: a logged ERROR, and every exception (a
+    failed compile raises as before). With TORCH_LOGS set, as it says (someone asked to see them)."""
+    if os.environ.get("TORCH_LOGS"):
+        yield
+        return
+    loggers = [logging.getLogger(n) for n in COMPILE_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(max(lg.getEffectiveLevel(), logging.ERROR))
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", module=r"torch\._(inductor|dynamo)(\.|$)")
+            yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
+
+
+def quiet_compile(fn):
+    """fn (a torch.compile'd call: it compiles on its first calls) run inside compile_quiet. Only Python runs it:
+    a graph replay, which bench times, never goes through it."""
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        with compile_quiet():
+            return fn(*args, **kwargs)
+
+    return call
 
 
 def bench_key(

@@ -11,8 +11,8 @@
    only where the launch with it is faster than without it beyond δ (the upper bound of the ratio's interval
    below 1 - δ). What remains is measured against the default once more; it is kept only if faster beyond δ.
 
-Studies persist in Optuna storage (SQLite by default; a journal file or a database URL lets several worker
-processes or hosts share one study) and resume: a study stops at `trials` finished trials, however many runs
+Studies persist in Optuna storage (tuning/storage.py: SQLite by default; a journal file or a database URL lets several
+worker processes or hosts share one study) and resume: a study stops at `trials` finished trials, however many runs
 and workers it took. The GPU side is an `Evaluator`; tests give one with a synthetic timer.
 """
 
@@ -29,6 +29,8 @@ from typing import Any, Protocol
 
 from glm53ctl.tuning import measure
 from glm53ctl.tuning.knobs import Knob
+from glm53ctl.tuning.storage import DEFAULT_STORAGE as DEFAULT_STORAGE  # the storage's forms: tuning/storage.py
+from glm53ctl.tuning.storage import storage_of as storage_of
 
 
 class Evaluator(Protocol):
@@ -96,29 +98,6 @@ def study_name(
     are another study's (a resumed study never mixes them)."""
     digest = hashlib.sha256(json.dumps([space, code], sort_keys=True, default=str).encode()).hexdigest()[:10]
     return f"{model}-{kind}-tp{tp}-r{rows}" + (f"-ctx{context}" if context is not None else "") + f"-{digest}"
-
-
-def storage_of(url: str):
-    """Optuna storage from --storage: a database URL (sqlite:///file.db, postgresql://...), or a journal file
-    (a path ending .log or .journal), which several processes and hosts on one file system may share."""
-    import warnings
-
-    import optuna
-    from optuna.storages.journal import JournalFileBackend, JournalStorage
-
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    if url.endswith((".log", ".journal")) and "://" not in url:
-        return JournalStorage(JournalFileBackend(url))
-    import sqlalchemy.exc
-
-    # workers that start together on a fresh database race to create its tables: the loser retries
-    for attempt in range(5):
-        try:
-            return optuna.storages.RDBStorage(url, heartbeat_interval=60, grace_period=120)
-        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):
-            if attempt == 4:
-                raise
-            time.sleep(0.2 * (attempt + 1))
 
 
 def _sampler(space: dict[str, tuple], trials: int, seed: int):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -44,8 +45,8 @@ def tune(
         typer.Option(
             "--storage",
             metavar="URL",
-            help="Optuna storage: a database URL (sqlite:///f.db, postgresql://...) or a journal file (*.log); "
-            "default sqlite:///build/tune/studies.db.",
+            help="Optuna storage: sqlite:///path.db (its folder must exist), postgresql://user@host/db (pip install "
+            "'glm53ctl[postgres]'), or a journal file path.log; default sqlite:///build/tune/studies.db.",
         ),
     ] = None,
     study: Annotated[
@@ -90,28 +91,37 @@ def tune(
         raise UsageError("--study names one study: give one --kind, --tp and --rows with it")
     if write and search_only:
         raise UsageError("--write and --search-only: a worker decides nothing, so writes nothing")
-    if plots is not None and plots.exists() and not plots.is_dir():
-        raise UsageError(f"--plots {plots}: not a folder")
-    url = storage or "sqlite:///build/tune/studies.db"
-    command = "glm53ctl " + shlex.join(sys.argv[1:])  # as typed, whether run as glm53ctl or python -m glm53ctl
-
+    if plots is not None:
+        _plot_folder_ok(plots)
     from glm53ctl.tuning import measure
     from glm53ctl.tuning import tune as tuning
     from glm53ctl.tuning.bench import environment_ok, gpu_count
+    from glm53ctl.tuning.storage import DEFAULT_STORAGE, check_storage, shown
 
-    if url.startswith("sqlite:///"):
-        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    if plots is not None and not gpu_count():  # the studies a GPU ran, plotted here from their storage
+    url = storage or DEFAULT_STORAGE
+    plot_only = plots is not None and not gpu_count()  # the studies a GPU ran, plotted here from their storage
+    check_storage(url, create=not plot_only)  # before anything is opened or made, and before the GPU's check
+    command = "glm53ctl " + shlex.join(sys.argv[1:])  # as typed, whether run as glm53ctl or python -m glm53ctl
+
+    if plot_only:
         code = measure.code_digest(folders=("kernels",))  # a study's trials stand while the kernels do
-        keys = [(k, t, r) for k in kinds for t in tps for r in rowss]
-        for k, t, r in keys:
-            name = study or tuning.study_name(model, k, t, r, spaces[k], code, ctx[k])
-            _plots(_load_study(tuning.storage_of(url), name, url), plots)
+        store = tuning.storage_of(url, create=False)  # read only: a failed --plots leaves nothing behind
+        names = [
+            study or tuning.study_name(model, k, t, r, spaces[k], code, ctx[k])
+            for k in kinds
+            for t in tps
+            for r in rowss
+        ]
+        studies = [_load_study(store, name, url) for name in names]  # every one there before anything is drawn
+        for s in studies:
+            _plots(s, plots)
         return
     environment_ok()
     from glm53ctl.kernels.weights import Weights
 
     store = tuning.storage_of(url)
+    if plots is not None:
+        _plot_folder(plots)  # before the search: a folder that cannot be made fails now, not after it
     from glm53ctl.tuning.knobs import resolve_key
 
     keys = {}  # each resolved once, what its lookup said printed once (a trial is the key with its knobs)
@@ -129,7 +139,7 @@ def tune(
             for r in rowss:
                 where = f"at TP{t} rows {r}" + (f" context {ctx[k]}" if ctx[k] is not None else "")
                 name = study or tuning.study_name(model, k, t, r, spaces[k], code, ctx[k])
-                err_console.print(f"tune {k} {where}: study {name} ({url})")
+                err_console.print(f"tune {k} {where}: study {name} ({shown(url)})")
                 ev = tuning.GpuEvaluator(weights, keys[k, t, r], seed=seed)
                 s = tuning.search(ev, ev.default, spaces[k], store, name, trials, seed, on_trial=_progress(trials))
                 if plots is not None:
@@ -140,7 +150,7 @@ def tune(
                 for d in res.decisions:
                     err_console.print(escape(f"  {d.reason}"))
                 key = {"kind": k, "tp": t, "rows": r} | ({"context": ctx[k]} if ctx[k] is not None else {})
-                results.append(key | {"storage": url} | res.to_json())
+                results.append(key | {"storage": shown(url)} | res.to_json())
                 del ev
     if search_only:
         return
@@ -155,11 +165,16 @@ def tune(
             err_console.print(f"wrote {path}")
     o = Output(as_json)
     o.json({"environment": env, "code_digest": code, "model": model, "keys": results})
-    o.table(
-        f"tune {model}",
-        ["key", "trials", "default µs", "kept", "µs", "ratio [95% CI]", "dropped"],
-        [_row(r) for r in results],
-    )
+    print_table(o, model, results)
+
+
+COLUMNS = ["key", "trials", "kept", "µs: default → tuned\nratio [95% CI]", "dropped: µs change\n(why: --json)"]
+
+
+def print_table(o: Output, model: str, results: list[dict]) -> None:
+    """The results, a row per key, readable at 100 columns: the knobs kept and dropped one per line, each dropped
+    one with its change of the µs in a few words (the whole reason is in --json and in the tuned file)."""
+    o.table(f"tune {model}", COLUMNS, [_row(r) for r in results])
 
 
 def _precompile(keys: dict, spaces, trials: int, jobs: int) -> None:
@@ -183,17 +198,36 @@ def _precompile(keys: dict, spaces, trials: int, jobs: int) -> None:
 
 
 def _row(r: dict) -> list:
-    e = r["evidence"]
-    kept = ", ".join(f"{n}={v}" for n, v in r["kept"].items()) or "defaults"
-    ratio = f"{e['ratio']:.4f} [{e['ratio_ci'][0]:.4f}, {e['ratio_ci'][1]:.4f}]" if e else "-"
-    dropped = "; ".join(d["reason"] for d in r["decisions"] if not d["kept"]) or "-"
-    t = r["trials"]
-    trials = f"{t['complete']} timed, {t['rejected']} rejected, {t['same_launch']} same launch"
-    default_us = f"{r['default_us']:.1f}" if r["default_us"] else "-"
-    us = f"{e['chosen_us']:.1f}" if e else default_us
     from glm53ctl.commands.bench import key_label
 
-    return [key_label(r), trials, default_us, kept, us, ratio, dropped]
+    e = r["evidence"]
+    kept = "\n".join(f"{n}={v}" for n, v in r["kept"].items()) or "defaults"
+    if e:  # the kept set against the default in one A B B A run: the µs and the ratio of the same rounds
+        lo, hi = e["ratio_ci"]
+        us = f"{e['default_us']:.1f} → {e['chosen_us']:.1f}\n{e['ratio']:.3f} [{lo:.3f}, {hi:.3f}]"
+    else:
+        us = f"{r['default_us']:.1f}" if r["default_us"] else "-"
+    dropped = "\n".join(_dropped(d) for d in r["decisions"] if not d["kept"]) or "-"
+    t = r["trials"]
+    trials = f"{t['complete']} timed\n{t['rejected']} rejected\n{t['same_launch']} same launch"
+    return [key_label(r).replace(" ", "\n", 1), trials, kept, us, dropped]
+
+
+def _dropped(d: dict) -> str:
+    """A dropped knob in a few words, its change of the µs: `grid=132 +3.0% search` (timed alone in the search,
+    slower), `box_words=16 +1.8%` (re-measured, slower), `kda_split=2 -0.2% noise` (within the noise),
+    `chain=1 same launch`."""
+    reason, ratio = d["reason"], d.get("ratio")
+    if ratio is None:
+        return f"{d['knob']}={d['value']} " + ("same launch" if "the same launch" in reason else "dropped")
+    why = f"{(ratio - 1) * 100:+.1f}%"
+    if "not beyond δ" in reason:
+        why += " together: noise"
+    elif "within the noise" in reason:
+        why += " noise"
+    elif "in the search" in reason:
+        why += " search"
+    return f"{d['knob']}={d['value']} {why}"
 
 
 def _progress(trials: int):
@@ -224,6 +258,30 @@ def _load_study(store, name: str, url: str):
         raise UsageError(f"no study {name!r} in {url}", hint=f"its studies: {names} (--study NAME picks one)") from None
 
 
+def _plot_folder_ok(folder: Path) -> None:
+    """--plots DIR, before anything is read or made: a folder (or a place one can be made) that is writable."""
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"--plots {folder}: a file, not a folder", hint="give a folder's path (made if missing)")
+    there = next(p for p in (folder, *folder.absolute().parents) if p.exists())
+    if not there.is_dir():
+        raise UsageError(f"--plots {folder}: {there} is a file, not a folder", hint="give a folder's path")
+    if not os.access(there, os.W_OK | os.X_OK):
+        raise UsageError(
+            f"--plots {folder}: cannot write in {there} (read-only)", hint="give --plots a folder you can write to"
+        )
+
+
+def _plot_folder(folder: Path) -> None:
+    """Make --plots DIR (and its parents); UsageError naming it where that fails (a read-only place)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(
+            f"--plots {folder}: cannot make the folder: {e.strerror or e}",
+            hint="give --plots a folder you can write to",
+        ) from None
+
+
 def _plots(study, folder: Path) -> None:
     """The study's history and the knobs' importances as PNG files (matplotlib)."""
     try:
@@ -235,7 +293,7 @@ def _plots(study, folder: Path) -> None:
         raise UsageError("--plots needs matplotlib", hint="pip install matplotlib") from None
     import warnings
 
-    folder.mkdir(parents=True, exist_ok=True)
+    _plot_folder(folder)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # optuna marks its matplotlib plots experimental
         for what, draw in (("history", plot.plot_optimization_history), ("importances", plot.plot_param_importances)):
@@ -247,6 +305,13 @@ def _plots(study, folder: Path) -> None:
             if what == "history":
                 ax.set_ylabel("µs per launch (median of the trial's replays)")
             path = folder / f"{study.study_name}-{what}.png"
-            ax.figure.savefig(path, dpi=110, bbox_inches="tight")
-            matplotlib.pyplot.close(ax.figure)
+            try:
+                ax.figure.savefig(path, dpi=110, bbox_inches="tight")
+            except OSError as e:
+                raise UsageError(
+                    f"--plots {folder}: cannot write {path}: {e.strerror or e}",
+                    hint="give --plots a folder you can write to",
+                ) from None
+            finally:
+                matplotlib.pyplot.close(ax.figure)
             err_console.print(f"plotted {path}")

@@ -1,12 +1,17 @@
 """tune.search on real storage with real processes: a study killed mid-way (SIGKILL) resumes without losing a
 finished trial; two worker processes share one study through a journal file and through a PostgreSQL server
 this module starts; workers that start together enqueue the default once. The evaluator is the synthetic one
-(tests/tuning/synthetic.py); the workers are tests/tuning/tune_storage_worker.py in child Pythons."""
+(tests/tuning/synthetic.py); the workers are tests/tuning/tune_storage_worker.py in child Pythons.
+
+The server is a real PostgreSQL, started here from the `pgserver` wheel's binaries (a test dependency) or a
+system install's; where neither is there the PostgreSQL tests fail, never skip: CI (.ci/run) runs them."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import pwd
+import re
 import shutil
 import signal
 import socket
@@ -25,7 +30,6 @@ from tests.tuning.tune_storage_worker import DEFAULT, SPACE, true_us
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).resolve().with_name("tune_storage_worker.py")
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
 
 pytestmark = pytest.mark.slow
 
@@ -248,36 +252,104 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+# the form docs/knobs.md, README.md and `tune -h` give: postgresql://user@host/db (here with the port)
+DOCUMENTED_URL = re.compile(r"postgresql://\w+@[\w.]+(:\d+)?/\w+")
+
+
+def _pg_bin() -> tuple[Path | None, list[str]]:
+    """The PostgreSQL server's binaries: GLM53CTL_PG_BIN, else the `pgserver` wheel's (a test dependency, so that
+    a clean clone's CI has a server), else a system install's. (folder or None, where it looked)."""
+    looked = []
+    candidates = []
+    if os.environ.get("GLM53CTL_PG_BIN"):
+        candidates.append(Path(os.environ["GLM53CTL_PG_BIN"]))
+    spec = importlib.util.find_spec("pgserver")
+    if spec is not None and spec.submodule_search_locations:
+        candidates.append(Path(spec.submodule_search_locations[0]) / "pginstall" / "bin")
+    pg_config = shutil.which("pg_config")
+    if pg_config:
+        out = subprocess.run([pg_config, "--bindir"], capture_output=True, text=True).stdout.strip()
+        candidates.append(Path(out))
+    candidates += sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: p.parent.name, reverse=True)
+    for c in candidates:
+        looked.append(str(c))
+        if all((c / t).is_file() for t in ("initdb", "pg_ctl", "postgres")):
+            return c, looked
+    return None, looked
+
+
+def _others_can_run(folder: Path) -> bool:
+    """Whether a user other than the owner reaches and runs what is in `folder` (every folder above it o+x)."""
+    return all(p.stat().st_mode & 0o001 for p in (folder, *folder.parents)) and bool(
+        (folder / "postgres").stat().st_mode & 0o001
+    )
+
+
+def _copy_install(bin_dir: Path, to: Path) -> Path:
+    """A copy of the install that `bin_dir` is in (its bin, lib and share: the binaries find those relative to
+    themselves), where another user reaches it; a wheel's bundled libraries beside it as the wheel has them
+    (pgserver/pginstall/bin finds ../../../pgserver.libs). The copy's bin folder."""
+    install, package = bin_dir.parent, bin_dir.parent.parent
+    shutil.copytree(install, to / package.name / install.name, symlinks=True)
+    libs = package.parent / f"{package.name}.libs"
+    if libs.is_dir():
+        shutil.copytree(libs, to / libs.name, symlinks=True)
+    return to / package.name / install.name / bin_dir.name
+
+
+def _server_user():
+    """The user the server runs as where the tests run as root (it refuses root): `postgres`, else `nobody`."""
+    for name in ("postgres", "nobody"):
+        try:
+            return pwd.getpwnam(name)
+        except KeyError:
+            continue
+    return None
+
+
 @pytest.fixture(scope="module")
 def postgres():
-    """A PostgreSQL 15 server on a unix socket only, trust auth, run as the `postgres` user when the tests run as
-    root (the server refuses root); a function that makes a fresh database and returns its URL."""
-    tools = [PG_BIN / t for t in ("initdb", "pg_ctl", "createdb", "postgres")]
-    missing = [str(t) for t in tools if not t.exists()]
-    if missing:
-        pytest.skip(f"PostgreSQL 15 binaries missing: {', '.join(missing)}")
-    prefix: list[str] = []
-    owner = None
-    if os.geteuid() == 0:
-        try:
-            owner = pwd.getpwnam("postgres")
-        except KeyError:
-            pytest.skip("no `postgres` system user to run the server as (it refuses to run as root)")
-        runuser = shutil.which("runuser")
-        if runuser is None:
-            pytest.skip("no runuser to run the server as the `postgres` user")
-        prefix = [runuser, "-u", "postgres", "--"]
+    """A real PostgreSQL server on 127.0.0.1 at a free port, trust auth, its binaries from _pg_bin (run as
+    another user when the tests run as root; copied where that user could not reach them, as in a virtual
+    environment under a private temporary folder); a function that makes a fresh database and returns its URL,
+    in the documented form. No server: the test fails (a skip would pass with nothing proven)."""
+    import psycopg
 
+    bin_dir, looked = _pg_bin()
+    if bin_dir is None:
+        pytest.fail(
+            "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in any of: "
+            + (", ".join(looked) or "nothing found")
+            + "; pip install -e '.[test]' brings pgserver's (Python 3.11, 3.12), or set GLM53CTL_PG_BIN"
+        )
     base = Path(tempfile.mkdtemp(prefix="tune-pg-", dir="/tmp"))
+    as_user: dict = {}
+    if os.geteuid() == 0:
+        owner = _server_user()
+        if owner is None:
+            pytest.fail("the tests run as root and there is no `postgres` or `nobody` user to run the server as")
+        as_user = {"user": owner.pw_uid, "group": owner.pw_gid, "extra_groups": []}
+        os.chmod(base, 0o755)
+        if not _others_can_run(bin_dir):
+            bin_dir = _copy_install(bin_dir, base / "pg")
     data, sock, log = base / "data", base / "s", base / "server.log"
     sock.mkdir()
-    if owner is not None:
+    if as_user:
         for p in (base, sock):
-            os.chown(p, owner.pw_uid, owner.pw_gid)
+            os.chown(p, as_user["user"], as_user["group"])
     port = _free_port()
+    env = os.environ | {"LC_ALL": "C", "HOME": str(base)}
 
     def pg(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-        r = subprocess.run([*prefix, *args], cwd=base, capture_output=True, text=True, timeout=120)
+        r = subprocess.run(
+            [str(bin_dir / args[0]), *args[1:]],
+            cwd=base,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            **as_user,
+        )
         if check and r.returncode != 0:
             server_log = log.read_text() if log.exists() else ""
             raise RuntimeError(f"{' '.join(args)}: rc {r.returncode}\n{r.stdout}\n{r.stderr}\n{server_log}")
@@ -285,41 +357,92 @@ def postgres():
 
     started = False
     try:
-        pg(
-            str(PG_BIN / "initdb"),
-            "-D",
-            str(data),
-            "--auth=trust",
-            "-U",
-            "postgres",
-            "--no-sync",
-            "-E",
-            "UTF8",
-            "--locale=C",
-        )
-        opts = f"-k {sock} -c listen_addresses='' -p {port} -c fsync=off -c max_connections=100"
+        pg("initdb", "-D", str(data), "--auth=trust", "-U", "postgres", "--no-sync", "-E", "UTF8", "--locale=C")
+        opts = f"-k {sock} -c listen_addresses=127.0.0.1 -p {port} -c fsync=off -c max_connections=100"
         started = True
-        pg(str(PG_BIN / "pg_ctl"), "-D", str(data), "-l", str(log), "-w", "-t", "60", "-o", opts, "start")
+        pg("pg_ctl", "-D", str(data), "-l", str(log), "-w", "-t", "60", "-o", opts, "start")
         made = []
 
-        def database() -> str:
+        def database(unix_socket: bool = False) -> str:
+            """A fresh database's URL: postgresql://postgres@127.0.0.1:PORT/DB, or (`unix_socket`) the form
+            tuning/storage.py gives for a socket, postgresql://postgres@/DB?host=FOLDER&port=PORT."""
             db = f"tune_{len(made)}_{uuid.uuid4().hex[:6]}"
-            pg(str(PG_BIN / "createdb"), "-h", str(sock), "-p", str(port), "-U", "postgres", db)
+            with psycopg.connect(f"host=127.0.0.1 port={port} user=postgres dbname=postgres", autocommit=True) as c:
+                c.execute(f"CREATE DATABASE {db}")
             made.append(db)
-            return f"postgresql+psycopg2://postgres@/{db}?host={sock}&port={port}"
+            if unix_socket:
+                return f"postgresql://postgres@/{db}?host={sock}&port={port}"
+            url = f"postgresql://postgres@127.0.0.1:{port}/{db}"
+            assert DOCUMENTED_URL.fullmatch(url), url
+            return url
+
+        database.port = port
 
         yield database
     finally:
         if started:
-            pg(str(PG_BIN / "pg_ctl"), "-D", str(data), "stop", "-m", "immediate", "-w", check=False)
+            pg("pg_ctl", "-D", str(data), "stop", "-m", "immediate", "-w", check=False)
         shutil.rmtree(base, ignore_errors=True)
 
 
-def test_two_workers_share_a_postgres_study(tmp_path, postgres):
-    # a fresh database: the first worker makes the tables and the study, the second joins it
+def test_two_workers_share_a_postgres_study(tmp_path, postgres, capsys):
+    """A fresh database at the documented URL (postgresql://user@host/db): the first worker makes the tables and
+    the study, the second joins it; then `glm53ctl tune --storage URL --study NAME --plots DIR`, the command
+    itself, reads the study from the server and draws it."""
+    from tests.helpers import invoke
+
     url = postgres()
+    assert DOCUMENTED_URL.fullmatch(url)
     workers = _run_two(tmp_path, url, "shared", 10, sleep=0.03, staggered=True)
     _check_shared_study(_load(storage_of(url), "shared"), workers, 10)
+    args = ["tune", "--tp", "4", "--rows", "2", "--kind", "dense", "--storage", url, "--study", "shared"]
+    code, out, err = invoke(capsys, *args, "--plots", tmp_path / "plots")
+    assert code == 0, err
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["shared-history.png", "shared-importances.png"]
+    code, out, err = invoke(capsys, *args[:-1], "nope", "--plots", tmp_path / "plots2")
+    assert code == 2 and "no study 'nope'" in err and "its studies: shared" in err and "Traceback" not in err
+    assert not (tmp_path / "plots2").exists()
+
+
+def test_a_postgres_study_through_a_unix_socket(tmp_path, postgres):
+    """The socket form of the URL (postgresql://user@/db?host=FOLDER&port=PORT) opens the same way."""
+    url = postgres(unix_socket=True)
+    study = search(SyntheticEvaluator(true_us, seed=3), DEFAULT, SPACE, storage_of(url), "sock", 3, samples=1)
+    assert len(_finished(study)) == 3 and _load(storage_of(url, create=False), "sock").trials[0].params == DEFAULT
+
+
+def _tables(url: str) -> list[str]:
+    import psycopg
+
+    with psycopg.connect(url) as c:  # libpq takes the same URL
+        return [r[0] for r in c.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")]
+
+
+def test_postgres_storage_problems_are_errors_that_create_nothing(tmp_path, postgres, capsys):
+    """On a running server: a database that does not exist, a user that does not exist, a database without
+    Optuna's tables to plot from: each `Error:` + `Hint:`, exit 2, no traceback; the empty database is left
+    without tables (a failed --plots creates nothing), and no plots folder is made."""
+    from glm53ctl.errors import UsageError
+    from tests.helpers import invoke
+
+    port = postgres.port
+    empty = postgres()
+    args = ["tune", "--tp", "4", "--rows", "2", "--kind", "dense", "--study", "s", "--plots", tmp_path / "plots"]
+    cases = [
+        (f"postgresql://postgres@127.0.0.1:{port}/no_such_db", 'database "no_such_db" does not exist'),
+        (f"postgresql://nobody_here@127.0.0.1:{port}/postgres", 'role "nobody_here" does not exist'),
+        (empty, "no studies in it (no Optuna tables)"),
+    ]
+    for url, says in cases:
+        code, out, err = invoke(capsys, *args, "--storage", url)
+        lines = err.splitlines()
+        assert code == 2 and out == "", (url, err)
+        assert lines[0].startswith("Error: --storage postgresql://") and says in lines[0], (url, err)
+        assert any(ln.startswith("Hint:") for ln in lines) and "Traceback" not in err, err
+    assert _tables(empty) == [] and not (tmp_path / "plots").exists()
+    # what a GPU's `tune` opens (storage_of, the same function): the same error
+    with pytest.raises(UsageError, match='database "no_such_db" does not exist'):
+        storage_of(f"postgresql://postgres@127.0.0.1:{port}/no_such_db")
 
 
 # --- 4. workers that start together ------------------------------------------------------------------------------
