@@ -31,6 +31,8 @@ class ModelDims(_Section):
     dsa_period: PositiveInt
     first_dense_layers: int = Field(ge=0)
     rms_norm_eps: float = Field(gt=0)
+    # the positions the model was trained for: --context and the steps past it stay within them (unset: no bound)
+    max_position_embeddings: PositiveInt | None = None
 
 
 class MhcDims(_Section):

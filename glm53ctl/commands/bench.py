@@ -14,7 +14,7 @@ import typer
 
 from glm53ctl.commands import Command
 from glm53ctl.commands.build import parse_list
-from glm53ctl.commands.keys import context_applies, refuse_step_baselines
+from glm53ctl.commands.keys import context_applies, context_fits, refuse_step_baselines
 from glm53ctl.errors import CheckFailed, UsageError
 from glm53ctl.output import Output, Progress, err_console, print_warning
 
@@ -94,6 +94,8 @@ def bench(
     spec = load_model(model)
     for t in tps:
         spec.check_tp(t)
+    readers = sorted({c for cs in contexts.values() for c in cs})
+    context_fits(spec, list(contexts), rowss, readers)  # positions, before the GPU is looked for
     overrides = {k: parse_knobs(knobs, k) for k in kinds}
     for k, v in overrides.items():
         check_knobs(k, v)
@@ -105,6 +107,7 @@ def bench(
     from glm53ctl.tuning.bench import environment_ok
 
     environment_ok()  # exit 2 without a GPU, before anything is built
+    context_fits(spec, list(contexts), rowss, readers, "cuda")  # memory, before a cache is made
     from glm53ctl.kernels.weights import Weights
     from glm53ctl.tuning import measure
     from glm53ctl.tuning.bench import time_key

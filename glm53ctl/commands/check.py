@@ -14,7 +14,7 @@ import typer
 
 from glm53ctl.commands import Command
 from glm53ctl.commands.build import parse_list
-from glm53ctl.commands.keys import context_applies, context_of
+from glm53ctl.commands.keys import context_applies, context_fits, context_of
 from glm53ctl.errors import CheckFailed, UsageError
 from glm53ctl.interrupts import interrupted
 from glm53ctl.output import Heartbeat, Output, Progress, err_console, plural, print_warning
@@ -111,6 +111,8 @@ def _setup(model, kind, tp, rows, all_keys: bool = False, context: int | None = 
         pairs = list(CPU_KEYS)
     else:
         pairs = [(t, r) for t in tps for r in rowss]
+    if context is not None:  # before a table or a cache of that size is made
+        context_fits(spec, kinds, sorted({r for _, r in pairs}), [context], device)
     keys = [
         resolved(spec.name, k, t, r, device, context_of(k, context), context_warned) for k in kinds for t, r in pairs
     ]

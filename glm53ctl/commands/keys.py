@@ -25,6 +25,26 @@ def context_of(kind: str, context: int | None) -> int | None:
     return context if get_kind(kind).reads_context else None
 
 
+def context_fits(spec, kinds: list[str], rowss: list[int], contexts: list[int], device: str | None = None) -> None:
+    """Each --context within the model's positions (kernels/sizes.py); with `device`, each key's caches within
+    the memory there and on the host, before a task table or a cache of that size is made."""
+    from glm53ctl.kernels.sizes import check_fits, check_positions, launch_needs
+
+    for c in contexts:
+        check_positions(spec, c)
+    if device is None:
+        return
+    for k in kinds:
+        for r in rowss:
+            for c in contexts:
+                check_fits(
+                    f"{k} rows {r} at context {c:,}",
+                    launch_needs(spec, k, r, c, 1, device),
+                    device,
+                    hint="a smaller --context or fewer --rows",
+                )
+
+
 def refuse_steps(kinds: list[str], verb: str) -> None:
     """A step of many launches (`model`) is not tuned (its parts are, as their kinds; bench times its `chain`
     knob beside it): a clear error, not a traceback."""

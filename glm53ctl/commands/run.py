@@ -89,6 +89,9 @@ def run(
     token_ids = parse_ids(tokens) if tokens is not None else None
     key = RunKey(kind, tp, rows, context, steps, seed, layer, token_ids)
     check_run_key(key)
+    from glm53ctl.kernels.sizes import check_positions
+
+    check_positions(spec, context, steps)
     if layer is not None:
         layer_for(spec, kind, layer)
     for t in token_ids or ():
@@ -107,8 +110,9 @@ def run(
     from glm53ctl.kernels.reference import Reference
     from glm53ctl.kernels.weights import Weights, load_weights, save_weights
 
-    weights = load_weights(weights_file, spec, partial=True) if weights_file else Weights(spec, weights_seed)
     num = FP64 if precision is Precision.fp64 else FP32
+    _fits(spec, key, backend, num.dtype.itemsize, "cuda" if torch.cuda.is_available() else "cpu")
+    weights = load_weights(weights_file, spec, partial=True) if weights_file else Weights(spec, weights_seed)
     what = f"{spec.name} {kind} TP{tp} rows {rows} context {context} steps {steps}"
     o.log(f"run {what} ({backend.value}, {precision.value if backend is Backend.reference else KERNEL_PRECISION})")
     t0 = time.perf_counter()
@@ -188,13 +192,54 @@ def run(
     )
 
 
+def _fits(spec, key, backend: Backend, dtype_bytes: int, device: str) -> None:
+    """Refuse a key whose reference prefill and caches (and, with the kernels on a GPU, the launch's caches)
+    need more memory than there is, before any of it is allocated."""
+    from glm53ctl.kernels.sizes import check_fits, launch_needs, run_needs
+
+    needs = run_needs(spec, key.kind, key.rows, key.context, key.steps, dtype_bytes)
+    if backend is Backend.triton:
+        needs += [
+            n for n in launch_needs(spec, key.kind, key.rows, key.context, key.steps, device) if n.where != "host"
+        ]
+    check_fits(
+        f"run --kind {key.kind} at context {key.context:,}",
+        needs,
+        device if backend is Backend.triton else "cpu",
+        hint="a smaller --context or fewer --rows (check --context runs the launch at a context without a prefill)",
+    )
+
+
 def check_writable(flag: str, path: Path) -> None:
-    """Refuse an output path before any work is done."""
+    """Refuse an output path before any work is done: a .safetensors file, and where one is there already, a
+    safetensors file (a run replaces an earlier run's, never another kind of file that has the name)."""
     from glm53ctl.files import check_replaceable
 
     if path.suffix != ".safetensors":
         raise UsageError(f"{flag} {path}: expected a .safetensors file")
     check_replaceable(flag, path)
+    if path.is_file() and not is_safetensors(path):
+        raise UsageError(
+            f"{flag} {path}: there is a file there that is not a safetensors file (left as it is)",
+            hint="give a new path, or move that file away first",
+        )
+
+
+def is_safetensors(path: Path) -> bool:
+    """A safetensors file's head: its header's length (8 bytes, little-endian), then that much JSON object."""
+    import json
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                return False
+            n = int.from_bytes(head, "little")
+            if not 2 <= n <= 100_000_000:
+                return False
+            return isinstance(json.loads(f.read(n)), dict)
+    except (OSError, ValueError):
+        return False
 
 
 def parse_ids(text: str) -> tuple[int, ...]:

@@ -13,7 +13,7 @@ from rich.markup import escape
 
 from glm53ctl.commands import Command
 from glm53ctl.commands.build import parse_list
-from glm53ctl.commands.keys import context_applies, context_of, refuse_steps
+from glm53ctl.commands.keys import context_applies, context_fits, context_of, refuse_steps
 from glm53ctl.errors import UsageError
 from glm53ctl.output import Output, err_console, print_warning
 
@@ -87,6 +87,8 @@ def tune(
     spaces = {k: space_of(kind_knobs(k), names) for k in kinds}
     context_applies(kinds, context is not None)
     ctx = {k: context_of(k, context) for k in kinds}
+    if context is not None:
+        context_fits(spec, [k for k in kinds if ctx[k] is not None], rowss, [context])  # positions
     if study and len(kinds) * len(tps) * len(rowss) > 1:
         raise UsageError("--study names one study: give one --kind, --tp and --rows with it")
     if write and search_only:
