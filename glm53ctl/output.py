@@ -136,9 +136,10 @@ class Heartbeat:
             print(f"    ... {self.key}: {self.at}, {spent} in this key", file=sys.stderr, flush=True)
 
 
-def plural(n: int, noun: str) -> str:
-    """'1 key', '3 keys' (`noun` in the plural, as the counts say it)."""
-    return f"{n} {noun[:-1] if n == 1 and noun.endswith('s') else noun}"
+def plural(n: int, noun: str, one: str | None = None) -> str:
+    """'1 key', '3 keys' (`noun` in the plural, as the counts say it; `one` where the singular is not it less
+    its s: 'process')."""
+    return f"{n} {noun if n != 1 else one or noun.removesuffix('s')}"
 
 
 def _mmss(seconds: float) -> str:

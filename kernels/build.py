@@ -227,8 +227,9 @@ def build(keys: list[ResolvedKey], target: int, out: Path, jobs: int, progress=N
                 if progress:
                     progress(futures[f])
     except KeyboardInterrupt:  # the workers are stopped; what each finished is in the cache (written whole)
+        of = f"{len(keys)} key{'s' if len(keys) != 1 else ''}"
         raise interrupted(
-            f"{len(results)} of {len(keys)} keys built, kept in {cache} (a rerun takes them free); "
+            f"{len(results)} of {of} built, kept in {cache} (a rerun takes them free); "
             f"{out / 'manifest.json'} not written: it would leave the other keys out"
         ) from None
     entries = [

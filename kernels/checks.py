@@ -180,7 +180,7 @@ def fault_key(
 
         raise UsageError(f"--site {site}: {res.key} has sites 0..{n_sites - 1}")
     for s in sites:
-        tick(f"{res.sites} of {len(sites)} sites stuck")
+        tick(f"{res.sites} of {len(sites)} site{'s' if len(sites) != 1 else ''} stuck")
         res.sites += 1
         watchdog = threading.Timer(wall_s, _hang, args=(res.key, s, wall_s))
         watchdog.start()

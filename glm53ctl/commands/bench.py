@@ -16,7 +16,7 @@ from glm53ctl.commands import Command
 from glm53ctl.commands.build import parse_list
 from glm53ctl.commands.keys import context_applies, context_fits, refuse_step_baselines
 from glm53ctl.errors import CheckFailed, UsageError
-from glm53ctl.output import Output, Progress, err_console, print_warning
+from glm53ctl.output import Output, Progress, err_console, plural, print_warning
 
 BASELINES = ("separate", "separate-pdl", "torch", "compile", "defaults")
 
@@ -180,7 +180,8 @@ def bench(
     slower = [r for r in results if r.get("against", {}).get("verdict") == "slower"]
     if slower:
         names = ", ".join(key_label(r) for r in slower)
-        raise CheckFailed(f"{against} is faster beyond the noise at {len(slower)} of {len(results)} keys: {names}")
+        of = plural(len(results), "keys")
+        raise CheckFailed(f"{against} is faster beyond the noise at {len(slower)} of {of}: {names}")
 
 
 def _contexts(context: str | None, kinds: list[str]) -> dict[str, list[int]]:

@@ -11,7 +11,7 @@ import typer
 
 from glm53ctl.commands import Command
 from glm53ctl.errors import UsageError
-from glm53ctl.output import Output, Progress, err_console
+from glm53ctl.output import Output, Progress, err_console, plural
 
 
 def parse_list(flag: str, text: str | None, allowed: tuple, cast=str, default: tuple | None = None) -> list:
@@ -28,12 +28,6 @@ def parse_list(flag: str, text: str | None, allowed: tuple, cast=str, default: t
     if bad or not values:
         raise UsageError(f"{flag} {text!r}: expected values from {', '.join(map(str, allowed))}")
     return values
-
-
-def plural(n: int, noun: str, one: str | None = None) -> str:
-    """'1 key', '3 keys' (`noun` in the plural, as the counts say it; `one` where the singular is not it less
-    its s: 'process')."""
-    return f"{n} {noun if n != 1 else one or noun.removesuffix('s')}"
 
 
 def register(app: typer.Typer) -> None:

@@ -257,7 +257,8 @@ def _run_ref(
     pairs = list(dict.fromkeys((k.tp, k.rows) for k in keys))
     tps, rowss = list(dict.fromkeys(t for t, _ in pairs)), list(dict.fromkeys(r for _, r in pairs))
     grids = [(tps, rowss)] if len(pairs) == len(tps) * len(rowss) else [([t], [r]) for t, r in pairs]
-    o.log(f"running {against} ({sha[:12]}) from {tree}: its outputs for {len(keys)} keys, then this tree's checks")
+    n = plural(len(keys), "keys")
+    o.log(f"running {against} ({sha[:12]}) from {tree}: its outputs for {n}, then this tree's checks")
     for ts, rs in grids:
         args = base + ["--tp", ",".join(map(str, ts)), "--rows", ",".join(map(str, rs))]
         if run_cli(tree, args).returncode:
@@ -557,8 +558,8 @@ def fault(
             err_console.print(progress.line(line, costs[i]))
     tot = {f: sum(r[f] for r in results) for f in ("sites", "named", "hangs", "retries_equal")}
     summary = (
-        f"{tot['sites']} sites tried, {tot['named']} named correctly, {tot['hangs']} hangs, "
-        f"{tot['retries_equal']} retries bitwise equal"
+        f"{plural(tot['sites'], 'sites')} tried, {tot['named']} named correctly, {plural(tot['hangs'], 'hangs')}, "
+        f"{plural(tot['retries_equal'], 'retries', 'retry')} bitwise equal"
     )
     _fault_report(
         o,
@@ -576,7 +577,7 @@ def _fault_ranks(o: Output, weights, keys, device: str, budget_ns: int, wall_s: 
     from glm53ctl.kernels.checks import ranks_fault_key
 
     err_console.print(
-        f"muting each rank of {len(keys)} keys of {weights.spec.name} in turn ({device})", highlight=False
+        f"muting each rank of {plural(len(keys), 'keys')} of {weights.spec.name} in turn ({device})", highlight=False
     )
     progress = Progress(len(keys))
     results = []
@@ -588,8 +589,9 @@ def _fault_ranks(o: Output, weights, keys, device: str, budget_ns: int, wall_s: 
             err_console.print(progress.line(f"{'ok  ' if row['ok'] else 'FAIL'} {row['key']}"))
     tot = {f: sum(r[f] for r in results) for f in ("peers", "named", "hangs", "retries_equal")}
     summary = (
-        f"{tot['peers']} peers muted, {tot['named']} named by every other rank, {tot['hangs']} hangs, "
-        f"{tot['retries_equal']} retries bitwise equal on every rank"
+        f"{plural(tot['peers'], 'peers')} muted, {tot['named']} named by every other rank, "
+        f"{plural(tot['hangs'], 'hangs')}, {plural(tot['retries_equal'], 'retries', 'retry')} bitwise equal on "
+        "every rank"
     )
     _fault_report(
         o,

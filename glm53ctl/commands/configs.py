@@ -9,10 +9,9 @@ import typer
 
 from glm53ctl import tuned
 from glm53ctl.commands import Command
-from glm53ctl.commands.build import plural
 from glm53ctl.errors import ConfigError, Glm53Error, UsageError
 from glm53ctl.files import check_replaceable
-from glm53ctl.output import Output, print_error
+from glm53ctl.output import Output, plural, print_error
 from glm53ctl.paths import config_root
 
 app = typer.Typer(

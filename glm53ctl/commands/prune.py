@@ -11,9 +11,8 @@ from typing import Annotated
 import typer
 
 from glm53ctl.commands import Command
-from glm53ctl.commands.build import plural
 from glm53ctl.errors import UsageError
-from glm53ctl.output import Output
+from glm53ctl.output import Output, plural
 
 
 def register(app: typer.Typer) -> None:

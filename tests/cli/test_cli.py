@@ -1,6 +1,7 @@
 import functools
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -200,3 +201,24 @@ def test_every_package_folder_is_in_pyproject():
             rel = init.parent.relative_to(root / folder).parts
             on_disk.add(".".join((name, *rel)))
     assert listed == on_disk, listed ^ on_disk
+
+
+def test_counts_agree_with_their_nouns():
+    """'1 key', never '1 keys' (issue 30): output.plural says a count, and no message puts a bare count before a
+    plural noun (`{len(keys)} keys`), which reads '1 keys' at one."""
+    import re
+
+    from glm53ctl.output import plural
+
+    assert [plural(n, "keys") for n in (0, 1, 2)] == ["0 keys", "1 key", "2 keys"]
+    assert plural(1, "processes", "process") == "1 process" and plural(3, "processes", "process") == "3 processes"
+    root = Path(__file__).resolve().parents[2]
+    bare = re.compile(r"\{(len\([^}]*\)|tot\[[^]]*\]|n_\w+)\} (keys|sites|files|tensors|kernels|hangs|retries|peers)\b")
+    found = [
+        f"{p.relative_to(root)}:{i}: {line.strip()}"
+        for folder in ("glm53ctl", "kernels", "tuning")
+        for p in sorted((root / folder).rglob("*.py"))
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if bare.search(line)
+    ]
+    assert not found, "\n".join(found)
