@@ -261,6 +261,20 @@ def test_each_site_stuck_is_named_and_the_retry_is_clean(weights):
     assert res.named == res.retries_equal == res.sites
 
 
+def test_weights_first_waits_late_and_each_late_site_is_named(weights):
+    """weights_first: o_proj's and down's sites are late (waited in their bodies, after their first weights);
+    each stuck is named, and the retry is clean, as at the default."""
+    key = resolved("dense", 2, 1, {"weights_first": 1})
+    k = DenseHarness(weights, key)
+    t = k.launch.table
+    gemvs = [i for i, task in enumerate(t.tasks) if task[0] in (OPROJ, tt.DOWN.value)]
+    assert gemvs and all(s.late for i in gemvs for s in t.sites_of(i))
+    for ttype in (OPROJ, tt.DOWN.value):  # the first late site of each (the whole key's sites: the test above)
+        site = next(i for i, s in enumerate(t.sites) if t.tasks[s.task][0] == ttype)
+        res = fault_key(weights, key, site, budget_ns=10**6, wall_s=60)
+        assert res.ok and res.named == res.retries_equal == res.sites == 1, res.problems
+
+
 @pytest.mark.parametrize(("tp", "rows"), [(1, 1), (2, 3), (4, 8)])
 def test_the_other_norm_value_is_accurate_and_keeps_its_bits(weights, tp, rows):
     """`norm` is numeric; the default ("auto") is checked above: folded at rows <= 4 (INPROJ and gate/up tasks

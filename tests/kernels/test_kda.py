@@ -67,6 +67,7 @@ def test_exact_ties_are_routed_by_index():
     "knobs",
     [
         {"oproj_first": 1},
+        {"weights_first": 1, "oproj_first": 1},
         {"box_words": 16, "handoff": "flag"},
         {"kda_split": 1, "block_n_out": 16},
         {"block_n_down": 16, "block_n_gu": 16},

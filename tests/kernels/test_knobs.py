@@ -31,7 +31,8 @@ def test_the_defaults_are_the_measured_ones():
     assert defaults("tail") == tail | {"prefetch": 0, "gathers": "last", "split": "even", "norm": "fold"}
     dense = {"grid": 0, "warps": 4, "handoff": "box", "poll": 0, "stages": 4, "block_n_in": 32, "block_n_gu": 32}
     dense |= {"block_n_out": 32, "box_words": 32, "oproj_first": 0, "kda_split": 0, "chunk_cols": 128, "ksplit": 2}
-    dense |= {"ksplit_gu": 2, "ksplit_in": 1, "block_k": 128, "maxnreg": 0, "prefetch": 3, "ffn_mix": "auto"}
+    dense |= {"ksplit_gu": 2, "ksplit_in": 1, "block_k": 128, "maxnreg": 0, "prefetch": 3, "weights_first": 0}
+    dense |= {"ffn_mix": "auto"}
     assert defaults("dense") == dense | {"norm": "auto"}
 
 

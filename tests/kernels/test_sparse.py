@@ -70,7 +70,9 @@ def test_tied_index_scores_take_the_lower_pools():
     assert torch.equal(out["dsa.idx"][row, len(first) : len(first) + len(tail)].long(), tail)
 
 
-@pytest.mark.parametrize("knobs", [{"box_words": 16, "handoff": "flag"}, {"block_n_down": 16, "block_n_in": 16}])
+@pytest.mark.parametrize(
+    "knobs", [{"box_words": 16, "handoff": "flag"}, {"block_n_down": 16, "block_n_in": 16}, {"weights_first": 1}]
+)
 def test_schedule_knobs_keep_every_bit(weights, knobs):
     k = SparseHarness(weights, resolved("sparse", 2, 2))
     x = k.inputs(seed=9)[0]

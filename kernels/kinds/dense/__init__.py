@@ -94,6 +94,14 @@ KNOBS = (
         "task; 2 only o_proj, gate/up and down; 3 only the KDA heads' and attention reduces' own operands",
     ),
     Knob(
+        "weights_first",
+        (0, 1),
+        0,
+        "schedule",
+        "o_proj and down_proj tasks load their first K tile of weights (all of it where block_k covers the task's "
+        "K slice) before they wait for their input, so their weights stream while they wait; the same sums",
+    ),
+    Knob(
         "ffn_mix",
         ("reduce", "task", "auto"),
         "auto",

@@ -256,6 +256,7 @@ class Schedule(NamedTuple):
 
     OPROJ_FIRST: bool
     PREFETCH: int
+    WEIGHTS_FIRST: bool
     FOLD: bool
     MIX_TASK: bool
     TRACE: bool

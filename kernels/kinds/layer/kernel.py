@@ -20,7 +20,15 @@ from glm53ctl.kernels.kinds.layer.mla import mla_task
 from glm53ctl.kernels.kinds.layer.mlp import mlp_task
 from glm53ctl.kernels.kinds.layer.moe import moe_task
 from glm53ctl.kernels.kinds.layer.prefetch import prefetch
-from glm53ctl.kernels.kinds.layer.shared import PR, task_gate, task_mix, task_own, task_partial, task_reduce
+from glm53ctl.kernels.kinds.layer.shared import (
+    PR,
+    task_gate,
+    task_mix,
+    task_own,
+    task_partial,
+    task_partial_first,
+    task_reduce,
+)
 from glm53ctl.kernels.kinds.task_types import (
     COMB_A,
     COMB_F,
@@ -142,10 +150,17 @@ def _run_task(
             ok = kda_task(ttype, row, task, ok, epoch, rt, stuck_site, budget_ns, H, attn_w, attn_state, attn_buf,
                           hand, outs, consts, R, dims, sched, INTERPRET, POLL, THREADS)  # fmt: skip
     elif ttype == OPROJ:
-        task_partial(
-            x=attn_o + a1 * dims.PK, w=w_o + a1 * dims.PK, out=hand.kpart_a + a1 * R * D, n0=a0, R=R, N=D, K=dims.PK,
-            STRIDE=dims.P, BN=dims.BN_O, BK=dims.BK_O, INTERPRET=INTERPRET,
-        )  # fmt: skip
+        if sched.WEIGHTS_FIRST:
+            ok = task_partial_first(
+                rt, row, task, epoch, stuck_site, budget_ns, x=attn_o + a1 * dims.PK, w=w_o + a1 * dims.PK,
+                out=hand.kpart_a + a1 * R * D, n0=a0, R=R, N=D, K=dims.PK, STRIDE=dims.P, BN=dims.BN_O, BK=dims.BK_O,
+                INTERPRET=INTERPRET, POLL=POLL, THREADS=THREADS,
+            )  # fmt: skip
+        else:
+            task_partial(
+                x=attn_o + a1 * dims.PK, w=w_o + a1 * dims.PK, out=hand.kpart_a + a1 * R * D, n0=a0, R=R, N=D,
+                K=dims.PK, STRIDE=dims.P, BN=dims.BN_O, BK=dims.BK_O, INTERPRET=INTERPRET,
+            )  # fmt: skip
     elif ttype == RED_A:
         task_reduce(
             src=(hand.kpart_a,), parts=hand.parts_a, out=outs.attn, H=H, post=outs.post_a, comb=outs.comb_a,

@@ -231,6 +231,7 @@ class LayerLaunch(PersistentLaunch):
                 # the state write-back after the next task: KDA's only
                 OPROJ_FIRST=bool(self.knobs["oproj_first"]) and not d.mla,
                 PREFETCH=self.knobs["prefetch"],
+                WEIGHTS_FIRST=bool(self.knobs.get("weights_first", 0)),
                 FOLD=self.fold,
                 MIX_TASK=mix_tasks(self.knobs, self.rows, d.HC),
                 TRACE=self.tracing,

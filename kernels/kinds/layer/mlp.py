@@ -9,7 +9,7 @@ what down_proj reads; gup: gate/up's K-slice sums).
 import triton
 import triton.language as tl
 
-from glm53ctl.kernels.kinds.layer.shared import PR, _fold_rows, task_partial
+from glm53ctl.kernels.kinds.layer.shared import PR, _fold_rows, task_partial, task_partial_first
 from glm53ctl.kernels.kinds.task_types import DOWN, GU
 from glm53ctl.kernels.ops.ffn.kernel import swiglu_act
 from glm53ctl.kernels.ops.gemv.kernel import gemv_tile_pair
@@ -72,19 +72,42 @@ def mlp_task(
             THREADS=THREADS,
         )
     elif ttype == DOWN:
-        task_partial(
-            x=ffn_buf.act + row[2] * dims.IK,
-            w=ffn_w.w_down + row[2] * dims.IK,
-            out=hand.kpart_f + row[2] * R * dims.D,
-            n0=row[1],
-            R=R,
-            N=dims.D,
-            K=dims.IK,
-            STRIDE=dims.I,
-            BN=dims.BN_O,
-            BK=dims.BK_I,
-            INTERPRET=INTERPRET,
-        )
+        if sched.WEIGHTS_FIRST:
+            ok = task_partial_first(
+                rt,
+                row,
+                task,
+                epoch,
+                stuck_site,
+                budget_ns,
+                x=ffn_buf.act + row[2] * dims.IK,
+                w=ffn_w.w_down + row[2] * dims.IK,
+                out=hand.kpart_f + row[2] * R * dims.D,
+                n0=row[1],
+                R=R,
+                N=dims.D,
+                K=dims.IK,
+                STRIDE=dims.I,
+                BN=dims.BN_O,
+                BK=dims.BK_I,
+                INTERPRET=INTERPRET,
+                POLL=POLL,
+                THREADS=THREADS,
+            )
+        else:
+            task_partial(
+                x=ffn_buf.act + row[2] * dims.IK,
+                w=ffn_w.w_down + row[2] * dims.IK,
+                out=hand.kpart_f + row[2] * R * dims.D,
+                n0=row[1],
+                R=R,
+                N=dims.D,
+                K=dims.IK,
+                STRIDE=dims.I,
+                BN=dims.BN_O,
+                BK=dims.BK_I,
+                INTERPRET=INTERPRET,
+            )
     return ok
 
 

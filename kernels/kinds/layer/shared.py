@@ -10,8 +10,9 @@ import triton
 import triton.language as tl
 
 from glm53ctl.kernels.ops.ffn.moe import moe_sum_cols
-from glm53ctl.kernels.ops.gemv.kernel import gemv_tile, sum_streams
+from glm53ctl.kernels.ops.gemv.kernel import gemv_first_weights, gemv_tile, gemv_tile_from, sum_streams
 from glm53ctl.kernels.ops.mhc.kernel import gate_comb, gate_pre, gate_scale, hc_post_cols, mix_row
+from glm53ctl.kernels.runtime.device import wait_task
 from glm53ctl.kernels.tlx import interpreting  # noqa: F401 (importing tlx applies the interpreter's settings)
 
 PR = tl.constexpr(8)  # floats per row of the gates' pre [HC] and 1/RMS (buffer "pr")
@@ -127,6 +128,40 @@ def task_partial(
     o_m = tl.arange(0, 16)
     o_n = n0 + tl.arange(0, BN)
     tl.store(out + o_m[:, None] * N + o_n[None, :], acc, mask=(o_m[:, None] < R) & (o_n[None, :] < N))
+
+
+@triton.jit(noinline=True)
+def task_partial_first(
+    rt,
+    row,
+    task,
+    epoch,
+    stuck_site,
+    budget_ns,
+    x,
+    w,
+    out,
+    n0,
+    R,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    STRIDE: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    POLL: tl.constexpr,
+    THREADS: tl.constexpr,
+):
+    """task_partial, weights first (knob weights_first): the tile's first K chunk is loaded, then the task waits
+    for its input (its sites are late), then it sums as task_partial does: the same bits. Returns ok."""
+    b_w0 = gemv_first_weights(w, n0, N, STRIDE, BN, BK)
+    ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, True)
+    if ok:
+        acc = gemv_tile_from(b_w0, x, STRIDE, w, n0, R, N, K, STRIDE, BN, BK, INTERPRET)
+        o_m = tl.arange(0, 16)
+        o_n = n0 + tl.arange(0, BN)
+        tl.store(out + o_m[:, None] * N + o_n[None, :], acc, mask=(o_m[:, None] < R) & (o_n[None, :] < N))
+    return ok
 
 
 @triton.jit(noinline=True)

@@ -205,6 +205,7 @@ def add_dense(t: TaskTable, d: Dims, rows: int, knobs: dict, mode: str = "full",
     H (the FFN reduces) in mode "full", the rank's partials (OWN_A / OWN_F) in "attn" / "ffn"."""
     assert mode in MODES
     how, words = knobs["handoff"], knobs["box_words"]
+    first = bool(knobs.get("weights_first", 0))  # o_proj's and down's waits in their bodies, after their weights
 
     def add(ttype: int, *args: int, waits: list[int] = (), peers: bool = False, late: bool = False) -> int:
         task = t.add(ttype, *args)
@@ -221,7 +222,7 @@ def add_dense(t: TaskTable, d: Dims, rows: int, knobs: dict, mode: str = "full",
     # a folded INPROJ streams H from the start (once H is there) and waits for its gates at its end
     fold = folds(knobs["norm"], rows, d.HC) and not d.mla
     if d.mla:
-        oproj = _add_mla(t, add, d, rows, gates)
+        oproj = _add_mla(t, add, d, rows, gates, first)
     else:
         inproj = []
         for n0 in range(0, d.NIN, d.BN):
@@ -243,7 +244,7 @@ def add_dense(t: TaskTable, d: Dims, rows: int, knobs: dict, mode: str = "full",
         for ks in range(d.KS_O):
             lo, hi = ks * d.PK, (ks + 1) * d.PK
             need = [task for h in range(d.HL) if h * d.K < hi and lo < (h + 1) * d.K for task in heads[h]]
-            oproj += [(n0, n0 + d.BN_O, add(OPROJ, n0, ks, waits=need)) for n0 in range(0, d.D, d.BN_O)]
+            oproj += [(n0, n0 + d.BN_O, add(OPROJ, n0, ks, waits=need, late=first)) for n0 in range(0, d.D, d.BN_O)]
     chunks = [(c, r) for r in range(rows) for c in range(d.NCH)]  # row by row: row 0's gate goes first
     if mode == "attn":
         return [add(OWN_A, c, r, waits=_covering(oproj, c * d.CH, (c + 1) * d.CH)) for c, r in chunks]
@@ -275,7 +276,7 @@ def add_dense(t: TaskTable, d: Dims, rows: int, knobs: dict, mode: str = "full",
     down = []
     for ks in range(d.KS_F):
         need = _covering(gu, ks * d.IK, (ks + 1) * d.IK)
-        down += [(n0, n0 + d.BN_O, add(DOWN, n0, ks, waits=need)) for n0 in range(0, d.D, d.BN_O)]
+        down += [(n0, n0 + d.BN_O, add(DOWN, n0, ks, waits=need, late=first)) for n0 in range(0, d.D, d.BN_O)]
     if mode == "ffn":
         return [add(OWN_F, c, r, waits=_covering(down, c * d.CH, (c + 1) * d.CH)) for c, r in chunks]
     return [
@@ -313,7 +314,9 @@ def _add_moe(t: TaskTable, add, d: Dims, rows: int, gates_f: list[int], knobs: d
     ]
 
 
-def _add_mla(t: TaskTable, add, d: Dims, rows: int, gates: list[int]) -> list[tuple[int, int, int]]:
+def _add_mla(
+    t: TaskTable, add, d: Dims, rows: int, gates: list[int], first: bool = False
+) -> list[tuple[int, int, int]]:
     """`sparse`'s attention half after the attention gates (kernels/ops/dsa/kernel.py has the steps): the fused A
     projection's tiles; per row its norms and cache writes; q_b | the indexer's wq_b tiles; per head the absorb;
     per row the index scores in pool blocks, then its selection; per row, head group and token block the
@@ -344,5 +347,5 @@ def _add_mla(t: TaskTable, add, d: Dims, rows: int, gates: list[int]) -> list[tu
     oproj = []
     for ks in range(d.KS_O):
         need = _covering(wuv, ks * d.PK, (ks + 1) * d.PK)
-        oproj += [(n0, n0 + d.BN_O, add(OPROJ, n0, ks, waits=need)) for n0 in range(0, d.D, d.BN_O)]
+        oproj += [(n0, n0 + d.BN_O, add(OPROJ, n0, ks, waits=need, late=first)) for n0 in range(0, d.D, d.BN_O)]
     return oproj

@@ -53,6 +53,48 @@ def gemv_tile(
 
 
 @triton.jit
+def gemv_first_weights(w, n0, N, STRIDE_W: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The first K chunk of gemv_tile's weight tile, [BLOCK_N, BLOCK_K] bf16 (the whole tile where BLOCK_K covers
+    its K): loaded before a task waits for its input, so its weights stream while it waits (gemv_tile_from)."""
+    o_n = n0 + tl.arange(0, BLOCK_N)
+    o_k = tl.arange(0, BLOCK_K)
+    return tl.load(w + o_n[:, None].to(tl.int64) * STRIDE_W + o_k[None, :], mask=(o_n < N)[:, None], other=0.0)
+
+
+@triton.jit
+def gemv_tile_from(
+    b_w0,
+    x,
+    stride_x,
+    w,
+    n0,
+    R,
+    N,
+    K: tl.constexpr,
+    STRIDE_W: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    M: tl.constexpr = 16,
+):
+    """gemv_tile, its first weight chunk b_w0 loaded already (gemv_first_weights, before the wait): the same
+    products summed in the same order, so the same bits, whenever the weights were loaded."""
+    o_m = tl.arange(0, M)
+    o_n = n0 + tl.arange(0, BLOCK_N)
+    m_m = o_m < R
+    m_n = o_n < N
+    o_k = tl.arange(0, BLOCK_K)
+    b_x = tl.load(x + o_m[:, None].to(tl.int64) * stride_x + o_k[None, :], mask=m_m[:, None], other=0.0)
+    acc = mma(tl.zeros((M, BLOCK_N), dtype=tl.float32), b_x, b_w0, INTERPRET)
+    for k0 in range(BLOCK_K, K, BLOCK_K):
+        o_k = k0 + tl.arange(0, BLOCK_K)
+        b_x = tl.load(x + o_m[:, None].to(tl.int64) * stride_x + o_k[None, :], mask=m_m[:, None], other=0.0)
+        b_w = tl.load(w + o_n[:, None].to(tl.int64) * STRIDE_W + o_k[None, :], mask=m_n[:, None], other=0.0)
+        acc = mma(acc, b_x, b_w, INTERPRET)
+    return acc
+
+
+@triton.jit
 def gemv_tile_pair(
     x,
     stride_x,
