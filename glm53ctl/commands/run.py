@@ -77,7 +77,7 @@ def run(
     import time
 
     from glm53ctl.kernels.run_key import RunKey, check_run_key, layer_for
-    from glm53ctl.kernels.spec import load_model
+    from glm53ctl.kernels.spec import ROWS, load_model
 
     # every check before the progress line and the heavy imports: a usage error costs no torch
     o = Output(as_json)
@@ -86,6 +86,11 @@ def run(
     for flag, path in (("--out", out), ("--save-weights", save_weights_to)):
         if path is not None:
             check_writable(flag, path)
+    if rows not in ROWS:  # the row counts build, check, bench and tune take (the kernels would run any of 1-8)
+        raise UsageError(
+            f"--rows {rows}: expected one of {', '.join(map(str, ROWS))}",
+            hint="the row counts glm53ctl builds, checks and tunes",
+        )
     token_ids = parse_ids(tokens) if tokens is not None else None
     key = RunKey(kind, tp, rows, context, steps, seed, layer, token_ids)
     check_run_key(key)
