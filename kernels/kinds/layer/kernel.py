@@ -255,7 +255,12 @@ def layer_kernel(
             prefetch(ttype, a0, a1, row[3], gates, attn_w, attn_state, ffn_w, dims, MLA, MOE, sched.PREFETCH,
                      sched.MIX_TASK)  # fmt: skip
         # a task's early sites; its late ones (a folded INPROJ's gates, a KDA head's other parts) in its body
-        ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, False)
+        if sched.WEIGHTS_FIRST and not MOE:  # dense's gate/up waits in its body, after its first weights
+            ok = task >= 0
+            if ttype != GU:
+                ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, False)
+        else:
+            ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, False)
         if sched.TRACE:
             stamp(hand.trace, task, 1, INTERPRET)
         if ok:

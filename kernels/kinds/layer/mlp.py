@@ -12,7 +12,7 @@ import triton.language as tl
 from glm53ctl.kernels.kinds.layer.shared import PR, _fold_rows, task_partial, task_partial_first
 from glm53ctl.kernels.kinds.task_types import DOWN, GU
 from glm53ctl.kernels.ops.ffn.kernel import swiglu_act
-from glm53ctl.kernels.ops.gemv.kernel import gemv_tile_pair
+from glm53ctl.kernels.ops.gemv.kernel import gemv_first_weights, gemv_tile_pair, gemv_tile_pair_from
 from glm53ctl.kernels.runtime.device import stamp, wait_task
 from glm53ctl.kernels.tlx import to_bf16
 
@@ -70,6 +70,7 @@ def mlp_task(
             INTERPRET=INTERPRET,
             POLL=POLL,
             THREADS=THREADS,
+            FIRST=sched.WEIGHTS_FIRST,
         )
     elif ttype == DOWN:
         if sched.WEIGHTS_FIRST:
@@ -142,6 +143,7 @@ def task_gate_up(
     INTERPRET: tl.constexpr,
     POLL: tl.constexpr,
     THREADS: tl.constexpr,
+    FIRST: tl.constexpr = False,
 ):
     """GU: gate and up rows n0.. over K slice ks of KS (knob ksplit_gu), both in one K loop. A slice but the
     first stores its sums in `gup` [KS, 2, 32, I] and is done; slice 0 then waits (late) for them, adds them
@@ -154,16 +156,28 @@ def task_gate_up(
     if FOLD:
         XR = R * HC
     KK: tl.constexpr = D // KS
-    g_s, u_s = gemv_tile_pair(x + ks * KK, D, w_gate + ks * KK, w_up + ks * KK, n0, XR, I, KK, D, BN, BK, INTERPRET, M)
+    ok = task >= 0
+    if FIRST:  # knob weights_first: both first weight chunks in flight, then the early waits (the loop left them)
+        b_g0 = gemv_first_weights(w_gate + ks * KK, n0, I, D, BN, BK)
+        b_u0 = gemv_first_weights(w_up + ks * KK, n0, I, D, BN, BK)
+        ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, False)
+        if TRACE:
+            stamp(trace, task, 1, INTERPRET)
+        g_s, u_s = gemv_tile_pair_from(
+            b_g0, b_u0, x + ks * KK, D, w_gate + ks * KK, w_up + ks * KK, n0, XR, I, KK, D, BN, BK, INTERPRET, M
+        )
+    else:
+        g_s, u_s = gemv_tile_pair(
+            x + ks * KK, D, w_gate + ks * KK, w_up + ks * KK, n0, XR, I, KK, D, BN, BK, INTERPRET, M
+        )
     o_s = tl.arange(0, M)
     o_n = n0 + tl.arange(0, BN)
     p_gup = gup + o_s[:, None] * I + o_n[None, :]
-    m_gup = (o_s[:, None] < XR) & (o_n[None, :] < I)
-    ok = task >= 0
+    m_gup = (o_s[:, None] < XR) & (o_n[None, :] < I) & ok
     if ks != 0:
         tl.store(p_gup + (ks * 2) * (32 * I), g_s, mask=m_gup)
         tl.store(p_gup + (ks * 2 + 1) * (32 * I), u_s, mask=m_gup)
-    else:
+    elif ok:
         if (KS > 1) or FOLD:
             if TRACE:
                 stamp(trace, task, 4, INTERPRET)

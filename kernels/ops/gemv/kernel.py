@@ -131,6 +131,45 @@ def gemv_tile_pair(
 
 
 @triton.jit
+def gemv_tile_pair_from(
+    b_w1,
+    b_w2,
+    x,
+    stride_x,
+    w1,
+    w2,
+    n0,
+    R,
+    N,
+    K: tl.constexpr,
+    STRIDE_W: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    M: tl.constexpr = 16,
+):
+    """gemv_tile_pair, the first weight chunk of each matrix loaded already (gemv_first_weights, before the
+    wait): the same sums in the same order as gemv_tile_pair."""
+    o_m = tl.arange(0, M)
+    o_n = n0 + tl.arange(0, BLOCK_N)
+    m_m = o_m < R
+    m_n = o_n < N
+    o_k = tl.arange(0, BLOCK_K)
+    b_x = tl.load(x + o_m[:, None].to(tl.int64) * stride_x + o_k[None, :], mask=m_m[:, None], other=0.0)
+    acc1 = mma(tl.zeros((M, BLOCK_N), dtype=tl.float32), b_x, b_w1, INTERPRET)
+    acc2 = mma(tl.zeros((M, BLOCK_N), dtype=tl.float32), b_x, b_w2, INTERPRET)
+    for k0 in range(BLOCK_K, K, BLOCK_K):
+        o_k = k0 + tl.arange(0, BLOCK_K)
+        b_x = tl.load(x + o_m[:, None].to(tl.int64) * stride_x + o_k[None, :], mask=m_m[:, None], other=0.0)
+        p_w = o_n[:, None].to(tl.int64) * STRIDE_W + o_k[None, :]
+        b_v1 = tl.load(w1 + p_w, mask=m_n[:, None], other=0.0)
+        b_v2 = tl.load(w2 + p_w, mask=m_n[:, None], other=0.0)
+        acc1 = mma(acc1, b_x, b_v1, INTERPRET)
+        acc2 = mma(acc2, b_x, b_v2, INTERPRET)
+    return acc1, acc2
+
+
+@triton.jit
 def sum_streams(acc, M: tl.constexpr, HC: tl.constexpr, BLOCK_N: tl.constexpr):
     """A folded GEMV's sums over stream rows [M, BLOCK_N] (row r * HC + j: row r's stream j) to its rows' sums
     [M / HC, BLOCK_N], the streams added in stream order: ((s0 + s1) + s2) + s3. A tl.sum over them adds them
