@@ -263,8 +263,8 @@ def test_each_site_stuck_is_named_and_the_retry_is_clean(weights):
 
 def test_weights_first_waits_late_and_each_late_site_is_named(weights):
     """weights_first: o_proj's and down's sites are late (waited in their bodies, after their first weights), and
-    gate/up waits for its early sites in its body; each stuck is named, and the retry is clean, as at the
-    default."""
+    gate/up and the in-projection wait for their early sites in their bodies; each stuck is named, and the retry
+    is clean, as at the default."""
     key = resolved("dense", 2, 1, {"weights_first": 1})
     k = DenseHarness(weights, key)
     t = k.launch.table
@@ -276,7 +276,7 @@ def test_weights_first_waits_late_and_each_late_site_is_named(weights):
     peers = base.peer_partials(x)
     first = DenseHarness(weights, resolved("dense", 2, 8, {"grid": 5, "weights_first": 1}))
     assert_same_bits(base(x, peers, poison=True), first(x, peers, poison=True), "weights_first at rows 8")
-    for ttype in (OPROJ, tt.DOWN.value, GU):  # the first late site of each (the whole key's sites: the test above)
+    for ttype in (OPROJ, tt.DOWN.value, GU, INPROJ):  # the first site of each (every site at the default: above)
         site = next(i for i, s in enumerate(t.sites) if t.tasks[s.task][0] == ttype)
         res = fault_key(weights, key, site, budget_ns=10**6, wall_s=60)
         assert res.ok and res.named == res.retries_equal == res.sites == 1, res.problems

@@ -98,9 +98,9 @@ KNOBS = (
         (0, 1),
         0,
         "schedule",
-        "o_proj, down_proj and (dense) gate/up tasks load their first K tile of weights (all of it where block_k "
-        "covers the task's K slice) before they wait for their input, so their weights stream while they wait; "
-        "the same sums",
+        "the in-projection, o_proj, down_proj and (dense) gate/up tasks load their first K tile of weights (all "
+        "of it where block_k covers the task's K slice) before they wait for their input, so their weights "
+        "stream while they wait; the same sums",
     ),
     Knob(
         "ffn_mix",

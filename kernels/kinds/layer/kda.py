@@ -13,7 +13,7 @@ import triton.language as tl
 
 from glm53ctl.kernels.kinds.layer.shared import _fold_rows
 from glm53ctl.kernels.kinds.task_types import INPROJ, KDA_HEAD
-from glm53ctl.kernels.ops.gemv.kernel import gemv_tile
+from glm53ctl.kernels.ops.gemv.kernel import gemv_first_weights, gemv_tile, gemv_tile_from
 from glm53ctl.kernels.ops.kda.kernel import kda_head, kda_norm, kda_write_state
 from glm53ctl.kernels.runtime.device import arrive_last, stamp, wait_task
 from glm53ctl.kernels.tlx import to_bf16
@@ -76,6 +76,7 @@ def kda_task(
             INTERPRET=INTERPRET,
             POLL=POLL,
             THREADS=THREADS,
+            FIRST=sched.WEIGHTS_FIRST,
         )
     elif ttype == KDA_HEAD:
         task_kda(
@@ -169,6 +170,7 @@ def task_inproj(
     INTERPRET: tl.constexpr,
     POLL: tl.constexpr,
     THREADS: tl.constexpr,
+    FIRST: tl.constexpr = False,
 ):
     """INPROJ: rows n0.. of the fused in-projection over K slice ks of KS (knob ksplit_in), y_in fp32 and the
     low-rank f_a | g_a rows also in bf16 (lr). A slice but the first stores its sums in `ipp` [KS, 32, NIN] and
@@ -182,15 +184,22 @@ def task_inproj(
     if FOLD:
         XR = R * HC
     KK: tl.constexpr = D // KS
-    acc = gemv_tile(x + ks * KK, D, w_in + ks * KK, n0, XR, NIN, KK, D, BN, BK, INTERPRET, M)
+    ok = task >= 0
+    if FIRST:  # knob weights_first: the first weight chunk in flight, then the early waits (the loop left them)
+        b_w0 = gemv_first_weights(w_in + ks * KK, n0, NIN, D, BN, BK)
+        ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, False)
+        if TRACE:
+            stamp(trace, task, 1, INTERPRET)
+        acc = gemv_tile_from(b_w0, x + ks * KK, D, w_in + ks * KK, n0, XR, NIN, KK, D, BN, BK, INTERPRET, M)
+    else:
+        acc = gemv_tile(x + ks * KK, D, w_in + ks * KK, n0, XR, NIN, KK, D, BN, BK, INTERPRET, M)
     o_s = tl.arange(0, M)
     o_n = n0 + tl.arange(0, BN)
     p_ipp = ipp + o_s[:, None] * NIN + o_n[None, :]
-    m_ipp = (o_s[:, None] < XR) & (o_n[None, :] < NIN)
-    ok = task >= 0
+    m_ipp = (o_s[:, None] < XR) & (o_n[None, :] < NIN) & ok
     if ks != 0:
         tl.store(p_ipp + ks * (32 * NIN), acc, mask=m_ipp)
-    else:
+    elif ok:
         if (KS > 1) or FOLD:
             if TRACE:
                 stamp(trace, task, 4, INTERPRET)

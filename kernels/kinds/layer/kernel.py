@@ -107,6 +107,18 @@ def _is_attn_half(ttype, MLA: tl.constexpr):
 
 
 @triton.jit
+def _waits_in_body(ttype, MLA: tl.constexpr, MOE: tl.constexpr):
+    """Knob weights_first: the tasks that wait for their early sites in their bodies, after their first weights
+    (KDA's in-projection, the dense MLP's gate/up; o_proj's and down's sites are late instead)."""
+    yes = ttype < 0
+    if not MLA:
+        yes = yes | (ttype == INPROJ)
+    if not MOE:
+        yes = yes | (ttype == GU)
+    return yes
+
+
+@triton.jit
 def _is_ffn_half(ttype, MOE: tl.constexpr):
     """Whether a task is the FFN half's own: the MoE's (consecutive ids) or the dense MLP's."""
     if MOE:
@@ -255,9 +267,10 @@ def layer_kernel(
             prefetch(ttype, a0, a1, row[3], gates, attn_w, attn_state, ffn_w, dims, MLA, MOE, sched.PREFETCH,
                      sched.MIX_TASK)  # fmt: skip
         # a task's early sites; its late ones (a folded INPROJ's gates, a KDA head's other parts) in its body
-        if sched.WEIGHTS_FIRST and not MOE:  # dense's gate/up waits in its body, after its first weights
-            ok = task >= 0
-            if ttype != GU:
+        if sched.WEIGHTS_FIRST:  # the in-projection and (dense's) gate/up wait in their bodies, after their weights
+            if _waits_in_body(ttype, MLA, MOE):
+                ok = task >= 0
+            else:
                 ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, False)
         else:
             ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, False)
