@@ -1,0 +1,44 @@
+"""Progress that holds (issue 30, case 7): the estimate weighs keys by their work, workers take the heaviest keys
+first, and a long key says where it is while it runs (before: "~0:20 left" with five minutes to go, and minutes of
+silence inside `check --kind model` or `fault --kind dense,kda,sparse`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from glm53ctl import output
+from tests.helpers import invoke
+
+
+def test_the_estimate_weighs_keys_by_their_work(monkeypatch):
+    """Three light keys done in 3 s, a key 100 times heavier to go: the estimate is about its 100 s, not 1 s
+    (an average per key)."""
+    clock = iter([0.0, 1.0, 2.0, 3.0])
+    monkeypatch.setattr(output.time, "monotonic", lambda: next(clock))
+    p = output.Progress(4, costs=[1, 1, 1, 100])
+    for _ in range(2):
+        p.line("light", 1)
+    line = p.line("light", 1)
+    assert line.startswith("  [3/4, 0:03 elapsed, ~1:40 left]"), line
+
+
+def test_the_heaviest_keys_go_first_and_costs_follow_the_tables():
+    from glm53ctl.commands.check import _costs, _per_key, _setup
+
+    _, weights, keys = _setup("tiny", "embed,sparse", "1", "1")
+    costs = _costs(weights.spec, keys)
+    assert costs[1] > 5 * costs[0]  # a sparse layer's tables against embed's
+    order = [i for i, _ in _per_key(lambda key, weights: key.kind, weights, keys, 1, costs=costs)]
+    assert order == [0, 1]  # in this process: as given
+    fault = _costs(weights.spec, keys, per_site=True)
+    assert all(f > c for f, c in zip(fault, costs, strict=True))
+
+
+@pytest.mark.slow
+def test_a_long_key_says_where_it_is(capsys, monkeypatch):
+    """Every GLM53CTL_HEARTBEAT_S seconds a line from inside the key: where it is and how long it has been there."""
+    monkeypatch.setenv("GLM53CTL_HEARTBEAT_S", "0.2")
+    code, _, err = invoke(capsys, "fault", "--kind", "tail", "--tp", "2", "--rows", "8", "--jobs", "1")
+    beats = [ln for ln in err.splitlines() if ln.startswith("    ... tiny/tail/tp2/r8: ")]
+    assert code == 0 and beats, err
+    assert any(" sites stuck, " in b for b in beats) and all(b.endswith(" in this key") for b in beats), beats
