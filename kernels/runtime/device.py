@@ -97,6 +97,14 @@ def pdl_enter(INTERPRET: tl.constexpr):
 
 
 @triton.jit
+def pdl_wait(PDL: tl.constexpr):
+    """Where a chained launch's task has issued its weights (knob weights_first): wait until the launch before it
+    has ended and its writes are visible (a no-op once waited, and without PDL)."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+
+
+@triton.jit
 def stamp(trace, task, slot, INTERPRET: tl.constexpr):
     """A task's trace record [5] (runtime/trace.py): the %globaltimer (ns) at `slot` (0 claimed, 1 inputs
     ready, 2 published, 4 its own work done before its late waits), and the program at slot 3. The interpreter

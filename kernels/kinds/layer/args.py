@@ -257,6 +257,7 @@ class Schedule(NamedTuple):
     OPROJ_FIRST: bool
     PREFETCH: int
     WEIGHTS_FIRST: bool
+    PDL_FIRST: bool  # chained by PDL with weights_first: each task's weights issued before gdc_wait
     FOLD: bool
     MIX_TASK: bool
     TRACE: bool

@@ -15,7 +15,7 @@ from glm53ctl.kernels.kinds.layer.shared import _fold_rows
 from glm53ctl.kernels.kinds.task_types import INPROJ, KDA_HEAD
 from glm53ctl.kernels.ops.gemv.kernel import gemv_first_weights, gemv_tile, gemv_tile_from
 from glm53ctl.kernels.ops.kda.kernel import kda_head, kda_norm, kda_write_state
-from glm53ctl.kernels.runtime.device import arrive_last, stamp, wait_task
+from glm53ctl.kernels.runtime.device import arrive_last, pdl_wait, stamp, wait_task
 from glm53ctl.kernels.tlx import to_bf16
 
 
@@ -77,6 +77,7 @@ def kda_task(
             POLL=POLL,
             THREADS=THREADS,
             FIRST=sched.WEIGHTS_FIRST,
+            PDL=sched.PDL_FIRST,
         )
     elif ttype == KDA_HEAD:
         task_kda(
@@ -171,6 +172,7 @@ def task_inproj(
     POLL: tl.constexpr,
     THREADS: tl.constexpr,
     FIRST: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     """INPROJ: rows n0.. of the fused in-projection over K slice ks of KS (knob ksplit_in), y_in fp32 and the
     low-rank f_a | g_a rows also in bf16 (lr). A slice but the first stores its sums in `ipp` [KS, 32, NIN] and
@@ -187,6 +189,7 @@ def task_inproj(
     ok = task >= 0
     if FIRST:  # knob weights_first: the first weight chunk in flight, then the early waits (the loop left them)
         b_w0 = gemv_first_weights(w_in + ks * KK, n0, NIN, D, BN, BK)
+        pdl_wait(PDL)
         ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, False)
         if TRACE:
             stamp(trace, task, 1, INTERPRET)

@@ -26,7 +26,6 @@ from glm53ctl.kernels.kinds.layer.shared import (
     task_mix,
     task_own,
     task_partial,
-    task_partial_first,
     task_reduce,
 )
 from glm53ctl.kernels.kinds.task_types import (
@@ -55,6 +54,7 @@ from glm53ctl.kernels.runtime.device import (
     launch_epoch,
     next_task,
     pdl_enter,
+    pdl_wait,
     publish,
     stamp,
     task_row,
@@ -119,6 +119,13 @@ def _waits_in_body(ttype, MLA: tl.constexpr, MOE: tl.constexpr):
 
 
 @triton.jit
+def _weights_first(ttype, MLA: tl.constexpr, MOE: tl.constexpr):
+    """Knob weights_first: the tasks that issue their first weights before they wait (and, chained by PDL,
+    before gdc_wait): those of _waits_in_body, and o_proj and down_proj (whose sites are late)."""
+    return _waits_in_body(ttype, MLA, MOE) | (ttype == OPROJ) | (ttype == DOWN)
+
+
+@triton.jit
 def _is_ffn_half(ttype, MOE: tl.constexpr):
     """Whether a task is the FFN half's own: the MoE's (consecutive ids) or the dense MLP's."""
     if MOE:
@@ -162,17 +169,11 @@ def _run_task(
             ok = kda_task(ttype, row, task, ok, epoch, rt, stuck_site, budget_ns, H, attn_w, attn_state, attn_buf,
                           hand, outs, consts, R, dims, sched, INTERPRET, POLL, THREADS)  # fmt: skip
     elif ttype == OPROJ:
-        if sched.WEIGHTS_FIRST:
-            ok = task_partial_first(
-                rt, row, task, epoch, stuck_site, budget_ns, x=attn_o + a1 * dims.PK, w=w_o + a1 * dims.PK,
-                out=hand.kpart_a + a1 * R * D, n0=a0, R=R, N=D, K=dims.PK, STRIDE=dims.P, BN=dims.BN_O, BK=dims.BK_O,
-                INTERPRET=INTERPRET, POLL=POLL, THREADS=THREADS,
-            )  # fmt: skip
-        else:
-            task_partial(
-                x=attn_o + a1 * dims.PK, w=w_o + a1 * dims.PK, out=hand.kpart_a + a1 * R * D, n0=a0, R=R, N=D,
-                K=dims.PK, STRIDE=dims.P, BN=dims.BN_O, BK=dims.BK_O, INTERPRET=INTERPRET,
-            )  # fmt: skip
+        ok = task_partial(
+            rt, row, task, epoch, stuck_site, budget_ns, x=attn_o + a1 * dims.PK, w=w_o + a1 * dims.PK,
+            out=hand.kpart_a + a1 * R * D, n0=a0, R=R, N=D, K=dims.PK, STRIDE=dims.P, BN=dims.BN_O, BK=dims.BK_O,
+            INTERPRET=INTERPRET, POLL=POLL, THREADS=THREADS, FIRST=sched.WEIGHTS_FIRST, PDL=sched.PDL_FIRST,
+        )  # fmt: skip
     elif ttype == RED_A:
         task_reduce(
             src=(hand.kpart_a,), parts=hand.parts_a, out=outs.attn, H=H, post=outs.post_a, comb=outs.comb_a,
@@ -245,7 +246,9 @@ def layer_kernel(
     PDL: tl.constexpr,
 ):
     ctl = rt[0]
-    if PDL:  # a stage of separate-pdl: ask for this program's first weights while the launch before ends
+    if sched.PDL_FIRST:  # chained, weights first: the next launch may start now; each task's body waits (pdl_wait)
+        tl.extra.cuda.gdc_launch_dependents()
+    elif PDL:  # a stage of separate-pdl: ask for this program's first weights while the launch before ends
         first = task_row(rt, tl.minimum(tl.program_id(0), n_tasks - 1))
         prefetch(first[0], first[1], first[2], first[3], gates, attn_w, attn_state, ffn_w, dims, MLA, MOE, 1,
                  sched.MIX_TASK)  # fmt: skip
@@ -270,7 +273,10 @@ def layer_kernel(
         if sched.WEIGHTS_FIRST:  # the in-projection and (dense's) gate/up wait in their bodies, after their weights
             if _waits_in_body(ttype, MLA, MOE):
                 ok = task >= 0
+            elif _weights_first(ttype, MLA, MOE):  # o_proj and down: pdl_wait and their late sites in their bodies
+                ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, False)
             else:
+                pdl_wait(sched.PDL_FIRST)
                 ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, False)
         else:
             ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, False)

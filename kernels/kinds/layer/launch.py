@@ -232,6 +232,7 @@ class LayerLaunch(PersistentLaunch):
                 OPROJ_FIRST=bool(self.knobs["oproj_first"]) and not d.mla,
                 PREFETCH=self.knobs["prefetch"],
                 WEIGHTS_FIRST=bool(self.knobs.get("weights_first", 0)),
+                PDL_FIRST=bool(self.knobs.get("weights_first", 0)) and self.runtime_constexprs()["PDL"],
                 FOLD=self.fold,
                 MIX_TASK=mix_tasks(self.knobs, self.rows, d.HC),
                 TRACE=self.tracing,

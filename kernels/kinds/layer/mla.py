@@ -14,7 +14,7 @@ row's position only.
 import triton
 import triton.language as tl
 
-from glm53ctl.kernels.kinds.layer.shared import task_partial
+from glm53ctl.kernels.kinds.layer.shared import task_gemv
 from glm53ctl.kernels.kinds.task_types import ABSORB, ATTN, COMBINE, MLA_A, MLA_QB, MLA_ROW, SCORE, SELECT, WUV
 from glm53ctl.kernels.ops.dsa.attend import attend_block, combine_blocks
 from glm53ctl.kernels.ops.dsa.indexer import scores_block
@@ -33,7 +33,7 @@ def mla_task(
     a0, a1 = row[1], row[2]
     w, c, b = attn_w, attn_state, attn_buf
     if ttype == MLA_A:
-        task_partial(
+        task_gemv(
             x=outs.x_hat_a, w=w.w_a, out=b.y_a, n0=a0, R=R, N=mla.NA, K=dims.D, STRIDE=dims.D, BN=dims.BN, BK=mla.BK_A,
             INTERPRET=INTERPRET,
         )  # fmt: skip

@@ -9,11 +9,11 @@ what down_proj reads; gup: gate/up's K-slice sums).
 import triton
 import triton.language as tl
 
-from glm53ctl.kernels.kinds.layer.shared import PR, _fold_rows, task_partial, task_partial_first
+from glm53ctl.kernels.kinds.layer.shared import PR, _fold_rows, task_partial
 from glm53ctl.kernels.kinds.task_types import DOWN, GU
 from glm53ctl.kernels.ops.ffn.kernel import swiglu_act
 from glm53ctl.kernels.ops.gemv.kernel import gemv_first_weights, gemv_tile_pair, gemv_tile_pair_from
-from glm53ctl.kernels.runtime.device import stamp, wait_task
+from glm53ctl.kernels.runtime.device import pdl_wait, stamp, wait_task
 from glm53ctl.kernels.tlx import to_bf16
 
 
@@ -71,44 +71,32 @@ def mlp_task(
             POLL=POLL,
             THREADS=THREADS,
             FIRST=sched.WEIGHTS_FIRST,
+            PDL=sched.PDL_FIRST,
         )
     elif ttype == DOWN:
-        if sched.WEIGHTS_FIRST:
-            ok = task_partial_first(
-                rt,
-                row,
-                task,
-                epoch,
-                stuck_site,
-                budget_ns,
-                x=ffn_buf.act + row[2] * dims.IK,
-                w=ffn_w.w_down + row[2] * dims.IK,
-                out=hand.kpart_f + row[2] * R * dims.D,
-                n0=row[1],
-                R=R,
-                N=dims.D,
-                K=dims.IK,
-                STRIDE=dims.I,
-                BN=dims.BN_O,
-                BK=dims.BK_I,
-                INTERPRET=INTERPRET,
-                POLL=POLL,
-                THREADS=THREADS,
-            )
-        else:
-            task_partial(
-                x=ffn_buf.act + row[2] * dims.IK,
-                w=ffn_w.w_down + row[2] * dims.IK,
-                out=hand.kpart_f + row[2] * R * dims.D,
-                n0=row[1],
-                R=R,
-                N=dims.D,
-                K=dims.IK,
-                STRIDE=dims.I,
-                BN=dims.BN_O,
-                BK=dims.BK_I,
-                INTERPRET=INTERPRET,
-            )
+        ok = task_partial(
+            rt,
+            row,
+            task,
+            epoch,
+            stuck_site,
+            budget_ns,
+            x=ffn_buf.act + row[2] * dims.IK,
+            w=ffn_w.w_down + row[2] * dims.IK,
+            out=hand.kpart_f + row[2] * R * dims.D,
+            n0=row[1],
+            R=R,
+            N=dims.D,
+            K=dims.IK,
+            STRIDE=dims.I,
+            BN=dims.BN_O,
+            BK=dims.BK_I,
+            INTERPRET=INTERPRET,
+            POLL=POLL,
+            THREADS=THREADS,
+            FIRST=sched.WEIGHTS_FIRST,
+            PDL=sched.PDL_FIRST,
+        )
     return ok
 
 
@@ -144,6 +132,7 @@ def task_gate_up(
     POLL: tl.constexpr,
     THREADS: tl.constexpr,
     FIRST: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     """GU: gate and up rows n0.. over K slice ks of KS (knob ksplit_gu), both in one K loop. A slice but the
     first stores its sums in `gup` [KS, 2, 32, I] and is done; slice 0 then waits (late) for them, adds them
@@ -160,6 +149,7 @@ def task_gate_up(
     if FIRST:  # knob weights_first: both first weight chunks in flight, then the early waits (the loop left them)
         b_g0 = gemv_first_weights(w_gate + ks * KK, n0, I, D, BN, BK)
         b_u0 = gemv_first_weights(w_up + ks * KK, n0, I, D, BN, BK)
+        pdl_wait(PDL)
         ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, False)
         if TRACE:
             stamp(trace, task, 1, INTERPRET)

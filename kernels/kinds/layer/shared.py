@@ -12,7 +12,7 @@ import triton.language as tl
 from glm53ctl.kernels.ops.ffn.moe import moe_sum_cols
 from glm53ctl.kernels.ops.gemv.kernel import gemv_first_weights, gemv_tile, gemv_tile_from, sum_streams
 from glm53ctl.kernels.ops.mhc.kernel import gate_comb, gate_pre, gate_scale, hc_post_cols, mix_row
-from glm53ctl.kernels.runtime.device import wait_task
+from glm53ctl.kernels.runtime.device import pdl_wait, wait_task
 from glm53ctl.kernels.tlx import interpreting  # noqa: F401 (importing tlx applies the interpreter's settings)
 
 PR = tl.constexpr(8)  # floats per row of the gates' pre [HC] and 1/RMS (buffer "pr")
@@ -110,7 +110,7 @@ def _fold_rows(acc, pr, R, HC: tl.constexpr, M: tl.constexpr, BN: tl.constexpr):
 
 
 @triton.jit(noinline=True)
-def task_partial(
+def task_gemv(
     x,
     w,
     out,
@@ -123,7 +123,7 @@ def task_partial(
     BK: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
-    """OPROJ / DOWN: output rows n0.. over one K slice (x, w already offset to it): out [R, N]."""
+    """A GEMV's output rows n0.. over K (x, w already offset to it): out [R, N] fp32 (MLA's fused A projection)."""
     acc = gemv_tile(x, STRIDE, w, n0, R, N, K, STRIDE, BN, BK, INTERPRET)
     o_m = tl.arange(0, 16)
     o_n = n0 + tl.arange(0, BN)
@@ -131,7 +131,7 @@ def task_partial(
 
 
 @triton.jit(noinline=True)
-def task_partial_first(
+def task_partial(
     rt,
     row,
     task,
@@ -151,16 +151,23 @@ def task_partial_first(
     INTERPRET: tl.constexpr,
     POLL: tl.constexpr,
     THREADS: tl.constexpr,
+    FIRST: tl.constexpr,
+    PDL: tl.constexpr,
 ):
-    """task_partial, weights first (knob weights_first): the tile's first K chunk is loaded, then the task waits
-    for its input (its sites are late), then it sums as task_partial does: the same bits. Returns ok."""
-    b_w0 = gemv_first_weights(w, n0, N, STRIDE, BN, BK)
-    ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, True)
-    if ok:
+    """OPROJ / DOWN: output rows n0.. over one K slice (x, w already offset to it): out [R, N]. FIRST (knob
+    weights_first): the tile's first K chunk is loaded, then the task waits for its input (its sites are late;
+    chained, PDL: gdc_wait first), then it sums as gemv_tile does: the same bits. Returns ok."""
+    ok = task >= 0
+    if FIRST:
+        b_w0 = gemv_first_weights(w, n0, N, STRIDE, BN, BK)
+        pdl_wait(PDL)
+        ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, True)
         acc = gemv_tile_from(b_w0, x, STRIDE, w, n0, R, N, K, STRIDE, BN, BK, INTERPRET)
-        o_m = tl.arange(0, 16)
-        o_n = n0 + tl.arange(0, BN)
-        tl.store(out + o_m[:, None] * N + o_n[None, :], acc, mask=(o_m[:, None] < R) & (o_n[None, :] < N))
+    else:
+        acc = gemv_tile(x, STRIDE, w, n0, R, N, K, STRIDE, BN, BK, INTERPRET)
+    o_m = tl.arange(0, 16)
+    o_n = n0 + tl.arange(0, BN)
+    tl.store(out + o_m[:, None] * N + o_n[None, :], acc, mask=(o_m[:, None] < R) & (o_n[None, :] < N) & ok)
     return ok
 
 
