@@ -45,8 +45,9 @@ def dsa_layers(spec: ModelSpec, kind: str) -> int:
     return 1 if k.layer is not None and k.layer[0] == "dsa" else 0
 
 
-def slots(spec: ModelSpec, context: int, rows: int, steps: int) -> int:
-    """Cache slots per row: whole pools for the longest row's context and the steps (kernels/reference.py room)."""
+def slots(spec: ModelSpec, context: int, steps: int) -> int:
+    """Cache slots per row: whole pools for the longest row's context and the steps (kernels/reference.py `room`,
+    which needs torch)."""
     kp = spec.indexer.kpool
     return max(-(-(context + steps) // kp) * kp, kp)
 
@@ -63,7 +64,7 @@ def launch_needs(spec: ModelSpec, kind: str, rows: int, context: int, steps: int
     n = dsa_layers(spec, kind)
     if not n:
         return []
-    cells = rows * slots(spec, context, rows, steps) * cache_elems_per_slot(spec) * n
+    cells = rows * slots(spec, context, steps) * cache_elems_per_slot(spec) * n
     where = f"the DSA caches of {n} layer{'s' if n != 1 else ''} at {rows} row{'s' if rows != 1 else ''}"
     return [
         Need(f"{where} (bf16, twice)", cells * 2 * 2, device),
@@ -83,7 +84,7 @@ def run_needs(spec: ModelSpec, kind: str, rows: int, context: int, steps: int, d
     needs = []
     n = dsa_layers(spec, kind)
     if n:
-        cells = rows * slots(spec, context, rows, steps) * cache_elems_per_slot(spec) * n
+        cells = rows * slots(spec, context, steps) * cache_elems_per_slot(spec) * n
         needs.append(Need(f"the DSA caches of {n} layer{'s' if n != 1 else ''}", cells * dtype_bytes * 2, "host"))
         ix, mla, T = spec.indexer, spec.mla, context
         scores = T * ix.heads * (T // ix.kpool) * dtype_bytes

@@ -95,7 +95,7 @@ def test_the_cache_estimate_is_the_caches_size():
     for name in ("tiny", "glm53_flash"):
         spec = load_model(name)
         rows, context = 2, 41
-        slots = sizes.slots(spec, context, rows, 1)
+        slots = sizes.slots(spec, context, 1)
         shapes = spec.shards(1).state_shapes(rows, slots)
         cells = sum(math.prod(shape) for n, shape in shapes.items() if n.startswith("dsa."))
         assert rows * slots * sizes.cache_elems_per_slot(spec) == cells
