@@ -42,12 +42,23 @@ class CheckResult:
     bounds: dict[str, float] = field(default_factory=dict)
     grids_equal: bool = True
     repeats_equal: bool = True
+    schedules_equal: bool = True  # the key in its other schedule (knob `launch`) gives the same bits
     invariants: dict[str, bool] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return not self.problems
+
+
+def other_schedule(key: ResolvedKey) -> str | None:
+    """The schedule (knob `launch`) `check` proves a key's bits in besides its own: stages for a persistent
+    launch, persistent for stages (a step: stages, handed to every part, unless that is its own); None for a
+    kind without the knob."""
+    launch = key.knobs.get("launch")
+    if launch is None:
+        return None
+    return "persistent" if launch == "stages" else "stages"
 
 
 def outputs_equal(a: dict, b: dict) -> bool:
@@ -135,6 +146,11 @@ def check_key(weights: Weights, key: ResolvedKey, seed: int, tick=_quiet) -> tup
         if not outputs_equal(out, other):
             res.grids_equal = False
             res.problems.append(f"grid {g} gives other bits than grid {k.knobs['grid']}")
+    if (other := other_schedule(key)) is not None:
+        tick(f"the launch as launch={other}")
+        if not outputs_equal(out, make_harness(weights, key.with_knobs({"launch": other}))(x, peers, poison=True)):
+            res.schedules_equal = False
+            res.problems.append(f"launch={other} gives other bits than launch={key.knobs['launch']}")
     epoch = k.launch.runtime.epoch
     for i in range(k.CHECK_REPEATS):
         tick(f"repeated launch {i + 1} of {k.CHECK_REPEATS}")

@@ -231,6 +231,37 @@ class KindHarness:
         out = [("launch", cls.Launch(spec, key.tp, key.rows, key.knobs, "cpu"))]
         if key.tp > 1:
             out.append(("peer", cls.Launch(spec, key.tp, key.rows, key.knobs, "cpu", partial_only=True)))
+        return cls.scheduled_builds(key, out)
+
+    @classmethod
+    def stage_schedule(cls, knobs: dict) -> bool:
+        """Whether knob `launch` runs the key as its stages (runtime/stages.py), not as one persistent launch."""
+        return knobs.get("launch", "persistent") == "stages" and bool(cls.STAGES)
+
+    def scheduled(self, launch):
+        """Rank 0's launch in the key's schedule (knob `launch`): the persistent launch as it is, or its stages,
+        one program per task, chained by programmatic dependent launch."""
+        if not self.stage_schedule(self.knobs):
+            return launch
+        from glm53ctl.kernels.runtime.stages import SeparateLaunches
+
+        return SeparateLaunches(launch, self.STAGES, pdl=True, one_task=True)
+
+    @classmethod
+    def scheduled_builds(cls, key: ResolvedKey, launches: list[tuple[str, object]]) -> list[tuple[str, object]]:
+        """build_launches in the key's schedule: rank 0's launch as its stage launches (`stage3.launch`: each is
+        compiled, and `fault` counts its sites) where knob `launch` is stages."""
+        if not cls.stage_schedule(key.knobs):
+            return launches
+        from glm53ctl.kernels.runtime.stages import SeparateLaunches
+
+        out = []
+        for name, la in launches:
+            if name == "launch":
+                chain = SeparateLaunches(la, cls.STAGES, pdl=True, one_task=True)
+                out += [(f"stage{j}.launch", s) for j, s in enumerate(chain.stages)]
+            else:
+                out.append((name, la))
         return out
 
     @property
@@ -262,7 +293,7 @@ class KindHarness:
         from glm53ctl.kernels.runtime.stages import SeparateLaunches
 
         h = copy.copy(self)
-        h.launch = SeparateLaunches(self.launch, self.STAGES, pdl=pdl)
+        h.launch = SeparateLaunches(getattr(self.launch, "whole", self.launch), self.STAGES, pdl=pdl)
         return h
 
     def timed(self, x, peers) -> Timed:

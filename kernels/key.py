@@ -59,7 +59,7 @@ class ResolvedKey:
         if not overrides:
             return self
         knobs = resolve_grid(self.knobs | overrides, self.device)
-        handed = {n: v for n, v in overrides.items() if n == "grid"}
+        handed = {n: v for n, v in overrides.items() if n == "grid" or (n == "launch" and v != "parts")}
         parts = tuple(p.with_knobs(handed) for p in self.parts)
         return replace(self, knob_items=tuple(knobs.items()), parts=parts, warnings=())
 

@@ -247,7 +247,7 @@ def trace_key(k, x, peers) -> dict:
     try:
         k(x, peers)
         k(x, peers)  # the first traced launch compiles
-        s = summarize(launch.table, launch.buf["trace"])
+        s = summarize(*launch.trace_record())
     finally:
         launch.tracing = False
     from glm53ctl.kernels.kinds.task_types import TYPE_NAMES

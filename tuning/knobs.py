@@ -76,6 +76,8 @@ def resolve_key(
     knobs = {**knobs, **(overrides or {})}
     check_knobs(kind, knobs)
     handed = {n: v for n, v in (overrides or {}).items() if n == "grid"}  # a step's grid is every part's
+    if knobs.get("launch", "parts") != "parts" and entry.parts:  # and so is its launch, unless "parts"
+        handed["launch"] = knobs["launch"]
     parts = tuple(resolve_key(model, p, tp, rows, handed, device) for p in entry.parts)
     return ResolvedKey(
         model=model,

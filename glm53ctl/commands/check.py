@@ -338,6 +338,7 @@ def _margin(errors: dict, bounds: dict) -> str:
 # what the table shows of a key, in at most 100 columns (a failure's text wrapped); the record: --json, every
 # output's error: -v
 TABLE_COLUMNS = ["key", "worst output (bound)", "margin", "bits, writes"]
+SCHEDULES = ("persistent", "stages")  # the values of knob `launch` (kernels/kinds/base.py LAUNCH)
 TABLE_WIDTH = 100
 
 
@@ -353,7 +354,9 @@ def _table_row(r: dict, against: bool, verbose: bool) -> tuple:
         worst = ", ".join(f"{n} {e:.1e} ({bounds[n]:g})" for n, e in errors.items())
     else:
         worst = _worst(r)
-    broken = [w for w, ok in (("grids differ", r["grids_equal"]), ("repeats differ", r["repeats_equal"])) if not ok]
+    equal = (("grids differ", r["grids_equal"]), ("repeats differ", r["repeats_equal"]))
+    equal += (("schedules differ", r.get("schedules_equal", True)),)
+    broken = [w for w, ok in equal if not ok]
     if not r["invariants"].get("every output element written", False):
         broken.append("unwritten")
     return (
@@ -384,6 +387,7 @@ def _check_row(key, seed: int, weights=None) -> dict:
         "bounds": res.bounds,
         "grids_equal": res.grids_equal,
         "repeats_equal": res.repeats_equal,
+        "schedules_equal": res.schedules_equal,
         "invariants": res.invariants,
         "problems": res.problems,
     }
@@ -506,6 +510,15 @@ def fault(
     all_keys: AllKeysOpt = False,
     gpus: GpusOpt = 1,
     list_sites: Annotated[bool, typer.Option("--list", help="List the keys and their sites; stick nothing.")] = False,
+    launch: Annotated[
+        str | None,
+        typer.Option(
+            "--launch",
+            metavar="SCHEDULE",
+            help="persistent or stages: the keys in this schedule (default: each key's own, knob launch); "
+            "a stages build keeps the waits inside its stages and on its peers, and sticks those.",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Stick each guarded wait on purpose: LaunchFault names it, nothing hangs, the retry is bitwise clean. With
@@ -520,8 +533,12 @@ def fault(
             raise UsageError("--gpus sticks a peer's publish, not a site: no --site or --list with it")
         _real_ranks(gpus, kind, tp, rows)
         kind = kind or _ranks_kinds()
+    if launch is not None and launch not in SCHEDULES:
+        raise UsageError(f"--launch {launch!r}: expected one of {', '.join(SCHEDULES)}")
     o = Output(as_json)
     device, weights, keys = _setup(model, kind, tp, rows, all_keys)  # first: it may select the interpreter
+    if launch is not None:
+        keys = [key.with_knobs({"launch": launch}) if "launch" in key.knobs else key for key in keys]
     if gpus > 1:
         _fault_ranks(o, weights, keys, device, int(budget_ms * 1e6), wall_s)
         return

@@ -54,6 +54,17 @@ RUNTIME_KNOBS = {
 }
 
 
+LAUNCH = Knob(
+    "launch",
+    ("persistent", "stages"),
+    "persistent",
+    "schedule",
+    "one persistent launch whose programs claim the tasks and hand off inside it (persistent), or one launch per "
+    "stage, a program per task, chained by programmatic dependent launch: each program lets the next launch "
+    "start, issues its weight tile, then waits for the launch before it (stages); the same bits",
+)
+
+
 def _empty() -> MappingProxyType:
     return MappingProxyType({})
 

@@ -176,6 +176,27 @@ def next_task(ctl, n_tasks, n_done, n_programs, INTERPRET: tl.constexpr, ok=True
 
 
 @triton.jit
+def first_task(ctl, n_tasks, n_programs, INTERPRET: tl.constexpr, ONE_TASK: tl.constexpr):
+    """A program's first task: claimed (the claim loop), or with ONE_TASK (a launch of the stage schedule, one
+    program per task) its own, by program id, with no claim at all."""
+    if ONE_TASK:
+        task = tl.program_id(0)
+    else:
+        task = next_task(ctl, n_tasks, 0, n_programs, INTERPRET)
+    return task
+
+
+@triton.jit
+def after_task(ctl, n_tasks, n_done, n_programs, INTERPRET: tl.constexpr, ok, ONE_TASK: tl.constexpr):
+    """The task after one (next_task), or -1; with ONE_TASK always -1: a program runs its one task."""
+    if ONE_TASK:
+        task = tl.full((), -1, tl.int32)
+    else:
+        task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET, ok)
+    return task
+
+
+@triton.jit
 def task_row(rt, task):
     """A task's row of the table (runtime/table.py TASK_FIELDS), every field loaded at once, right after the
     claim: type, a0, a1, a2, its wait sites (first, count), its publish list (flag, box words, first word),

@@ -154,9 +154,11 @@ class PersistentLaunch:
     runtime's kernel arguments and constexprs, the compile options of the knobs every kind takes, and one
     launch with the host side of the guard after it. `pdl`: launched chained to the launch before it by
     programmatic dependent launch (a stage of the separate-pdl baseline; its kernel calls `pdl_enter` first);
-    the interpreter has no such launch and ignores it."""
+    the interpreter has no such launch and ignores it. `one_task`: a launch of the stage schedule (knob `launch`,
+    runtime/stages.py), one program per task and no claim loop."""
 
     pdl = False
+    one_task = False
 
     def runtime_args(self, stuck_site: int, budget_ns: int) -> dict:
         return self.runtime.args() | {
@@ -175,6 +177,7 @@ class PersistentLaunch:
             "POLL": self.knobs["poll"],
             "THREADS": 32 * self.knobs["warps"],
             "PDL": self.pdl and not interpreting(),
+            "ONE_TASK": self.one_task,
         }
 
     def options(self) -> dict:

@@ -1,32 +1,48 @@
-"""The separate-launches baseline, for any kind: the same task bodies as one launch per stage.
+"""A kind's launch as one launch per stage: the separate-launches baselines and the stage schedule (knob `launch`).
 
-A persistent launch must beat its own stages launched one after another (docs/design.md §8). A stage is a set of
-task types; its launch runs those tasks of the kind's table, waiting only on each other (the launch before it
-has ended, so every other producer is done), in the whole launch's buffers: the same bits, launch by launch.
+A stage is a set of task types; its launch runs those tasks of the kind's table, waiting only on each other and on
+the peers (the launch before it has ended, so every other producer is done), in the whole launch's buffers: the
+same task bodies, so the same bits, launch by launch.
+
+- `separate` (a baseline): the stages launched one after another, each claim loop as the whole launch's.
+- `separate-pdl` (a baseline): chained by programmatic dependent launch; each stage asks L2 for its first tile,
+  waits for the launch before it, then lets the next one start.
+- the stage schedule (`launch=stages`): one program per task and no claim loop; each program lets the next launch
+  start at its entry, issues its weight tile, then waits for the launch before it (`gdc_wait`) and reads its
+  input. The launches chain down the whole step, so a stage's weights stream while the stage before it drains.
+  In the interpreter the PDL calls are off and the stages are ordinary launches, so CI proves their bits.
+
 A kind's launch gets this by having `table`, `grid` and `runtime` attributes (every kind's launch has them):
 `stage_launch` copies it with a stage's table and a runtime of its own, sharing every buffer. A launch with
 words that belong to one launch alone (dense's arrival words, tagged with its runtime's epochs) defines
-`stage(ttypes)` to give the copy its own.
+`stage(ttypes, one_task)` to give the copy its own.
 """
 
 from __future__ import annotations
 
 import copy
+from types import SimpleNamespace
 
-from glm53ctl.kernels.runtime.table import FLAG, TaskTable
+from glm53ctl.kernels.runtime.launch import LaunchFault
+from glm53ctl.kernels.runtime.table import FLAG, PEER, Site, TaskTable
 
 
 def stage_table(full: TaskTable, ttypes) -> TaskTable:
-    """The tasks of `full` whose type is in `ttypes`, with the waits among them (waits on tasks of other stages,
-    or on peers, are dropped: those producers are done before the stage's launch)."""
+    """The tasks of `full` whose type is in `ttypes`, with the waits among them and on the peers (waits on tasks
+    of other stages are dropped: those producers are done before the stage's launch). Its `ids` are the tasks'
+    ids in `full`."""
     types = {int(getattr(t, "value", t)) for t in ttypes}
-    t = TaskTable(full.kind)
+    t = TaskTable(full.kind, peers=full.peers, peer_ranks=full.peer_ranks, ids=[])
     new = {}
     for i, task in enumerate(full.tasks):
         if task[0] not in types:
             continue
         new[i] = t.add(*task)
+        t.ids.append(i)
         for s in full.sites_of(i):
+            if s.kind == PEER:  # a peer's partial: still a wait on real ranks
+                t.sites.append(Site(new[i], PEER, s.index, s.count, list(s.producers), s.late))
+                continue
             inside = [new[p] for p in s.producers if p in new]
             assert len(inside) in (0, len(s.producers)), "a site waits on one stage"
             if inside:
@@ -34,37 +50,100 @@ def stage_table(full: TaskTable, ttypes) -> TaskTable:
     return t
 
 
-def stage_launch(whole, ttypes):
+def stage_launch(whole, ttypes, one_task: bool = False):
     """A copy of the launch `whole` that runs one stage: the same buffers (shared, not copied), the stage's
-    table, at most one program per task, and a runtime of its own (its tag moves with its own launches)."""
+    table, a runtime of its own (its tag moves with its own launches), and at most one program per task
+    (`one_task`: exactly one, with no claim loop)."""
     from glm53ctl.kernels.runtime.launch import Runtime
 
     stage = copy.copy(whole)
     stage.table = stage_table(whole.table, ttypes)
     assert stage.table.n_tasks, f"no task of types {ttypes} in the table"
-    stage.grid = min(whole.grid, stage.table.n_tasks)
+    stage.grid = stage.table.n_tasks if one_task else min(whole.grid, stage.table.n_tasks)
+    stage.one_task = one_task
     stage.runtime = Runtime(stage.table, whole.runtime.device, max_programs=stage.grid)
     return stage
 
 
+class StageRuntime:
+    """The stages' runtimes as `check` and `fault` read one launch's: `epoch` (the launches every stage ran),
+    `check()` (the first stage's fault, if any, with its site numbered among all the stages' sites)."""
+
+    def __init__(self, launches: SeparateLaunches) -> None:
+        self.launches = launches
+
+    @property
+    def epoch(self) -> int:
+        return min(s.runtime.epoch for s in self.launches.stages)
+
+    def check(self) -> None:
+        faults = []
+        for j, s in enumerate(self.launches.stages):
+            try:
+                s.runtime.check()  # each stage's check clears its record: every stage checked, the first named
+            except LaunchFault as e:
+                faults.append((j, e))
+        if faults:
+            j, e = faults[0]
+            site = self.launches.offsets[j] + e.site
+            raise LaunchFault(e.kind, site, e.task, e.producer, e.program, e.expected, e.seen)
+
+
 class SeparateLaunches:
     """A kind's launch as one launch per stage, in order: called like the launch, it returns what the last
-    stage's launch returns. `pdl`: each stage launch chained to the one before by programmatic dependent launch
-    (the separate-pdl baseline): it starts while the launch before it ends, asks L2 for its first task's
-    weights, then waits for that launch's writes (runtime/device.py pdl_enter)."""
+    stage's launch returns. `pdl`: each stage launch chained to the one before by programmatic dependent launch.
+    `one_task`: the stage schedule (module doc). Its `table.sites` are the stages' sites in stage order (what
+    `fault --site` numbers), its `runtime` the stages' (StageRuntime)."""
 
-    def __init__(self, whole, stages, pdl: bool = False) -> None:
+    def __init__(self, whole, stages, pdl: bool = False, one_task: bool = False) -> None:
         self.whole = whole
-        make = getattr(whole, "stage", None) or (lambda ttypes: stage_launch(whole, ttypes))
-        self.stages = [make(s) for s in stages]
+        make = getattr(whole, "stage", None) or (lambda ttypes, one: stage_launch(whole, ttypes, one))
+        self.stages = [make(s, one_task) for s in stages]
+        self.offsets, sites = [], []
         for s in self.stages:
             s.pdl = pdl
+            self.offsets.append(len(sites))
+            sites += s.table.sites
+        self.table = SimpleNamespace(sites=sites, n_tasks=whole.table.n_tasks, tasks=whole.table.tasks)
+        self.runtime = StageRuntime(self)
 
-    def __call__(self, *args, **kwargs):
-        for s in self.stages:
-            out = s(*args, **kwargs)
+    def locate(self, site: int) -> tuple[int, int]:
+        """The stage holding site `site` of the stages' sites, and the site's number in that stage's table."""
+        if not 0 <= site < len(self.table.sites):
+            raise IndexError(f"site {site}: the stages have sites 0..{len(self.table.sites) - 1}")
+        j = max(i for i, off in enumerate(self.offsets) if off <= site and self.stages[i].table.sites)
+        return j, site - self.offsets[j]
+
+    def __call__(self, *args, stuck_site: int = -1, check: bool = True, **kwargs):
+        """Every stage's launch, the stuck site (if any) stuck in its own; with `check`, the host's check after
+        the last one (none between them: a stage launch is queued behind the one before, not synchronized)."""
+        at = self.locate(stuck_site) if stuck_site >= 0 else (-1, -1)
+        for j, s in enumerate(self.stages):
+            out = s(*args, stuck_site=at[1] if j == at[0] else -1, check=False, **kwargs)
+        if check:
+            self.runtime.check()
         return out
 
+    @property
+    def tracing(self) -> bool:
+        return self.stages[0].tracing
+
+    @tracing.setter
+    def tracing(self, on: bool) -> None:
+        for s in self.stages:
+            s.tracing = on
+
+    def trace_record(self):
+        """The traced launch's records (runtime/trace.py) in the whole table's task ids, with the whole table:
+        its waits are the data the stages hand on, whatever launch boundary lies between."""
+        import torch
+
+        whole = self.whole.table
+        trace = torch.zeros(whole.n_tasks, 5, dtype=torch.int64)
+        for s in self.stages:
+            trace[s.table.ids] = s.buf["trace"].cpu()
+        return whole, trace
+
     def __getattr__(self, name: str):
-        # the whole launch's buffers and facts (outputs, table, grid) stand for the stages'
+        # the whole launch's buffers and facts (outputs, grid, knobs) stand for the stages'
         return getattr(self.whole, name)

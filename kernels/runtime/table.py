@@ -47,6 +47,8 @@ class TaskTable:
     box_lines: int = 0
     # producer -> box words it must write when it publishes
     box_pubs: dict[int, list[int]] = field(default_factory=dict)
+    # a stage's table (runtime/stages.py): each task's id in the whole launch's table, the id a fault names
+    ids: list[int] | None = None
 
     def add(self, ttype, *args: int) -> int:
         """Append a task of type `ttype` (kinds/task_types.py) with up to 3 arguments; its id."""
@@ -99,7 +101,7 @@ class TaskTable:
     def describe_task(self, t: int) -> str:
         if t < 0:
             return f"peer rank {self.peer_ranks[-t - 1] if self.peer_ranks else -t}"
-        return f"task {t} ({self.type_name(t)})"
+        return f"task {t if self.ids is None else self.ids[t]} ({self.type_name(t)})"
 
     def type_name(self, t: int) -> str:
         return TYPE_NAMES[self.tasks[t][0]]

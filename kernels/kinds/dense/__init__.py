@@ -5,9 +5,10 @@ FFN half; this folder holds its facts and `harness.py` (one key with its peers).
 Knob defaults: the best of the H200 sweeps and traces in docs/perf/dense.md.
 """
 
-from glm53ctl.kernels.kinds.base import Knob
+from glm53ctl.kernels.kinds.base import LAUNCH, Knob
 
 KNOBS = (
+    LAUNCH,
     # a tile per stage, so each stage has enough tasks
     Knob("block_n_in", (16, 32, 64), 32, "schedule", "in-projection rows per task"),
     Knob(
@@ -100,7 +101,7 @@ KNOBS = (
         "schedule",
         "the in-projection, o_proj, down_proj and (dense) gate/up tasks load their first K tile of weights (all "
         "of it where block_k covers the task's K slice) before they wait for their input, so their weights "
-        "stream while they wait; the same sums",
+        "stream while they wait; the same sums (launch=stages: always)",
     ),
     Knob(
         "ffn_mix",

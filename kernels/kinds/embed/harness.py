@@ -26,7 +26,7 @@ class EmbedHarness(KindHarness):
         super().__init__(weights, key)
         spec, tp, rows, device = self.spec, self.tp, self.rows, self.device
         self.shards = [self.shard(f"{ROOT}embed_tokens.weight", r) for r in range(tp)]
-        self.launch = EmbedLaunch(spec, tp, rows, self.knobs, device)
+        self.launch = self.scheduled(EmbedLaunch(spec, tp, rows, self.knobs, device))
         self.peers = [EmbedLaunch(spec, tp, rows, self.knobs, device, partial_only=True) for _ in range(1, tp)]
 
     def peer_partials(self, x: torch.Tensor) -> torch.Tensor | None:

@@ -10,8 +10,9 @@ from glm53ctl.kernels.ops.embed.kernel import gather_row, reduce_row
 from glm53ctl.kernels.runtime.device import (
     fence_sys,
     finish,
+    after_task,
+    first_task,
     launch_epoch,
-    next_task,
     pdl_enter,
     publish,
     push_rows,
@@ -50,6 +51,7 @@ def embed_kernel(
     POLL: tl.constexpr,
     THREADS: tl.constexpr,
     PDL: tl.constexpr,
+    ONE_TASK: tl.constexpr,
     REMOTE: tl.constexpr,
 ):
     ctl, flags = rt.ctl, rt.flags  # the runtime's buffers (runtime/launch.py RuntimeBuffers)
@@ -66,7 +68,7 @@ def embed_kernel(
         mine = first + rank * R * D
         rest = first + R * D
     n_done = 0
-    task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET)
+    task = first_task(ctl, n_tasks, n_programs, INTERPRET, ONE_TASK)
     while task >= 0:
         row = task_row(rt, task)
         ttype, d0 = row[0], row[1]
@@ -87,5 +89,5 @@ def embed_kernel(
                     push_tag(peer_flags, arrive, epoch, rank, n_tasks, (D + CHUNK - 1) // CHUNK, mute, TP, INTERPRET)
             publish(rt, row, task, epoch, INTERPRET)
         n_done += 1
-        task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET, ok)
+        task = after_task(ctl, n_tasks, n_done, n_programs, INTERPRET, ok, ONE_TASK)
     finish(ctl, flags, n_tasks, n_peers, n_programs, epoch)

@@ -50,9 +50,10 @@ from glm53ctl.kernels.kinds.task_types import (
     WUV,
 )
 from glm53ctl.kernels.runtime.device import (
+    after_task,
     finish,
+    first_task,
     launch_epoch,
-    next_task,
     pdl_enter,
     pdl_wait,
     publish,
@@ -244,6 +245,7 @@ def layer_kernel(
     POLL: tl.constexpr,
     THREADS: tl.constexpr,
     PDL: tl.constexpr,
+    ONE_TASK: tl.constexpr,
 ):
     ctl = rt[0]
     if sched.PDL_FIRST:  # chained, weights first: the next launch may start now; each task's body waits (pdl_wait)
@@ -260,7 +262,7 @@ def layer_kernel(
     pend_r = 0
     pend_h = 0
     pend_p = 0
-    task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET)
+    task = first_task(ctl, n_tasks, n_programs, INTERPRET, ONE_TASK)
     while task >= 0:
         row = task_row(rt, task)
         ttype, a0, a1 = row[0], row[1], row[2]
@@ -302,7 +304,7 @@ def layer_kernel(
                 pend_r = a1
                 pend_p = row[3]
         n_done += 1
-        task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET, ok)
+        task = after_task(ctl, n_tasks, n_done, n_programs, INTERPRET, ok, ONE_TASK)
     if sched.OPROJ_FIRST:
         if pend != 0:
             kda_write_back(attn_state, attn_buf, pend_r, pend_h, pend_p, dims, INTERPRET)

@@ -166,12 +166,18 @@ class LayerLaunch(PersistentLaunch):
             "y_m": e(n + 1, 16, d.D),
         }
 
-    def stage(self, ttypes) -> LayerLaunch:
-        """This launch as one stage of the separate-launches baseline (runtime/stages.py): the same buffers, and
-        arrival words of its own (they are tagged with its own runtime's epochs)."""
-        s = stage_launch(self, ttypes)
+    def stage(self, ttypes, one_task: bool = False) -> LayerLaunch:
+        """This launch as one stage launch (runtime/stages.py): the same buffers, and arrival words of its own
+        (they are tagged with its own runtime's epochs) and trace records of its own (its tasks' ids are its
+        table's)."""
+        s = stage_launch(self, ttypes, one_task)
         s.arrive = torch.zeros_like(self.arrive)
+        s.buf = self.buf | {"trace": self._zeros(s.table.n_tasks, 5, dtype=torch.int64)}
         return s
+
+    def trace_record(self):
+        """A traced launch's table and records (runtime/trace.py)."""
+        return self.table, self.buf["trace"]
 
     def set_peers(self, parts_a: torch.Tensor | None = None, parts_f: torch.Tensor | None = None) -> None:
         """The other ranks' partials [T, R, D] (this rank's slot is ignored): what the all-reduces read."""
@@ -223,7 +229,10 @@ class LayerLaunch(PersistentLaunch):
 
     def constexprs(self) -> dict:
         d = self.d
-        return self.runtime_constexprs() | {
+        rt = self.runtime_constexprs()
+        # the stage schedule's bodies issue their weights first always (knob weights_first: the claim loop's)
+        first = bool(self.knobs.get("weights_first", 0)) or self.one_task
+        return rt | {
             "dims": self.dims(),
             "mla": self.mla_dims() if d.mla else None,
             "moe": self.moe_dims() if d.moe else None,
@@ -231,8 +240,8 @@ class LayerLaunch(PersistentLaunch):
                 # the state write-back after the next task: KDA's only
                 OPROJ_FIRST=bool(self.knobs["oproj_first"]) and not d.mla,
                 PREFETCH=self.knobs["prefetch"],
-                WEIGHTS_FIRST=bool(self.knobs.get("weights_first", 0)),
-                PDL_FIRST=bool(self.knobs.get("weights_first", 0)) and self.runtime_constexprs()["PDL"],
+                WEIGHTS_FIRST=first,
+                PDL_FIRST=first and rt["PDL"],
                 FOLD=self.fold,
                 MIX_TASK=mix_tasks(self.knobs, self.rows, d.HC),
                 TRACE=self.tracing,

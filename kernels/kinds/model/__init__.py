@@ -7,9 +7,16 @@ parts' launches chain.
 
 from glm53ctl.kernels.kinds.base import Knob
 
-# chain: plain stream order measured 1.1% (TP8 rows 1) and 0.7% (rows 8) faster than PDL on the H200 at 4K
-# (docs/perf/model.md): a persistent launch fills every SM, so the next one cannot start early anyway
 KNOBS = (
+    Knob(
+        "launch",
+        ("parts", "persistent", "stages"),
+        "parts",
+        "schedule",
+        "every part's knob `launch`: its own kind's (parts), or this one handed to every part",
+    ),
+    # chain: plain stream order measured 1.1% (TP8 rows 1) and 0.7% (rows 8) faster than PDL on the H200 at 4K
+    # (docs/perf/model.md): a persistent launch fills every SM, so the next one cannot start early anyway
     Knob(
         "chain",
         ("pdl", "stream"),

@@ -137,7 +137,8 @@ class ModelHarness(KindHarness):
             if get_kind(kind).reads_context:  # the check's caches
                 part, kw = replace(part, context=longest), {"steps": STEPS}
             for n, la in load_harness(kind).build_launches(spec, part, **kw):
-                la.pdl = n == "launch" and key.knobs.get("chain", "pdl") == "pdl"  # a peer's launch is emulation
+                if n == "launch":  # a peer's launch is emulation; a stage launch is chained already
+                    la.pdl = key.knobs.get("chain", "pdl") == "pdl"
                 out.append((f"{name}.{n}", la))
         return out
 
@@ -464,7 +465,8 @@ class ModelHarness(KindHarness):
 def chain(parts: list[tuple[str, object]], how: str) -> None:
     """Every part's rank-0 launch chained to the one before by programmatic dependent launch, or not."""
     for _, h in parts:
-        h.launch.pdl = how == "pdl"
+        if not hasattr(h.launch, "stages"):  # a part in the stage schedule is chained by PDL throughout
+            h.launch.pdl = how == "pdl"
 
 
 def _reuse_gap(sources: list, stream_bytes: list[int]) -> int:

@@ -100,7 +100,7 @@ class SparseHarness(KdaHarness):
             for r in range(tp)
         ]
         mk = lambda **kw: LayerLaunch(spec, tp, rows, knobs, device, ffn="moe", attn="mla", slots=self.slots, **kw)  # noqa: E731
-        self.launch = mk()
+        self.launch = self.scheduled(mk())
         if tp > 1:
             self.attn = [mk(rank=q, mode="attn") for q in range(tp)]
             self.ffn = [mk(rank=q, mode="ffn") for q in range(1, tp)]
@@ -111,7 +111,9 @@ class SparseHarness(KdaHarness):
         longest = max(check_contexts(spec, key.rows)) if key.context is None else key.context
         slots = room(spec, longest + steps)
         tp, rows, knobs = key.tp, key.rows, key.knobs
-        return [("launch", LayerLaunch(spec, tp, rows, knobs, "cpu", ffn="moe", attn="mla", slots=slots))]
+        return cls.scheduled_builds(
+            key, [("launch", LayerLaunch(spec, tp, rows, knobs, "cpu", ffn="moe", attn="mla", slots=slots))]
+        )
 
     def inputs(self, seed: int, steps: int = 1, tokens=None) -> list[SparseInput]:
         """Seeded H, the rows' positions and random caches per step."""

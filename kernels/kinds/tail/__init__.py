@@ -4,9 +4,10 @@ Files: `table.py`, `kernel.py`, `launch.py`, `harness.py`, as every kind. Knob d
 sweeps in docs/perf/tail.md (TP4/TP8, rows 1/8).
 """
 
-from glm53ctl.kernels.kinds.base import Knob
+from glm53ctl.kernels.kinds.base import LAUNCH, Knob
 
 KNOBS = (
+    LAUNCH,
     Knob("block_n", (16, 32, 64, 128), 64, "schedule", "GEMV output rows per task"),
     Knob("block_k", (64, 128, 256, 512), 128, "numeric", "GEMV K tile: it sets the fp32 reduction order"),
     Knob(

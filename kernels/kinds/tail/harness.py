@@ -26,7 +26,7 @@ class TailHarness(KindHarness):
         super().__init__(weights, key)
         spec, tp, rows, device = self.spec, self.tp, self.rows, self.device
         self.norm = weights.shard(f"{ROOT}norm.weight").to(self.device)
-        self.launch = TailLaunch(spec, tp, rows, self.knobs, device)
+        self.launch = self.scheduled(TailLaunch(spec, tp, rows, self.knobs, device))
         self.shards = [self.launch.prepare_lm_head(self.norm, self.shard("lm_head.weight", r)) for r in range(tp)]
         self.peers = [TailLaunch(spec, tp, rows, self.knobs, device, partial_only=True) for _ in range(1, tp)]
 

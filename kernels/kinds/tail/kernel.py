@@ -11,8 +11,9 @@ from glm53ctl.kernels.ops.tail.kernel import final_norm_row, lm_head_folded
 from glm53ctl.kernels.runtime.device import (
     fence_sys,
     finish,
+    after_task,
+    first_task,
     launch_epoch,
-    next_task,
     pdl_enter,
     prefetch_l2,
     publish,
@@ -49,6 +50,7 @@ def tail_kernel(
     PREFETCH: tl.constexpr,
     NORM_FOLD: tl.constexpr,
     PDL: tl.constexpr,
+    ONE_TASK: tl.constexpr,
     REMOTE: tl.constexpr,
 ):
     # the peers' logits (emulated: a buffer; real ranks: this rank's mailbox) and what a real rank pushes to
@@ -79,7 +81,7 @@ def tail_kernel(
         own = rank * V_LOCAL
         half = (epoch % 2) * TP * R * V_LOCAL
     n_done = 0
-    task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET)
+    task = first_task(ctl, n_tasks, n_programs, INTERPRET, ONE_TASK)
     while task >= 0:
         row = task_row(rt, task)
         ttype, a0, a1 = row[0], row[1], row[2]
@@ -106,7 +108,7 @@ def tail_kernel(
                     acc = lm_head_folded(H, lm_w, a0, R, D, HC, n_end, BLOCK_N, BLOCK_K, M, INTERPRET)
                     # the next claim goes out before the wait, so its round trip overlaps the poll's (a task
                     # claimed here and then dropped on a failed wait is harmless: the launch is aborted)
-                    nxt = next_task(ctl, n_tasks, n_done + 1, n_programs, INTERPRET)
+                    nxt = after_task(ctl, n_tasks, n_done + 1, n_programs, INTERPRET, True, ONE_TASK)
                     ahead = 1
                     ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, True)
                     # the mean of the streams, then the rows' 1/RMS (the norm weight is in lm_w)
@@ -148,7 +150,7 @@ def tail_kernel(
                 publish(rt, row, task, epoch, INTERPRET)
         n_done += 1
         if ahead == 0:
-            task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET, ok)
+            task = after_task(ctl, n_tasks, n_done, n_programs, INTERPRET, ok, ONE_TASK)
         else:
             task = tl.where(ok, nxt, -1)
     finish(ctl, flags, n_tasks, n_peers, n_programs, epoch)
