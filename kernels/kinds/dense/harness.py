@@ -86,7 +86,9 @@ class DenseHarness(KindHarness):
     @classmethod
     def build_launches(cls, spec, key: ResolvedKey) -> list[tuple[str, object]]:
         # a peer's partial launches differ from rank 0's in the task table and runtime arguments only
-        return cls.scheduled_builds(key, [("launch", LayerLaunch(spec, key.tp, key.rows, key.knobs, "cpu", ffn=cls.FFN))])
+        return cls.scheduled_builds(
+            key, [("launch", LayerLaunch(spec, key.tp, key.rows, key.knobs, "cpu", ffn=cls.FFN))]
+        )
 
     def rank_state(self, x: LayerInput, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Rank's slices of the state: its q, k and v conv channels and its heads (contiguous, on device)."""

@@ -8,9 +8,9 @@ import triton.language as tl
 from glm53ctl.kernels.kinds.task_types import EMBED_GATHER
 from glm53ctl.kernels.ops.embed.kernel import gather_row, reduce_row
 from glm53ctl.kernels.runtime.device import (
+    after_task,
     fence_sys,
     finish,
-    after_task,
     first_task,
     launch_epoch,
     pdl_enter,

@@ -9,9 +9,9 @@ from glm53ctl.kernels.kinds.task_types import TAIL_LM_HEAD, TAIL_NORM
 from glm53ctl.kernels.ops.gemv.kernel import gemv_tile
 from glm53ctl.kernels.ops.tail.kernel import final_norm_row, lm_head_folded
 from glm53ctl.kernels.runtime.device import (
+    after_task,
     fence_sys,
     finish,
-    after_task,
     first_task,
     launch_epoch,
     pdl_enter,
