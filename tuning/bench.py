@@ -29,7 +29,8 @@ from glm53ctl.kernels.key import ResolvedKey
 from glm53ctl.kernels.kinds import get_kind, load_harness
 from glm53ctl.tuning import measure
 
-BASELINES = ("separate", "separate-pdl", "torch", "compile", "defaults")
+BASELINES = ("separate", "separate-pdl", "torch", "compile", "defaults", "persistent", "stages")
+SCHEDULES = ("persistent", "stages")  # knob `launch`: the key in this schedule, another harness
 # at most this many copies: a launch that reads little (embed: R rows of its table) would need thousands to
 # stream past the L2; its bytes are too few for the floor to mean much anyway
 MAX_COPIES = 64
@@ -171,13 +172,16 @@ def time_key(
         row |= step_breakdown(k, us, rounds, copy_tb_s)
     row["baselines"] = {}
     keep = []  # every harness and timer of the key lives until its end (a graph's buffers must outlive it)
-    # the defaults' launch last: it is another harness, with buffers of its own
-    for which in sorted(baselines, key=lambda b: b == "defaults"):
-        if which == "defaults":
-            kb = make_harness(weights, key.with_knobs(defaults(kind)))
-            kb(x, peers)
+    # the defaults' launch and the other schedule's last: each is another harness, with buffers of its own
+    for which in sorted(baselines, key=lambda b: b == "defaults" or b in SCHEDULES):
+        if which == "defaults" or which in SCHEDULES:
+            knobs = defaults(kind) if which == "defaults" else {"launch": which}
+            kb = make_harness(weights, key.with_knobs(knobs), **load_harness(kind).BENCH_OPTIONS)
+            theirs = {n: t.clone() for n, t in kb(x, peers).items()}
             t = kb.timed(x, peers)
             extra = {"knobs_equal": kb.knobs == k.knobs}
+            if which in SCHEDULES:
+                extra["bitwise_equal"] = outputs_equal(out, theirs)
         else:
             kb, extra = k, {}
             if which.startswith("separate"):  # its bits first, then the same stage launches timed
@@ -245,9 +249,19 @@ def trace_key(k, x, peers) -> dict:
         return None  # no traced build of this kind yet (bench says so)
     launch.tracing = True
     try:
-        k(x, peers)
         k(x, peers)  # the first traced launch compiles
+        # replayed from a CUDA graph, as bench times it: a stage schedule's launches queued back to back, not
+        # each after the host's Python (about 100 µs a launch)
+        t = k.timed(x, peers)
+        w = t.copies(1)[0]
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            t.call(w)
+        graph.replay()
+        graph.replay()
+        torch.cuda.synchronize()
         s = summarize(*launch.trace_record())
+        del graph
     finally:
         launch.tracing = False
     from glm53ctl.kernels.kinds.task_types import TYPE_NAMES
@@ -284,12 +298,13 @@ def _compile(job: tuple) -> str:
     step = get_kind(kind).composite
     # a step's other chain is timed beside it (`schedules`), inside a graph capture: compiled here first
     variants = [full.with_knobs({"chain": c}) for c in kind_knobs(kind)["chain"].values] if step else [full]
+    variants += [full.with_knobs({"launch": b}) for b in baselines if b in SCHEDULES]
     for ks in variants:
         for _, la in build_launches(spec, ks):
             args = on_device(la.placeholder_args(), "cuda")
             la.kernel.warmup(**args, **la.constexprs(), **la.options(), grid=(la.grid,))
     # a step's baselines need every layer's weights: too much for each of several workers (compiled at bench)
-    others = [b for b in baselines if b != "defaults"] if not step else []
+    others = [b for b in baselines if b != "defaults" and b not in SCHEDULES] if not step else []
     if others:
         from glm53ctl.kernels.weights import Weights
 

@@ -18,7 +18,7 @@ from glm53ctl.commands.keys import context_applies, context_fits, refuse_step_ba
 from glm53ctl.errors import CheckFailed, UsageError
 from glm53ctl.output import Output, Progress, err_console, plural, print_warning
 
-BASELINES = ("separate", "separate-pdl", "torch", "compile", "defaults")
+BASELINES = ("separate", "separate-pdl", "torch", "compile", "defaults", "persistent", "stages")
 
 
 def register(app: typer.Typer) -> None:
@@ -50,7 +50,8 @@ def bench(
             metavar="B,...",
             help="Timed beside the launch in alternating rounds: separate (one launch per stage), separate-pdl "
             "(the same chained by programmatic dependent launch), torch (stock ops in bf16, CUDA graph), compile "
-            "(torch.compile, CUDA graph), defaults (the registry's knobs, not the tuned file's).",
+            "(torch.compile, CUDA graph), defaults (the registry's knobs, not the tuned file's), persistent or "
+            "stages (the key in that schedule, knob launch; its bits checked first).",
         ),
     ] = None,
     against: Annotated[

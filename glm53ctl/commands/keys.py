@@ -60,7 +60,7 @@ def refuse_steps(kinds: list[str], verb: str) -> None:
 
 
 # what a whole step (`model`) is timed beside: its parts' own baselines are their kinds' (bench them)
-STEP_BASELINES = ("torch", "compile")
+STEP_BASELINES = ("torch", "compile", "persistent", "stages")
 
 
 def refuse_step_baselines(kinds: list[str], baselines: list[str]) -> None:
@@ -71,6 +71,6 @@ def refuse_step_baselines(kinds: list[str], baselines: list[str]) -> None:
     if steps and other:
         raise UsageError(
             f"--baseline {','.join(other)}: not for {', '.join(steps)} (a step is timed beside "
-            f"{' and '.join(STEP_BASELINES)}; its parts' launches beside theirs as their kinds)",
+            f"{', '.join(STEP_BASELINES)}; its parts' launches beside theirs as their kinds)",
             hint="glm53ctl bench --kind dense,kda,sparse,tail --baseline separate",
         )

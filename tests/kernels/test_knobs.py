@@ -26,14 +26,40 @@ def test_a_kind_declares_its_own_knobs_and_takes_runtime_knobs_by_name():
 
 def test_the_defaults_are_the_measured_ones():
     """Pinned: a default changes only with evidence in docs/perf (and this test changed in the same commit)."""
-    assert defaults("embed") == {"grid": 0, "warps": 4, "handoff": "box", "poll": 1, "chunk": 1024}
-    tail = {"grid": 0, "warps": 4, "handoff": "box", "poll": 1, "stages": 3, "block_n": 64, "block_k": 128}
+    assert defaults("embed") == {
+        "grid": 0,
+        "warps": 4,
+        "handoff": "box",
+        "poll": 1,
+        "launch": "persistent",
+        "chunk": 1024,
+    }
+    tail = {
+        "launch": "persistent",
+        "grid": 0,
+        "warps": 4,
+        "handoff": "box",
+        "poll": 1,
+        "stages": 3,
+        "block_n": 64,
+        "block_k": 128,
+    }
     assert defaults("tail") == tail | {"prefetch": 0, "gathers": "last", "split": "even", "norm": "fold"}
-    dense = {"grid": 0, "warps": 4, "handoff": "box", "poll": 0, "stages": 4, "block_n_in": 32, "block_n_gu": 32}
+    dense = {
+        "launch": "persistent",
+        "grid": 0,
+        "warps": 4,
+        "handoff": "box",
+        "poll": 0,
+        "stages": 4,
+        "block_n_in": 32,
+        "block_n_gu": 32,
+    }
     dense |= {"block_n_out": 32, "box_words": 32, "oproj_first": 0, "kda_split": 0, "chunk_cols": 128, "ksplit": 2}
     dense |= {"ksplit_gu": 2, "ksplit_in": 1, "block_k": 128, "maxnreg": 0, "prefetch": 3, "weights_first": 0}
     dense |= {"ffn_mix": "auto"}
     assert defaults("dense") == dense | {"norm": "auto"}
+    assert defaults("model") == {"grid": 0, "launch": "parts", "chain": "stream"}
 
 
 def test_defaults_per_kind():

@@ -243,6 +243,18 @@ def test_build_placeholders_mirror_the_launch_arguments(weights):
         assert launch.placeholder_args()["peers"].logits.dtype == dtype
 
 
+@pytest.mark.parametrize("kind", ["embed", "tail", "dense", "kda", "sparse"])
+@pytest.mark.parametrize("launch", ["persistent", "stages"])
+def test_build_placeholders_name_exactly_the_kernels_arguments(kind, launch):
+    """What bench's compile step warms up with (tuning/bench.py `_compile`): a stale name is a KeyError there."""
+    from glm53ctl.kernels.checks import build_launches
+
+    key = resolved(kind, 2, 1, {"launch": launch}, device=None)
+    for name, la in build_launches(load_model("tiny"), key):
+        given = set(la.placeholder_args()) | set(la.constexprs())
+        assert given == set(la.kernel.arg_names), (name, given ^ set(la.kernel.arg_names))
+
+
 def test_the_interpreter_spreads_tasks_over_programs(weights):
     """Each program but the last takes its share, so hand-offs cross programs on the CPU as on a GPU: the
     programs that time out at the sites are not all program 0 (tail: tiny's embed has one task per kind)."""

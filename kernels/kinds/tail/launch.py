@@ -167,8 +167,4 @@ class TailLaunch(PersistentLaunch):
         """The kernel's arguments with stand-in tensors of the right dtypes (ahead-of-time builds)."""
         bf16, f32 = (torch.empty(1, dtype=d) for d in (torch.bfloat16, torch.float32))
         peers = f32 if self.tp > 1 and not self.partial_only else bf16  # __call__ passes H when no peers
-        return self.kernel_args(bf16, bf16, bf16, f32, peers) | {
-            "peer_slots": torch.empty(1, dtype=torch.int64),
-            "peer_flags": torch.empty(1, dtype=torch.int64),
-            "arrive": torch.empty(1, dtype=torch.int32),
-        }
+        return self.kernel_args(bf16, bf16, bf16, f32, peers)
