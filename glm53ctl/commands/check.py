@@ -461,11 +461,31 @@ def _fault_row(key, site, budget_ns, wall_s, weights=None) -> dict:
 
 def _site_count(spec, key) -> int:
     """The guarded waits of a key's launch (rank 0's), from its table alone: nothing is launched."""
+    return len(_waits(spec, key))
+
+
+def _waits(spec, key) -> list[str]:
+    """Each guarded wait of a key's launch (rank 0's: its stage launches in a stages build, every part's in a
+    step) as 'waiter <- producer', in site order, from the tables alone."""
     from glm53ctl.kernels.checks import build_launches
 
-    launches = build_launches(spec, key)
-    # rank 0's launch, or every part's of a step (`layers.3.launch`, ...)
-    return sum(len(la.table.sites) for name, la in launches if name.split(".")[-1] == "launch")
+    out = []
+    for name, la in build_launches(spec, key):
+        if name.split(".")[-1] != "launch":  # rank 0's launch, a stage's, or a step's part's (`layers.3.launch`)
+            continue
+        t = la.table
+        kind = lambda p: "peer" if p < 0 else t.type_name(p)  # noqa: E731
+        for site in t.sites:
+            producers = " + ".join(dict.fromkeys(kind(p) for p in site.producers))
+            out.append(f"{t.type_name(site.task)} <- {producers}" + (" (late)" if site.late else ""))
+    return out
+
+
+def _waits_summary(waits: list[str]) -> str:
+    """'attn reduce <- peer ×4, ...': each kind of wait and how many sites it has, in first-seen order."""
+    from collections import Counter
+
+    return ", ".join(f"{w} ×{n}" for w, n in Counter(waits).items())
 
 
 def _names(diff: list[str]) -> list[str]:
@@ -542,14 +562,18 @@ def fault(
     if gpus > 1:
         _fault_ranks(o, weights, keys, device, int(budget_ms * 1e6), wall_s)
         return
-    sites = {key: _site_count(weights.spec, key) for key in keys}  # the tables alone: no launch
+    waits = {key: _waits(weights.spec, key) for key in keys}  # the tables alone: no launch
+    sites = {key: len(w) for key, w in waits.items()}
     if list_sites:
-        rows_ = [{"key": key.name, "sites": n} for key, n in sites.items()]
+        rows_ = [
+            {"key": key.name, "launch": key.knobs.get("launch"), "sites": len(w), "waits": w}
+            for key, w in waits.items()
+        ]
         o.json({"device": device, "model": weights.spec.name, "keys": rows_, "sites": sum(sites.values())})
         o.table(
             f"fault sites of {weights.spec.name} on {device}",
-            ["key", "sites", "--site range"],
-            [(r["key"], r["sites"], f"0..{r['sites'] - 1}") for r in rows_],
+            ["key", "sites", "--site range", "waits (waiter <- producer)"],
+            [(r["key"], r["sites"], f"0..{r['sites'] - 1}", _waits_summary(r["waits"])) for r in rows_],
         )
         n_sites, n_keys = plural(sum(sites.values()), "sites"), plural(len(keys), "keys")
         o.text(f"{n_sites} in {n_keys}: one stuck launch each with --all")

@@ -133,3 +133,21 @@ def test_check_proves_the_other_schedule_and_says_where_it_differs(weights, monk
     assert not res.schedules_equal and "launch=stages gives other bits than launch=persistent" in res.problems
     res, _ = check_key(weights, resolved("embed", 2, 1, {"launch": "stages"}), 0)
     assert not res.schedules_equal and "launch=persistent gives other bits than launch=stages" in res.problems
+
+
+def test_fault_lists_the_waits_a_stages_build_keeps(capsys):
+    from tests.helpers import invoke, invoke_json
+
+    args = ["fault", "--kind", "dense", "--tp", "2", "--rows", "1", "--list"]
+    persistent = invoke_json(capsys, *args)["keys"][0]
+    stages = invoke_json(capsys, *args, "--launch", "stages")["keys"][0]
+    assert persistent["launch"] == "persistent" and stages["launch"] == "stages"
+    assert set(stages["waits"]) == {
+        "attn reduce <- peer",
+        "ffn mix <- attn reduce",
+        "gate_up <- gate_up (late)",
+        "ffn reduce <- peer",
+    }
+    assert "attn gate <- attn mix" in persistent["waits"] and stages["sites"] < persistent["sites"]
+    code, _, err = invoke(capsys, *args, "--launch", "pipelined")
+    assert code == 2 and "--launch 'pipelined': expected one of persistent, stages" in err
