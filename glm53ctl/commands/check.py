@@ -474,9 +474,8 @@ def _waits(spec, key) -> list[str]:
         if name.split(".")[-1] != "launch":  # rank 0's launch, a stage's, or a step's part's (`layers.3.launch`)
             continue
         t = la.table
-        kind = lambda p: "peer" if p < 0 else t.type_name(p)  # noqa: E731
         for site in t.sites:
-            producers = " + ".join(dict.fromkeys(kind(p) for p in site.producers))
+            producers = " + ".join(dict.fromkeys("peer" if p < 0 else t.type_name(p) for p in site.producers))
             out.append(f"{t.type_name(site.task)} <- {producers}" + (" (late)" if site.late else ""))
     return out
 

@@ -94,8 +94,8 @@ def test_every_site_of_a_stages_build_is_named(weights, kind):
 
 def test_a_stuck_wait_inside_a_stage_and_on_a_peer_named_by_its_number(weights):
     """dense TP2: a gate/up tile's late wait on its K slices (inside its stage), the FFN mix's on the attention
-    reduce (one stage) and the attention reduce's on the peer: each stuck is named with its number among the stages' sites, the whole table's task, the
-    producer; the retried launch gives the clean bits."""
+    reduce (one stage) and the attention reduce's on the peer: each stuck is named with its number among the
+    stages' sites, the whole table's task, the producer; the retried launch gives the clean bits."""
     k = make_harness(weights, resolved("dense", 2, 1, {"launch": "stages"}))
     x = k.inputs(seed=9)[0]
     peers = k.peer_partials(x)
