@@ -152,7 +152,7 @@ def test_a_step_says_where_its_time_goes():
     svg = step_picture(row)
     xml.dom.minidom.parseString(svg)
     assert svg.count("<title>layers.") == 2 and "floor: 80 µs" in svg
-    assert {k.name: k.default for k in KNOBS} == {"chain": "stream"}
+    assert {k.name: k.default for k in KNOBS} == {"launch": "parts", "chain": "stream"}
 
 
 def test_a_steps_launches_chain_as_its_knob_says():
