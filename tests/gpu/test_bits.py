@@ -81,7 +81,8 @@ def test_every_schedule_knob_is_bitwise_equal_on_the_gpu(weights, kind):
     k, x, peers = _key(weights, kind)
     base = _clone(k(x, peers, poison=True))
     names = {name for name, _ in _schedule_variants(kind)}
-    assert {"poll", "grid", "handoff"} <= names and (kind == "embed" or {"stages", "prefetch"} <= names)
+    assert {"poll", "grid", "handoff", "launch"} <= names and (kind == "embed" or "stages" in names)
+    assert kind not in ("dense", "kda", "sparse") or "prefetch" in names
     for name, value in _schedule_variants(kind):
         other, _, _ = _key(weights, kind, **{name: value})
         assert_same_bits(base, _clone(other(x, peers, poison=True)), f"{kind} {name}={value}")

@@ -44,7 +44,7 @@ def test_the_defaults_are_the_measured_ones():
         "block_n": 64,
         "block_k": 128,
     }
-    assert defaults("tail") == tail | {"prefetch": 0, "gathers": "last", "split": "even", "norm": "fold"}
+    assert defaults("tail") == tail | {"gathers": "last", "split": "even", "norm": "fold"}
     dense = {
         "launch": "persistent",
         "grid": 0,

@@ -88,11 +88,12 @@ KNOBS = (
     # within 0.3% at the sixth
     Knob(
         "prefetch",
-        (0, 1, 2, 3),
+        (0, 3),
         3,
         "schedule",
-        "before its wait, a task asks L2 for what no producer writes (GEMV weights, the KDA state): 1 every such "
-        "task; 2 only o_proj, gate/up and down; 3 only the KDA heads' and attention reduces' own operands",
+        "before its wait, a task asks L2 for what no producer writes: 3 the KDA heads' weights and state and the "
+        "attention reduces' FFN mix rows (1, every GEMV tile too, and 2, o_proj's, gate/up's and down's: slower at "
+        "every key measured, removed)",
     ),
     Knob(
         "weights_first",

@@ -37,11 +37,10 @@ def prefetch(
 ):
     """Before a task waits, start what it reads that no producer writes: a GEMV task's weight tile, a KDA
     task's recurrent state. Launch-wide, the small latency-bound steps (gates, KDA, reduces) then overlap
-    the next stage's weight streaming. WHICH 1: every such task; 2: o_proj, gate/up and down only (what
-    fits the L2 while the in-projection streams); 3: only the KDA heads' weights and state and the attention
-    reduces' FFN mix rows, or the FFN mix tasks' with MIX_TASK (their latency-bound steps wait long; the GEMV
-    stages stream their own). Only the halves the layer has: KDA's tasks (MLA false), the dense MLP's (MOE
-    false)."""
+    the next stage's weight streaming. WHICH 1 (a separate-pdl stage's first task): every such task; 3 (knob
+    `prefetch`): only the KDA heads' weights and state and the attention reduces' FFN mix rows, or the FFN mix
+    tasks' with MIX_TASK (their latency-bound steps wait long; the GEMV stages stream their own). Only the
+    halves the layer has: KDA's tasks (MLA false), the dense MLP's (MOE false)."""
     D: tl.constexpr = dims.D
     K: tl.constexpr = dims.K
     if WHICH == 3:
@@ -62,14 +61,13 @@ def prefetch(
             prefetch_l2(gates.fn_f + o_m[:, None] * (HC * D) + o_c[None, :])
     else:
         if not MLA:
-            if WHICH == 1:
-                if ttype == INPROJ:  # a K slice's columns only
-                    KK: tl.constexpr = D // dims.KS_IN
-                    _prefetch_rows(attn_w.w_in, a0, D, a1 * KK, dims.NIN, dims.BN, KK)
-                elif ttype == KDA_HEAD:
-                    o_k = tl.arange(0, K)
-                    o_l = tl.arange(0, K // 32) * 32
-                    prefetch_l2(attn_state.S_in + (a1 * dims.HL + a0) * (K * K) + o_k[:, None] * K + o_l[None, :])
+            if ttype == INPROJ:  # a K slice's columns only
+                KK: tl.constexpr = D // dims.KS_IN
+                _prefetch_rows(attn_w.w_in, a0, D, a1 * KK, dims.NIN, dims.BN, KK)
+            elif ttype == KDA_HEAD:
+                o_k = tl.arange(0, K)
+                o_l = tl.arange(0, K // 32) * 32
+                prefetch_l2(attn_state.S_in + (a1 * dims.HL + a0) * (K * K) + o_k[:, None] * K + o_l[None, :])
         if ttype == OPROJ:
             _prefetch_rows(attn_w.w_o, a0, dims.P, a1 * dims.PK, D, dims.BN_O, dims.PK)
         if not MOE:

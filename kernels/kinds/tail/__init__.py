@@ -11,13 +11,6 @@ KNOBS = (
     Knob("block_n", (16, 32, 64, 128), 64, "schedule", "GEMV output rows per task"),
     Knob("block_k", (64, 128, 256, 512), 128, "numeric", "GEMV K tile: it sets the fp32 reduction order"),
     Knob(
-        "prefetch",
-        (0, 1, 2, 3),
-        0,
-        "schedule",
-        "before its wait, a GEMV task asks L2 for its weight tile (any value but 0)",
-    ),
-    Knob(
         "gathers",
         ("first", "last"),
         "last",

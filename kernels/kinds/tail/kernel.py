@@ -47,7 +47,6 @@ def tail_kernel(
     INTERPRET: tl.constexpr,
     POLL: tl.constexpr,
     THREADS: tl.constexpr,
-    PREFETCH: tl.constexpr,
     NORM_FOLD: tl.constexpr,
     PDL: tl.constexpr,
     ONE_TASK: tl.constexpr,
@@ -87,12 +86,6 @@ def tail_kernel(
         ttype, a0, a1 = row[0], row[1], row[2]
         nxt = task * 0 - 1
         ahead = 0
-        if PREFETCH and not INTERPRET:  # the interpreter has no inline asm; a prefetch changes no bits
-            if ttype == TAIL_LM_HEAD:
-                # start streaming this task's weights into L2 while it waits for the normalized rows
-                o_n = tl.minimum(a0 + tl.arange(0, BLOCK_N), V_LOCAL - 1)
-                o_l = tl.arange(0, D * 2 // 128) * 64
-                prefetch_l2(lm_w + o_n[:, None].to(tl.int64) * D + o_l[None, :])
         # a task's early sites; a folded GEMV task's NORM sites are late: waited after its stream (below)
         ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, False)
         if ok:

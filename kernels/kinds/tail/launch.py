@@ -141,7 +141,6 @@ class TailLaunch(PersistentLaunch):
                 M=16 if self.rows * self.spec.mhc.streams <= 16 else 32,
                 TP=self.tp,
             ),
-            "PREFETCH": self.knobs["prefetch"],
             "NORM_FOLD": folds(self.knobs["norm"], self.rows, self.spec.mhc.streams),
             "REMOTE": self.links is not None,
         }
