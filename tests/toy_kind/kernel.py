@@ -1,11 +1,12 @@
-"""The toy kernel: the runtime's claim loop over the toy's tasks (table.py)."""
+"""The toy kernel: the runtime's claim loop over the toy's tasks (table.py); with ONE_TASK a stage launch's
+one task per program, like every kind's kernel."""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from glm53ctl.kernels.runtime.device import finish, launch_epoch, next_task, publish, task_row, wait_task
+from glm53ctl.kernels.runtime.device import after_task, finish, first_task, launch_epoch, publish, task_row, wait_task
 
 
 @triton.jit(do_not_specialize=["stuck_site", "budget_ns"])
@@ -25,11 +26,12 @@ def toy_kernel(
     POLL: tl.constexpr,
     THREADS: tl.constexpr,
     PDL: tl.constexpr,
+    ONE_TASK: tl.constexpr,
 ):
     ctl, flags = rt.ctl, rt.flags
     epoch = launch_epoch(ctl, INTERPRET)
     n_done = 0
-    task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET)
+    task = first_task(ctl, n_tasks, n_programs, INTERPRET, ONE_TASK)
     while task >= 0:
         row = task_row(rt, task)
         what, r = row[1], row[2]
@@ -43,5 +45,5 @@ def toy_kernel(
                     tl.store(total + i, tl.sum(tl.load(y + i * D + o_d)))
             publish(rt, row, task, epoch, INTERPRET)
         n_done += 1
-        task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET, ok)
+        task = after_task(ctl, n_tasks, n_done, n_programs, INTERPRET, ok, ONE_TASK)
     finish(ctl, flags, n_tasks, n_peers, n_programs, epoch)
