@@ -92,11 +92,20 @@ def space_of(knobs: dict[str, Knob], names: list[str] | None = None) -> dict[str
 
 
 def study_name(
-    model: str, kind: str, tp: int, rows: int, space: dict[str, tuple], code: str, context: int | None = None
+    model: str,
+    kind: str,
+    tp: int,
+    rows: int,
+    space: dict[str, tuple],
+    code: str,
+    context: int | None = None,
+    base: dict | None = None,
 ) -> str:
-    """One study per key (and context), search space and code: trials timed on other code or over another space
-    are another study's (a resumed study never mixes them)."""
-    digest = hashlib.sha256(json.dumps([space, code], sort_keys=True, default=str).encode()).hexdigest()[:10]
+    """One study per key (and context), search space, knobs held outside it (`base_of`) and code: trials timed on
+    other code, over another space or beside other held knobs are another study's (a resumed study never mixes
+    them)."""
+    what = [space, code] + ([base] if base else [])  # without held knobs, the names of before
+    digest = hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:10]
     return f"{model}-{kind}-tp{tp}-r{rows}" + (f"-ctx{context}" if context is not None else "") + f"-{digest}"
 
 
@@ -323,9 +332,13 @@ class GpuEvaluator:
     """One key's launches on the GPU: harnesses per knob set (kept while in use), the default's outputs and the
     reference's, computed once on one seeded input."""
 
-    def __init__(self, weights, key, *legacy, seed: int = 0, device: str = "cuda", context=None) -> None:
+    def __init__(
+        self, weights, key, *legacy, seed: int = 0, device: str = "cuda", context=None, base: dict | None = None
+    ) -> None:
         """One resolved key's evaluator (`GpuEvaluator(weights, key, seed=...)`); or, as before resolved keys,
-        `(weights, kind, tp, rows[, seed], device=..., context=...)` (checks.legacy_key)."""
+        `(weights, kind, tp, rows[, seed], device=..., context=...)` (checks.legacy_key). `base`: knobs held at
+        other values than the registry's defaults while the search runs (a search of part of the space keeps the
+        key's tuned knobs outside it, `base_of`); the search's "default" is the defaults with them."""
         from glm53ctl.kernels.checks import key_seed, legacy_key
         from glm53ctl.kernels.kinds import get_kind
         from glm53ctl.tuning.knobs import defaults, kind_knobs
@@ -338,7 +351,7 @@ class GpuEvaluator:
         self.device, self.context = key.device, key.context
         self.entry = get_kind(self.kind)
         self.knobs = kind_knobs(self.kind)
-        self.default = defaults(self.kind)
+        self.default = defaults(self.kind) | (base or {})
         self.harnesses: dict[str, Any] = {}
         self.default_identity = self.identity(self.default)
         k = self._harness(self.default)
@@ -401,6 +414,17 @@ class GpuEvaluator:
             self.harnesses.pop(ident, None)
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
+
+
+def base_of(key, space) -> dict:
+    """The knobs of a resolved key that a search of `space` holds where the tuned file put them: those outside the
+    space that differ from the registry's defaults (a search of `launch` alone keeps a tuned `block_n_down`, so
+    what it measures is what the key will run, and `--write` keeps that knob)."""
+    from glm53ctl.kernels.key import resolve_grid
+    from glm53ctl.tuning.knobs import defaults
+
+    default = resolve_grid(defaults(key.kind), key.device)
+    return {n: v for n, v in key.knobs.items() if n not in space and n in default and v != default[n]}
 
 
 def launch_identity(launches) -> str:

@@ -10,13 +10,22 @@ from glm53ctl import tuned
 from glm53ctl.paths import ENV_CONFIG_DIR, checkout_root, config_root, tuned_path
 
 
-def entry_of(result: dict) -> tuned.Entry:
+def entry_of(result: dict, old: tuned.Entry | None = None) -> tuned.Entry:
     """A tune result as the file's entry for (kind, rows): the knobs kept (only those that differ from the
-    defaults), the evidence of the kept set, and every knob dropped with its reason."""
+    defaults), the evidence of the kept set, and every knob dropped with its reason. A search of part of the
+    space (`result["space"]`) held the key's tuned knobs outside it (`result["base"]`): those stay, and so do the
+    old entry's evidence (where this search kept nothing) and its reasons for the knobs outside the space."""
+    space, base = result.get("space"), dict(result.get("base") or {})
+    outside = (lambda n: n not in space) if space is not None else (lambda n: False)  # noqa: E731
     dropped = [tuned.DroppedKnob(knob=d["knob"], value=d["value"], reason=d["reason"]) for d in result["decisions"]]
     dropped = [d for d in dropped if d.knob not in result["kept"]]
+    if old is not None:
+        dropped = [d for d in old.dropped if outside(d.knob)] + dropped
     evidence = tuned.Evidence(**result["evidence"]) if result["evidence"] else None
-    return tuned.Entry(knobs=dict(result["kept"]), context=result.get("context"), evidence=evidence, dropped=dropped)
+    if evidence is None and base and old is not None:
+        evidence = old.evidence  # the held knobs' own measurement stands
+    knobs = base | dict(result["kept"])
+    return tuned.Entry(knobs=knobs, context=result.get("context"), evidence=evidence, dropped=dropped)
 
 
 def write_results(model: str, results: list[dict], env: dict, root: Path | None = None) -> tuple[list[Path], list[str]]:
@@ -29,7 +38,8 @@ def write_results(model: str, results: list[dict], env: dict, root: Path | None 
         old = tuned.load(path) if path.exists() else None
         entries = {k: dict(v) for k, v in old.entries.items()} if old else {}
         for r in (r for r in results if r["tp"] == tp):
-            entries.setdefault(r["kind"], {})[r["rows"]] = entry_of(r)
+            kind = entries.setdefault(r["kind"], {})
+            kind[r["rows"]] = entry_of(r, kind.get(r["rows"]))
         cfg = tuned.TunedConfig(
             schema_version=tuned.SCHEMA_VERSION,
             model=model,
@@ -52,8 +62,12 @@ def changelog_line(path: Path, cfg: tuned.TunedConfig, results: list[dict]) -> s
     parts = []
     for r in results:
         kept = ", ".join(f"{n}={v}" for n, v in r["kept"].items())
+        held = ", ".join(f"{n}={v}" for n, v in (r.get("base") or {}).items())
         e = r["evidence"]
-        said = f"keeps {kept} ({e['ratio']:.3f}× the default's µs)" if kept else "keeps the defaults"
+        against = f"the µs with {held} alone" if held else "the default's µs"
+        said = f"keeps {kept} ({e['ratio']:.3f}× {against})" if kept else "keeps the defaults"
+        if held:
+            said += f", holding {held}" if kept else f" beside {held}"
         at = "" if r.get("context") is None else f" at context {r['context']}"
         parts.append(f"{r['kind']} rows {r['rows']}{at} {said}")
     rel = f"configs/tuned/{cfg.model}/{path.name}"

@@ -108,8 +108,13 @@ def tune(
     if plot_only:
         code = measure.code_digest(folders=("kernels",))  # a study's trials stand while the kernels do
         store = tuning.storage_of(url, create=False)  # read only: a failed --plots leaves nothing behind
+        from glm53ctl.tuning.knobs import resolve_key
+
         names = [
-            study or tuning.study_name(model, k, t, r, spaces[k], code, ctx[k])
+            study
+            or tuning.study_name(
+                model, k, t, r, spaces[k], code, ctx[k], tuning.base_of(resolve_key(model, k, t, r), spaces[k])
+            )
             for k in kinds
             for t in tps
             for r in rowss
@@ -140,9 +145,11 @@ def tune(
         for t in tps:
             for r in rowss:
                 where = f"at TP{t} rows {r}" + (f" context {ctx[k]}" if ctx[k] is not None else "")
-                name = study or tuning.study_name(model, k, t, r, spaces[k], code, ctx[k])
-                err_console.print(f"tune {k} {where}: study {name} ({shown(url)})")
-                ev = tuning.GpuEvaluator(weights, keys[k, t, r], seed=seed)
+                base = tuning.base_of(keys[k, t, r], spaces[k])  # the key's tuned knobs outside the space
+                name = study or tuning.study_name(model, k, t, r, spaces[k], code, ctx[k], base)
+                held = f", holding {', '.join(f'{n}={v}' for n, v in base.items())}" if base else ""
+                err_console.print(f"tune {k} {where}: study {name} ({shown(url)}){held}")
+                ev = tuning.GpuEvaluator(weights, keys[k, t, r], seed=seed, base=base)
                 s = tuning.search(ev, ev.default, spaces[k], store, name, trials, seed, on_trial=_progress(trials))
                 if plots is not None:
                     _plots(s, plots)
@@ -152,7 +159,7 @@ def tune(
                 for d in res.decisions:
                     err_console.print(escape(f"  {d.reason}"))
                 key = {"kind": k, "tp": t, "rows": r} | ({"context": ctx[k]} if ctx[k] is not None else {})
-                results.append(key | {"storage": shown(url)} | res.to_json())
+                results.append(key | {"storage": shown(url), "space": list(spaces[k]), "base": base} | res.to_json())
                 del ev
     if search_only:
         return
@@ -187,6 +194,7 @@ def _precompile(keys: dict, spaces, trials: int, jobs: int) -> None:
 
     from glm53ctl.tuning.bench import compile_workers, precompile
     from glm53ctl.tuning.knobs import defaults
+    from glm53ctl.tuning.tune import base_of
 
     todo = []
     for k in dict.fromkeys(kind for kind, _, _ in keys):
@@ -194,8 +202,12 @@ def _precompile(keys: dict, spaces, trials: int, jobs: int) -> None:
         if math.prod(len(v) for v in space.values()) > trials:
             continue
         for point in itertools.product(*space.values()):
-            knobs = defaults(k) | dict(zip(space, point, strict=True))
-            todo += [(key.with_knobs(knobs), ()) for (kind, _, _), key in keys.items() if kind == k]
+            knobs = dict(zip(space, point, strict=True))
+            todo += [  # as the search runs it: the key's held knobs too
+                (key.with_knobs(defaults(k) | base_of(key, space) | knobs), ())
+                for (kind, _, _), key in keys.items()
+                if kind == k
+            ]
     precompile(todo, jobs or compile_workers(), err_console.print)
 
 

@@ -237,3 +237,48 @@ def test_plots_of_a_study_run_elsewhere(tmp_path, capsys, monkeypatch):
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["s-history.png", "s-importances.png"]
     code, _, err = invoke(capsys, *args[:-1], "nope", "--plots", str(tmp_path / "plots"))
     assert code == 2 and "no study 'nope'" in err and "its studies: s" in err
+
+
+def test_a_search_of_part_of_the_space_holds_and_keeps_the_tuned_knobs_outside_it(config_dir):
+    """`tune --space launch` after a `block_n_down` tune: the search runs beside the tuned block_n_down (base_of)
+    and --write keeps it, with its evidence where the search kept nothing and its reasons."""
+    from glm53ctl.tuning.knobs import kind_knobs, resolve_key
+    from glm53ctl.tuning.tune import base_of, space_of, study_name
+    from glm53ctl.tuning.write import changelog_line, write_results
+
+    env = measure.environment("glm53ctl tune --kind kda --tp 4 --rows 2,8 --space block_n_down,box_words --write")
+    first = _result("kda", rows=2, kept={"block_n_down": 128}) | {
+        "space": ["block_n_down", "box_words"],
+        "base": {},
+        "decisions": [
+            {"knob": "block_n_down", "value": 128, "kept": True, "reason": "block_n_down=128: 2.9% faster, kept"},
+            {"knob": "box_words", "value": 8, "kept": False, "reason": "box_words=8: 11% slower, dropped"},
+        ],
+    }
+    (path,), _ = write_results("tiny", [first, first | {"rows": 8}], env, root=config_dir)
+    key = resolve_key("tiny", "kda", 4, 2)
+    space = space_of(kind_knobs("kda"), ["launch"])
+    assert base_of(key, space) == {"block_n_down": 128}
+    assert base_of(key, space_of(kind_knobs("kda"))) == {}  # the whole space: nothing held
+    assert study_name("tiny", "kda", 4, 2, space, "c") != study_name("tiny", "kda", 4, 2, space, "c", {"x": 1})
+
+    def launch_result(rows, kept):
+        return _result("kda", rows=rows, kept=kept) | {
+            "space": ["launch"],
+            "base": {"block_n_down": 128},
+            "decisions": [
+                {"knob": "launch", "value": "stages", "kept": bool(kept), "reason": "launch=stages: measured"},
+            ],
+        }
+
+    nothing, stages = launch_result(2, {}), launch_result(8, {"launch": "stages"})
+    (path,), _ = write_results("tiny", [nothing, stages], env, root=config_dir)
+    cfg = tuned.load(path)
+    r2, r8 = cfg.entry("kda", 2), cfg.entry("kda", 8)
+    assert r2.knobs == {"block_n_down": 128} and r2.evidence.ratio == 0.973  # the held knob's own evidence
+    assert [(d.knob, d.value) for d in r2.dropped] == [("box_words", 8), ("launch", "stages")]
+    assert r8.knobs == {"block_n_down": 128, "launch": "stages"}
+    assert resolve_key("tiny", "kda", 4, 8).knobs["launch"] == "stages"
+    line = changelog_line(path, cfg, [nothing, stages])
+    assert "kda rows 2 keeps the defaults beside block_n_down=128" in line
+    assert "kda rows 8 keeps launch=stages (0.973× the µs with block_n_down=128 alone), holding block_n_down=128" in line
