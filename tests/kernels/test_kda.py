@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from glm53ctl.kernels.checks import fault_key
-from glm53ctl.kernels.kinds import get_kind
+from glm53ctl.kernels.kinds import CPU_KEYS, get_kind
 from glm53ctl.kernels.kinds import task_types as tt
 from glm53ctl.kernels.kinds.kda.harness import KdaHarness
 from glm53ctl.kernels.numerics import rel_rms
@@ -27,12 +27,11 @@ def weights():
     return Weights(load_model("tiny"), seed=3)
 
 
-@pytest.mark.parametrize("tp", [1, 2, 4, 8])
-@pytest.mark.parametrize("rows", [1, 2, 4, 8])
+@pytest.mark.parametrize(("tp", "rows"), [(t, r) for t in (1, 2, 4, 8) for r in (1, 2, 4, 8) if (t, r) not in CPU_KEYS])
 def test_against_the_reference(weights, tp, rows):
     """Every output, state write and routing weight within its bound, and the routing exactly the reference's
-    (its invariants), at every key. Bitwise equal across grids and repeated launches: `glm53ctl check` at the CPU
-    keys (tests/cli/test_check.py runs it for every kind)."""
+    (its invariants), at every key but the CPU keys: there `glm53ctl check` proves the same and more, bitwise
+    equal across grids, schedules and repeated launches (tests/cli/test_check.py runs it for every kind)."""
     k = KdaHarness(weights, resolved("kda", tp, rows, {"grid": 3}))
     x = k.inputs(seed=100 * tp + rows)[0]
     out = k(x, poison=True)
