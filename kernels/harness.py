@@ -316,9 +316,14 @@ class KindHarness:
         xs = k.inputs(key.seed, key.steps, key.tokens)
         for x in xs:
             out = k(x)
-        saved = {"inputs.contexts": torch.tensor(row_contexts(key.context, key.rows, weights.spec.indexer.kpool))}
+        return cls.run_inputs(weights.spec, key, xs) | _prefixed("outputs.", {n: t.cpu() for n, t in out.items()})
+
+    @classmethod
+    def run_inputs(cls, spec, key: RunKey, xs: list) -> Tensors:
+        """What `run` saves of a stateless kind's inputs: the rows' contexts and the last step's input."""
+        saved = {"inputs.contexts": torch.tensor(row_contexts(key.context, key.rows, spec.indexer.kpool))}
         saved[f"inputs.{cls.input_name}"] = xs[-1].cpu()
-        return saved | _prefixed("outputs.", {n: t.cpu() for n, t in out.items()})
+        return saved
 
 
 def _prefixed(prefix: str, d: Tensors) -> Tensors:

@@ -71,6 +71,16 @@ def run(
         Backend, typer.Option("--backend", help="reference (PyTorch) or triton (the kernels; interpreter on a CPU).")
     ] = Backend.reference,
     precision: Annotated[Precision, typer.Option("--precision", help="Reference compute dtype.")] = Precision.fp32,
+    gpus: Annotated[
+        int,
+        typer.Option(
+            "--gpus",
+            min=1,
+            help="Ranks in processes of their own (--backend triton): 1 is the one-device emulation (the default); "
+            "T runs TP T on T GPUs, one rank each (on a CPU, T processes under the interpreter), and saves every "
+            "rank's outputs.",
+        ),
+    ] = 1,
     as_json: Annotated[bool, typer.Option("--json", help="Summary as JSON on stdout.")] = False,
 ) -> None:
     """Run one launch kind and save every output and every write (plus its inputs) to a safetensors file."""
@@ -104,6 +114,8 @@ def run(
             raise UsageError(f"token id {t} is out of range [0, {spec.model.vocab_size})")
     if backend is Backend.triton and precision is Precision.fp64:
         raise UsageError("--precision applies to the reference backend")
+    if gpus > 1:
+        _check_ranks(kind, tp, gpus, backend)
 
     import torch
     from safetensors import SafetensorError
@@ -133,7 +145,23 @@ def run(
         resolved = resolve_key(model, kind, tp, rows, None, device)
         for w in resolved.warnings:
             print_warning(w)
-        tensors = run_triton(weights, key, resolved)
+        if gpus > 1:
+            from glm53ctl.kernels.checks import run_on_ranks
+            from glm53ctl.kernels.runtime.ranks import WeightsSource
+
+            # every rank its own weights, as this run's: the file's slice, or the seed's drawn as here (on the CPU)
+            source = WeightsSource(weights_seed, "cpu", str(weights_file) if weights_file else None)
+            o.log(f"on {gpus} real ranks ({device}), one process each")
+            tensors = run_on_ranks(weights, resolved, key, source)
+            apart = sorted(
+                n for n, t in tensors.items() if n.startswith("ranks.") and not torch.equal(t, tensors[_as_rank0(n)])
+            )
+            if apart:
+                print_warning(f"on real ranks, rank outputs differ from rank 0's: {', '.join(apart)}")
+            else:
+                o.log("every rank's outputs bitwise equal to rank 0's (outputs.*; every rank's as ranks.<r>.*)")
+        else:
+            tensors = run_triton(weights, key, resolved)
         # the inputs as the reference run saves them (fp32), so two runs of one key compare input for input
         tensors = {n: t.float() if n.startswith("inputs.") and t.is_floating_point() else t for n, t in tensors.items()}
     else:
@@ -152,6 +180,7 @@ def run(
         "tokens": "" if tokens is None else tokens,
         "weights": str(weights_file) if weights_file else f"seeded:{weights_seed}",
         "backend": backend.value,
+        "gpus": str(gpus),
         # what the numbers were computed in: the reference's dtype, or the kernels' own
         "precision": precision.value if backend is Backend.reference else KERNEL_PRECISION,
     }
@@ -195,6 +224,29 @@ def run(
             for s in summary
         ],
     )
+
+
+def _as_rank0(name: str) -> str:
+    """ranks.<r>.<output> -> outputs.<output>: what rank 0 saved of it."""
+    return "outputs." + name.split(".", 2)[2]
+
+
+def _check_ranks(kind: str, tp: int, gpus: int, backend: Backend) -> None:
+    """--gpus T: the kernels (the reference has no ranks), at TP T, of a kind that runs on real ranks."""
+    from glm53ctl.kernels.kinds import ranks_kinds
+    from glm53ctl.kernels.spec import TP_WIDTHS
+
+    if gpus not in TP_WIDTHS:
+        raise UsageError(f"--gpus {gpus}: one rank per GPU at a TP width ({', '.join(map(str, TP_WIDTHS))})")
+    if backend is not Backend.triton:
+        raise UsageError(f"--gpus {gpus}: real ranks run the kernels", hint="add --backend triton")
+    if gpus != tp:
+        raise UsageError(f"--gpus {gpus} runs TP{gpus}, one rank per GPU; --tp is {tp}", hint=f"add --tp {gpus}")
+    if kind not in ranks_kinds():
+        raise UsageError(
+            f"--gpus {gpus}: {kind} does not run on real ranks yet",
+            hint=f"the kinds that do: {', '.join(ranks_kinds())}; --gpus 1 runs {kind} on one device",
+        )
 
 
 def _fits(spec, key, backend: Backend, dtype_bytes: int, device: str) -> None:

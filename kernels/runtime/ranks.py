@@ -244,6 +244,24 @@ class Mailbox:
         self.bases = torch.tensor([v.data_ptr() for v in self.views], dtype=torch.int64, device=group.device)
 
 
+@dataclass(frozen=True)
+class WeightsSource:
+    """Where a rank takes its weights from (picklable, so every rank makes its own): `path`, a file or checkpoint
+    folder (`run --weights`: each rank reads only its slice), else random ones of `seed` drawn on `draw` (None:
+    the rank's own device type, as `check`'s emulation draws them; "cpu": as `run` draws them)."""
+
+    seed: int = 0
+    draw: str | None = None
+    path: str | None = None
+
+    def load(self, spec, device: torch.device):
+        from glm53ctl.kernels.weights import Weights, load_weights
+
+        if self.path is not None:
+            return load_weights(Path(self.path), spec, partial=True)
+        return Weights(spec, seed=self.seed, device=self.draw or device.type)
+
+
 def launches_on_rank(group: Group, launch, run: Callable, inputs: list, mute: list, budget_ns) -> list:
     """What every kind's rank function ends with: its launch compiled (on a GPU) before the ranks first meet,
     then per input a barrier (the ranks start far apart, and after a fault none may drift a launch ahead: it

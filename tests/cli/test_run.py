@@ -115,6 +115,53 @@ def test_run_option_misuse(capsys, tmp_path, args, message):
     assert code == 2 and message in err, err
 
 
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--kind", "tail", "--tp", "2", "--gpus", "2"], "real ranks run the kernels"),
+        (["--kind", "tail", "--tp", "4", "--gpus", "2", "--backend", "triton"], "--gpus 2 runs TP2"),
+        (["--kind", "tail", "--tp", "2", "--gpus", "3", "--backend", "triton"], "one rank per GPU at a TP width"),
+        (["--kind", "dense", "--tp", "2", "--gpus", "2", "--backend", "triton"], "dense does not run on real ranks"),
+    ],
+)
+def test_run_on_real_ranks_misuse(capsys, tmp_path, args, message):
+    code, _, err = invoke(capsys, "run", *args, "--out", tmp_path / "x.safetensors")
+    assert code == 2 and message in err, err
+    assert not (tmp_path / "x.safetensors").exists()
+
+
+@pytest.mark.interpreter
+@pytest.mark.slow
+def test_run_on_real_ranks_saves_every_ranks_outputs_bitwise_the_emulations(capsys, tmp_path):
+    """`run --gpus T`: each rank a process of its own under the interpreter; rank 0's outputs (`outputs.*`) are
+    the one-device run's bit for bit, every rank's saved as `ranks.<r>.*` (every rank holds the full result);
+    with a weights file every rank reads its slice of it."""
+    w = tmp_path / "w.safetensors"
+    one, ranks = tmp_path / "one.safetensors", tmp_path / "ranks.safetensors"
+    base = ["--backend", "triton", "--rows", "2", "--steps", "2", "--weights-seed", "5"]
+    for kind, tp, extra in (("embed", 4, ["--tokens", "7,1000"]), ("tail", 2, ["--save-weights", w])):
+        args = ["run", "--kind", kind, "--tp", str(tp), *base, *extra]
+        code, _, err = invoke(capsys, *args, "--out", one)
+        assert code == 0, err
+        code, _, err = invoke(capsys, *args, "--gpus", str(tp), "--out", ranks)
+        assert code == 0 and "every rank's outputs bitwise equal to rank 0's" in err, err
+        a, b = load_file(str(one)), load_file(str(ranks))
+        with safe_open(str(ranks), "pt") as f:
+            assert f.metadata()["gpus"] == str(tp)
+        assert {n for n in b if not n.startswith("ranks.")} == set(a)
+        for n, t in a.items():
+            assert torch.equal(t, b[n]), n
+        outs = [n.removeprefix("outputs.") for n in a if n.startswith("outputs.")]
+        assert {f"ranks.{r}.{n}" for r in range(tp) for n in outs} == {n for n in b if n.startswith("ranks.")}
+        assert all(torch.equal(b[f"ranks.{r}.{n}"], a[f"outputs.{n}"]) for r in range(tp) for n in outs)
+    # the tail's weights from the file (drawn with seed 5 above): the same bits with another --weights-seed
+    args = ["run", "--kind", "tail", "--tp", "2", *base[:-1], "0", "--weights", w, "--gpus", "2"]
+    code, _, err = invoke(capsys, *args, "--out", tmp_path / "file.safetensors")
+    assert code == 0, err
+    file_run = load_file(str(tmp_path / "file.safetensors"))
+    assert torch.equal(file_run["ranks.1.logits"], a["outputs.logits"])
+
+
 def test_run_refuses_unwritable_outputs_before_running(capsys, tmp_path):
     (tmp_path / "d.safetensors").mkdir()
     code, _, err = invoke(capsys, "run", "--kind", "tail", "--out", tmp_path / "d.safetensors")

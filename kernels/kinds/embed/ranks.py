@@ -5,20 +5,22 @@ from __future__ import annotations
 import torch
 
 
-def rank_launches(group, key, tokens: list, mute: list, budget_ns):
+def rank_launches(group, key, tokens: list, mute: list, budget_ns, source=None):
     """One rank of a TP-`tp` embed: its shard of the table, its mailboxes, its launch; one launch per row of
     token ids in `tokens`. `mute[i]`: the rank that never publishes at launch i (fault injection; -1: none). Per
     launch its outputs ({"H": on the CPU}) or its fault, in words."""
     from glm53ctl.kernels.kinds.embed.launch import EmbedLaunch
-    from glm53ctl.kernels.runtime.ranks import PeerLinks, launches_on_rank
+    from glm53ctl.kernels.runtime.ranks import PeerLinks, WeightsSource, launches_on_rank
     from glm53ctl.kernels.spec import load_model
-    from glm53ctl.kernels.weights import ROOT, Weights
+    from glm53ctl.kernels.weights import ROOT
 
     spec, tp, rows = load_model(key.model), key.tp, key.rows
     dev = group.device
     full = key.knobs  # resolved where the command started the key (its grid for this device type)
-    # drawn on the rank's device type, as the emulation's (a CPU and a GPU draw other numbers)
-    table = Weights(spec, seed=0, device=dev.type).shard(f"{ROOT}embed_tokens.weight", group.rank, tp)
+    # `source` (WeightsSource) None: drawn on the rank's device type, as the emulation's (a CPU and a GPU draw
+    # other numbers)
+    weights = (source or WeightsSource()).load(spec, dev)
+    table = weights.shard(f"{ROOT}embed_tokens.weight", group.rank, tp)
     table = table.to(dev).contiguous()
     links = PeerLinks.open(group, "embed", EmbedLaunch.mailbox_shapes(spec, tp, rows, full))
     launch = EmbedLaunch(spec, tp, rows, full, dev, links=links)

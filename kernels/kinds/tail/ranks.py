@@ -5,19 +5,21 @@ from __future__ import annotations
 import torch
 
 
-def rank_launches(group, key, streams: list, mute: list, budget_ns):
+def rank_launches(group, key, streams: list, mute: list, budget_ns, source=None):
     """One rank of a TP-`tp` tail: its lm_head shard, its mailboxes, its launch; one launch per H in `streams`
     (nested lists of bf16 values). `mute[i]`: the rank that never publishes at launch i (-1: none). Per launch
     its outputs ({"h_hat", "logits"}: every rank the full logits) or its fault, in words."""
     from glm53ctl.kernels.kinds.tail.launch import TailLaunch
-    from glm53ctl.kernels.runtime.ranks import PeerLinks, launches_on_rank
+    from glm53ctl.kernels.runtime.ranks import PeerLinks, WeightsSource, launches_on_rank
     from glm53ctl.kernels.spec import load_model
-    from glm53ctl.kernels.weights import ROOT, Weights
+    from glm53ctl.kernels.weights import ROOT
 
     spec, tp, rows = load_model(key.model), key.tp, key.rows
     dev = group.device
     full = key.knobs  # resolved where the command started the key (its grid for this device type)
-    weights = Weights(spec, seed=0, device=dev.type)  # as the emulation's: a CPU and a GPU draw other numbers
+    # `source` (WeightsSource) None: as the emulation's (drawn on the rank's device type: a CPU and a GPU draw
+    # other numbers)
+    weights = (source or WeightsSource()).load(spec, dev)
     links = PeerLinks.open(group, "tail", TailLaunch.mailbox_shapes(spec, tp, rows, full))
     launch = TailLaunch(spec, tp, rows, full, dev, links=links)
     norm = weights.shard(f"{ROOT}norm.weight").to(dev)
