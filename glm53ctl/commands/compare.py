@@ -84,6 +84,14 @@ def compare(
     bound: Annotated[
         float | None, typer.Option("--bound", help="Exit 1 if a tensor's relative RMS error passes this.")
     ] = None,
+    only: Annotated[
+        str | None,
+        typer.Option(
+            "--only",
+            help="Only the tensors whose names start so, e.g. outputs. (a `run --gpus` file against a one-device "
+            "run: its ranks.* are its own).",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Every tensor, as JSON on stdout.")] = False,
 ) -> None:
     """Every tensor of two saved runs: bitwise equal or not, B's relative RMS error against A, the largest
@@ -93,7 +101,13 @@ def compare(
         raise UsageError(f"--bound {bound:g}: expected a relative RMS error of 0 or more", hint="--bound 1e-2")
     for path in (a, b):
         _check_run_file(path)
-    rows = compare_tensors(_load(a), _load(b))
+    ta, tb = _load(a), _load(b)
+    if only is not None:
+        prefixes = tuple(p for p in only.split(",") if p)
+        ta, tb = ({n: t for n, t in d.items() if n.startswith(prefixes)} for d in (ta, tb))
+        if not ta and not tb:
+            raise UsageError(f"--only {only}: no tensor of either run starts so", hint="--only outputs.")
+    rows = compare_tensors(ta, tb)
     equal = sum(r["equal"] for r in rows)
     summary = f"{equal} of {plural(len(rows), 'tensors')} bitwise equal"
     over = [r for r in rows if r["problem"] or (bound is not None and not r["rel_rms"] <= bound)]

@@ -154,6 +154,8 @@ def test_run_on_real_ranks_saves_every_ranks_outputs_bitwise_the_emulations(caps
         outs = [n.removeprefix("outputs.") for n in a if n.startswith("outputs.")]
         assert {f"ranks.{r}.{n}" for r in range(tp) for n in outs} == {n for n in b if n.startswith("ranks.")}
         assert all(torch.equal(b[f"ranks.{r}.{n}"], a[f"outputs.{n}"]) for r in range(tp) for n in outs)
+        code, _, err = invoke(capsys, "compare", one, ranks, "--only", "outputs.,inputs.")
+        assert code == 0, err
     # the tail's weights from the file (drawn with seed 5 above): the same bits with another --weights-seed
     args = ["run", "--kind", "tail", "--tp", "2", *base[:-1], "0", "--weights", w, "--gpus", "2"]
     code, _, err = invoke(capsys, *args, "--out", tmp_path / "file.safetensors")
@@ -287,6 +289,11 @@ def test_compare_two_runs_worst_first(capsys, tmp_path):
     assert code == 1 and "over the bound" in err + _
     code, _, err = invoke(capsys, "compare", a, tmp_path / "nope.safetensors")
     assert code == 2 and "no such file" in err
+    # --only: the names that start so (a run on real ranks against a one-device run compares its outputs.*)
+    doc = invoke_json(capsys, "compare", a, b, "--only", "same,ids")
+    assert sorted(t["tensor"] for t in doc["tensors"]) == ["ids", "same"] and doc["summary"].startswith("2 of 2")
+    code, _, err = invoke(capsys, "compare", a, b, "--only", "outputs.")
+    assert code == 2 and "no tensor of either run starts so" in err
     # NaN where the other has it too is equal; an int tensor of another width compares by value
     nan = torch.tensor([1.0, float("nan")])
     save_file({"n": nan, "i": torch.arange(3, dtype=torch.int32)}, str(a))
