@@ -325,4 +325,41 @@ def ranks_fault_key(weights: Weights, key: ResolvedKey, budget_ns: int, wall_s: 
             clean += 1
         else:
             problems.append(f"peer {q} mute: the next launch is not the emulation's on every rank")
-    return {"key": key.name, "peers": tp, "named": named, "hangs": hangs, "retries_equal": clean, "problems": problems}
+    killed, reported = _killed_ranks(layout, fn, key, given, budget_ns, wall_s, problems)
+    return {
+        "key": key.name,
+        "peers": tp,
+        "named": named,
+        "hangs": hangs,
+        "retries_equal": clean,
+        "killed": killed,
+        "killed_reported": reported,
+        "problems": problems,
+    }
+
+
+def _killed_ranks(layout, fn, key: ResolvedKey, given: list, budget_ns: int, wall_s: float, problems: list):
+    """Each rank in turn killed (SIGKILL) during its launch, before it publishes: the run reports it dead, every
+    other rank's guard names it as the peer it waited for, within the budget (no rank runs on to the timeout),
+    and nothing is left running (run_ranks_through joins every process). Returns (killed, reported)."""
+    from glm53ctl.kernels.runtime.ranks import run_ranks_through
+
+    tp, reported = key.tp, 0
+    for q in range(tp):
+        start = time.monotonic()
+        results, failed = run_ranks_through(layout, fn, key, given[:1], [(q, "killed")], budget_ns,
+                                            timeout_s=STARTUP_S + 2 * wall_s)  # fmt: skip
+        said = [results.get(r, [None])[0] for r in range(tp) if r != q]
+        dead = q in failed and "exited with code" in failed[q]
+        others = [r for r in failed if r != q]
+        if not dead:
+            problems.append(f"rank {q} killed: not reported dead ({failed.get(q) or 'it finished'})")
+        elif others:
+            problems.append(f"rank {q} killed: rank {others[0]} did not finish either: {failed[others[0]]}")
+        elif not all(isinstance(s, str) and f"waited for peer rank {q} (" in s for s in said):
+            problems.append(f"rank {q} killed: not named by every other rank: {said}")
+        else:
+            reported += 1
+        if time.monotonic() - start > STARTUP_S + wall_s:
+            problems.append(f"rank {q} killed: its peers took {time.monotonic() - start:.0f} s to stop")
+    return tp, reported

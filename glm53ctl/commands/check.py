@@ -613,7 +613,8 @@ def fault(
 
 
 def _fault_ranks(o: Output, weights, keys, device: str, budget_ns: int, wall_s: float) -> None:
-    """`fault --gpus T`: per key, each rank in turn never publishes its tag."""
+    """`fault --gpus T`: per key, each rank in turn never publishes its tag; then each in turn is killed during
+    its launch."""
     from glm53ctl.kernels.checks import ranks_fault_key
 
     err_console.print(
@@ -627,19 +628,21 @@ def _fault_ranks(o: Output, weights, keys, device: str, budget_ns: int, wall_s: 
             row["ok"] = not row["problems"]
             results.append(row)
             err_console.print(progress.line(f"{'ok  ' if row['ok'] else 'FAIL'} {row['key']}"))
-    tot = {f: sum(r[f] for r in results) for f in ("peers", "named", "hangs", "retries_equal")}
+    fields = ("peers", "named", "hangs", "retries_equal", "killed", "killed_reported")
+    tot = {f: sum(r[f] for r in results) for f in fields}
     summary = (
         f"{plural(tot['peers'], 'peers')} muted, {tot['named']} named by every other rank, "
         f"{plural(tot['hangs'], 'hangs')}, {plural(tot['retries_equal'], 'retries', 'retry')} bitwise equal on "
-        "every rank"
+        f"every rank; {plural(tot['killed'], 'ranks')} killed mid-launch, {tot['killed_reported']} reported dead "
+        "and named by every other rank"
     )
     _fault_report(
         o,
         f"fault {weights.spec.name} on real ranks ({device})",
         {"device": device, "model": weights.spec.name, "summary": summary, "totals": tot},
         results,
-        ["peers muted"],
-        lambda r: [r["peers"]],
+        ["peers muted", "killed: reported"],
+        lambda r: [r["peers"], f"{r['killed']}: {r['killed_reported']}"],
         lambda r: r["problems"][0],
     )
 

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import tempfile
+import threading
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +39,9 @@ from glm53ctl.errors import CheckFailed, UsageError
 # the longest a rank waits at a CPU barrier for its peers (a peer that never comes has failed or hangs, and the
 # launcher kills every rank at its own timeout first)
 STORE_WAIT_S = 3600
+
+# how far into its launch a rank is killed (`fault --gpus`): its launch runs (its pushes under way), its tag never out
+KILL_AFTER_S = 0.05
 
 # NVLink multicast stays off (docs/design.md; the machines' KINDS.md): in this process and every child
 NVLS_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -133,6 +138,30 @@ def run_ranks(layout: RankLayout, fn: Callable, *args, timeout_s: float = 600.0)
     """fn(group, *args) on every rank of `layout`, each in its own process; the results in rank order. A rank
     that raises fails the run, named (`RankFailed`); one still running at the timeout is killed with the rest.
     fn and its arguments must be picklable (a module-level function)."""
+    results, failed = _run_ranks(layout, fn, args, timeout_s, wait_all=False)
+    world = layout.gpus
+    if failed:
+        r = min(failed)
+        raise RankFailed(f"rank {r} of {world} failed: {failed[r].strip().splitlines()[0]}", hint=failed[r][-2000:])
+    missing = [r for r in range(world) if r not in results]
+    if missing:
+        raise RankFailed(f"ranks {missing} of {world} did not finish in {timeout_s:.0f} s (killed)")
+    return [results[r] for r in range(world)]
+
+
+def run_ranks_through(layout: RankLayout, fn: Callable, *args, timeout_s: float = 600.0) -> tuple[dict, dict]:
+    """As run_ranks, but a rank that fails or dies does not end the run: every other rank runs on until it
+    finishes or the timeout (then it is killed). Returns (results by rank, why by rank for those that failed or
+    did not finish); nothing is left running."""
+    results, failed = _run_ranks(layout, fn, args, timeout_s, wait_all=True)
+    for r in range(layout.gpus):
+        if r not in results and r not in failed:
+            failed[r] = f"did not finish in {timeout_s:.0f} s (killed)"
+    return results, failed
+
+
+def _run_ranks(layout: RankLayout, fn: Callable, args: tuple, timeout_s: float, wait_all: bool) -> tuple[dict, dict]:
+    """The ranks' processes, their results and failures by rank. `wait_all`: a failure does not end the wait."""
     import multiprocessing as mp
     import queue as queue_mod
 
@@ -154,8 +183,9 @@ def run_ranks(layout: RankLayout, fn: Callable, *args, timeout_s: float = 600.0)
             import time
 
             deadline = time.monotonic() + timeout_s
-            # the first failure ends the wait: the other ranks may be stuck on the failed one (they are killed)
-            while len(results) < world and not failed:
+            # the first failure ends the wait (unless `wait_all`): the other ranks may be stuck on the failed one
+            # (they are killed)
+            while len(results) + (len(failed) if wait_all else 0) < world and (wait_all or not failed):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
@@ -184,13 +214,7 @@ def run_ranks(layout: RankLayout, fn: Callable, *args, timeout_s: float = 600.0)
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
-    if failed:
-        r = min(failed)
-        raise RankFailed(f"rank {r} of {world} failed: {failed[r].strip().splitlines()[0]}", hint=failed[r][-2000:])
-    missing = [r for r in range(world) if r not in results]
-    if missing:
-        raise RankFailed(f"ranks {missing} of {world} did not finish in {timeout_s:.0f} s (killed)")
-    return [results[r] for r in range(world)]
+    return results, failed
 
 
 @dataclass
@@ -267,7 +291,9 @@ def launches_on_rank(group: Group, launch, run: Callable, inputs: list, mute: li
     then per input a barrier (the ranks start far apart, and after a fault none may drift a launch ahead: it
     would push into the half of a peer's mailbox the peer still reads) and `run(x, mute, budget_ns)`, which
     launches once and returns the outputs (on the CPU); a LaunchFault comes back in words. `mute[i]`: the rank
-    that never publishes at launch i (-1: none); only those launches wait `budget_ns` (the others, the default)."""
+    that never publishes at launch i (-1: none), or (rank, "killed"): that rank's process is killed (SIGKILL)
+    `KILL_AFTER_S` into the launch, before it publishes; only those launches wait `budget_ns` (the others, the
+    default)."""
     from glm53ctl.kernels.runtime.launch import LaunchFault, on_device
 
     if group.device.type == "cuda":  # ranks that compile seconds apart would fault their first launch
@@ -276,9 +302,16 @@ def launches_on_rank(group: Group, launch, run: Callable, inputs: list, mute: li
     out = []
     for i, x in enumerate(inputs):
         group.barrier()
-        silent = bool(mute) and mute[i] == group.rank
+        who = mute[i] if mute else -1
+        killed = isinstance(who, tuple | list)  # (rank, "killed"): that rank dies during the launch, unpublished
+        q = who[0] if killed else who
+        silent = q == group.rank
+        if killed and silent:
+            threading.Timer(KILL_AFTER_S, os.kill, (os.getpid(), signal.SIGKILL)).start()
         try:
-            out.append(run(x, silent, budget_ns if mute and mute[i] >= 0 else None))
+            out.append(run(x, silent, budget_ns if q >= 0 else None))
         except LaunchFault as e:
             out.append(str(e))
+        if killed and silent:  # a launch shorter than KILL_AFTER_S: dead at its end, before a word of it goes out
+            os.kill(os.getpid(), signal.SIGKILL)
     return out

@@ -59,7 +59,8 @@ def test_a_rank_that_raises_or_hangs_is_named():
 def test_check_and_fault_on_real_ranks(capsys):
     """`check --gpus 2`: three launches in a row on two processes (the mailboxes' halves in turn, no reset), every
     rank's outputs the emulation's bit for bit (embed's H; tail's ĥ and the full logits on every rank);
-    `fault --gpus 2`: each rank muted in turn is named by the other, nothing hangs, the next launch is clean.
+    `fault --gpus 2`: each rank muted in turn is named by the other, nothing hangs, the next launch is clean; each
+    rank killed in turn mid-launch is reported dead and named by the other, whose guard stops it.
     (Every TP x rows key: docs/perf/ranks.md.)"""
     from tests.helpers import invoke_json
 
@@ -68,7 +69,15 @@ def test_check_and_fault_on_real_ranks(capsys):
     assert res["summary"] == "12 of 12 rank launches bitwise equal to the one-device emulation"
     key = ("--kind", "embed", "--tp", "2", "--rows", "1", "--gpus", "2")
     res = invoke_json(capsys, "fault", *key, "--budget-ms", "20")
-    assert res["totals"] == {"peers": 2, "named": 2, "hangs": 0, "retries_equal": 2}
+    assert res["totals"] == {
+        "peers": 2,
+        "named": 2,
+        "hangs": 0,
+        "retries_equal": 2,
+        # each rank killed (SIGKILL) during its launch in turn: reported dead, named by the other, nothing left
+        "killed": 2,
+        "killed_reported": 2,
+    }
 
 
 def test_a_peer_that_never_publishes_is_named_and_the_retry_is_clean():
