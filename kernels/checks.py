@@ -360,6 +360,6 @@ def _killed_ranks(layout, fn, key: ResolvedKey, given: list, budget_ns: int, wal
             problems.append(f"rank {q} killed: not named by every other rank: {said}")
         else:
             reported += 1
-        if time.monotonic() - start > STARTUP_S + wall_s:
-            problems.append(f"rank {q} killed: its peers took {time.monotonic() - start:.0f} s to stop")
+        if (took := time.monotonic() - start) > STARTUP_S + wall_s:
+            problems.append(f"rank {q} killed: its peers took {took:.0f} s to stop")
     return tp, reported

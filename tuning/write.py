@@ -16,11 +16,10 @@ def entry_of(result: dict, old: tuned.Entry | None = None) -> tuned.Entry:
     space (`result["space"]`) held the key's tuned knobs outside it (`result["base"]`): those stay, and so do the
     old entry's evidence (where this search kept nothing) and its reasons for the knobs outside the space."""
     space, base = result.get("space"), dict(result.get("base") or {})
-    outside = (lambda n: n not in space) if space is not None else (lambda n: False)  # noqa: E731
     dropped = [tuned.DroppedKnob(knob=d["knob"], value=d["value"], reason=d["reason"]) for d in result["decisions"]]
     dropped = [d for d in dropped if d.knob not in result["kept"]]
     if old is not None:
-        dropped = [d for d in old.dropped if outside(d.knob)] + dropped
+        dropped = [d for d in old.dropped if space is not None and d.knob not in space] + dropped
     evidence = tuned.Evidence(**result["evidence"]) if result["evidence"] else None
     if evidence is None and base and old is not None:
         evidence = old.evidence  # the held knobs' own measurement stands
