@@ -128,11 +128,12 @@ class MoeBuffers(NamedTuple):
 
 
 class Handoffs(NamedTuple):
-    """What every layer's tasks hand each other: the gates' mix logits and sums of squares, the gates' pre and
-    1/RMS (pr), arrival words, this rank's and the peers' partials of both all-reduces; and the trace."""
+    """What every layer's tasks hand each other: the gates' mix logits, sums of squares and Gram matrices, the
+    gates' pre and 1/RMS (pr), arrival words, this rank's and the peers' partials of both all-reduces; and the trace."""
 
     mixp: T
     ssp: T
+    gram: T
     pr: T
     arrive: T
     kpart_a: T
@@ -229,6 +230,7 @@ class MlaDims(NamedTuple):
     TB: int
     NB: int
     HB: int
+    CC: int
     HBI: int
     BN_AB: int
     BN_UV: int

@@ -64,7 +64,7 @@ from glm53ctl.kernels.runtime.device import (
 
 
 @triton.jit
-def _gate(ttype, a0, H, gates, hand, outs, consts, ffn: tl.constexpr, dims: tl.constexpr, INTERPRET: tl.constexpr):
+def _gate(ttype, a0, a1, H, gates, hand, outs, consts, ffn: tl.constexpr, dims: tl.constexpr, INTERPRET: tl.constexpr):
     """A gate or comb task of the attention gate (ffn false: on H) or of the FFN gate (on H1)."""
     if ffn:
         x, base, scale, norm_w = outs.H1, gates.base_f, gates.scale_f, gates.norm_f
@@ -77,6 +77,7 @@ def _gate(ttype, a0, H, gates, hand, outs, consts, ffn: tl.constexpr, dims: tl.c
     task_gate(
         mixp=hand.mixp + at * (dims.NCH * 16 * 32),
         ssp=hand.ssp + at * (dims.NCH * 16),
+        gramp=hand.gram + at * (dims.NCH * 16 * dims.HC * dims.HC),
         H=x,
         base=base,
         scale=scale,
@@ -86,6 +87,7 @@ def _gate(ttype, a0, H, gates, hand, outs, consts, ffn: tl.constexpr, dims: tl.c
         comb=comb,
         pr=hand.pr + at * (16 * PR),
         r=a0,
+        c=a1,
         comb_task=ttype == (COMB_F if ffn else COMB_A),
         hc_eps=consts.hc_eps,
         norm_eps=consts.norm_eps,
@@ -93,6 +95,7 @@ def _gate(ttype, a0, H, gates, hand, outs, consts, ffn: tl.constexpr, dims: tl.c
         HC=dims.HC,
         ITERS=dims.ITERS,
         NCH=dims.NCH,
+        CH=dims.CH,
         INTERPRET=INTERPRET,
     )
 
@@ -159,10 +162,12 @@ def _run_task(
     w_o = attn_w.w_o
     D: tl.constexpr = dims.D
     NCH: tl.constexpr = dims.NCH
+    f_gram = hand.gram + NCH * 16 * dims.HC * dims.HC  # the FFN gate's Gram partials, after the attention gate's
     if ttype == MIX_A:
-        task_mix(H=H, fn=gates.fn_a, mixp=hand.mixp, ssp=hand.ssp, c=a0, r=a1, D=D, HC=dims.HC, CH=dims.CH)
+        task_mix(H=H, fn=gates.fn_a, mixp=hand.mixp, ssp=hand.ssp, gramp=hand.gram, c=a0, r=a1, D=D, HC=dims.HC,
+                 CH=dims.CH)  # fmt: skip
     elif (ttype == GATE_A) | (ttype == COMB_A):
-        _gate(ttype, a0, H, gates, hand, outs, consts, False, dims, INTERPRET)
+        _gate(ttype, a0, a1, H, gates, hand, outs, consts, False, dims, INTERPRET)
     elif _is_attn_half(ttype, MLA):
         if MLA:
             mla_task(ttype, row, H, attn_w, attn_state, attn_buf, outs, consts, R, dims, mla, INTERPRET)
@@ -178,17 +183,18 @@ def _run_task(
     elif ttype == RED_A:
         task_reduce(
             src=(hand.kpart_a,), parts=hand.parts_a, out=outs.attn, H=H, post=outs.post_a, comb=outs.comb_a,
-            H_out=outs.H1, fn=gates.fn_f, mixp=hand.mixp + NCH * 16 * 32, ssp=hand.ssp + NCH * 16, c=a0, r=a1, R=R,
+            H_out=outs.H1, fn=gates.fn_f, mixp=hand.mixp + NCH * 16 * 32, ssp=hand.ssp + NCH * 16, gramp=f_gram,
+            c=a0, r=a1, R=R,
             RANK=RANK, D=D, HC=dims.HC, CH=dims.CH, KS=dims.KS_O, T=dims.T, MIX=not sched.MIX_TASK, MOE=False,
             TOPK=TOPK, NSLOT=NSLOT, INTERPRET=INTERPRET,
         )  # fmt: skip
     elif ttype == MIX_F:
         task_mix(
-            H=outs.H1, fn=gates.fn_f, mixp=hand.mixp + NCH * 16 * 32, ssp=hand.ssp + NCH * 16, c=a0, r=a1, D=D,
-            HC=dims.HC, CH=dims.CH,
+            H=outs.H1, fn=gates.fn_f, mixp=hand.mixp + NCH * 16 * 32, ssp=hand.ssp + NCH * 16, gramp=f_gram, c=a0,
+            r=a1, D=D, HC=dims.HC, CH=dims.CH,
         )  # fmt: skip
     elif (ttype == GATE_F) | (ttype == COMB_F):
-        _gate(ttype, a0, H, gates, hand, outs, consts, True, dims, INTERPRET)
+        _gate(ttype, a0, a1, H, gates, hand, outs, consts, True, dims, INTERPRET)
     elif _is_ffn_half(ttype, MOE):
         if MOE:
             ok = moe_task(ttype, row, task, ok, epoch, rt, stuck_site, budget_ns, ffn_w, ffn_buf, hand, outs, R, dims,
@@ -199,8 +205,9 @@ def _run_task(
     elif ttype == RED_F:
         task_reduce(
             src=ffn_src, parts=hand.parts_f, out=outs.ffn_out, H=outs.H1, post=outs.post_f, comb=outs.comb_f,
-            H_out=outs.H2, fn=gates.fn_f, mixp=hand.mixp, ssp=hand.ssp, c=a0, r=a1, R=R, RANK=RANK, D=D, HC=dims.HC,
-            CH=dims.CH, KS=dims.KS_F, T=dims.T, MIX=False, MOE=MOE, TOPK=TOPK, NSLOT=NSLOT, INTERPRET=INTERPRET,
+            H_out=outs.H2, fn=gates.fn_f, mixp=hand.mixp, ssp=hand.ssp, gramp=hand.gram, c=a0, r=a1, R=R, RANK=RANK,
+            D=D, HC=dims.HC, CH=dims.CH, KS=dims.KS_F, T=dims.T, MIX=False, MOE=MOE, TOPK=TOPK, NSLOT=NSLOT,
+            INTERPRET=INTERPRET,
         )  # fmt: skip
     elif ttype == OWN_A:
         task_own(

@@ -80,6 +80,7 @@ class LayerLaunch(PersistentLaunch):
         self.buf = {
             "mixp": e(2, d.NCH, 16, 32),
             "ssp": e(2, d.NCH, 16),
+            "gram": e(2, d.NCH, 16, HC * HC),
             "kpart_a": e(d.KS_O, R, D),
             "parts_a": e(tp, R, D),
             "kpart_f": e(d.KS_F, R, D),

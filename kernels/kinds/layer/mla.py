@@ -73,7 +73,9 @@ def mla_task(
             mla.WIDTH, mla.NB, mla.TB, mla.HB, mla.LMAX, INTERPRET,
         )  # fmt: skip
     elif ttype == COMBINE:
-        task_combine((b.part_o, b.part_m, b.part_l), b.o_lat, a0, a1, mla.HQ, mla.C, mla.NB, mla.HB, INTERPRET)
+        task_combine(
+            (b.part_o, b.part_m, b.part_l), b.o_lat, a0, a1, row[3], mla.HQ, mla.C, mla.NB, mla.HB, mla.CC, INTERPRET
+        )
     elif ttype == WUV:
         task_head_gemv(b.o_lat, w.w_uv, b.o_mla, a0, a1, R, mla.HQ, mla.V, mla.C, mla.BN_UV, mla.BK_C, INTERPRET)
 
@@ -226,7 +228,17 @@ def task_attn(
 
 @triton.jit(noinline=True)
 def task_combine(
-    parts, o_lat, r, h0, HQ: tl.constexpr, C: tl.constexpr, NB: tl.constexpr, HB: tl.constexpr, INTERPRET: tl.constexpr
+    parts,
+    o_lat,
+    r,
+    h0,
+    c0,
+    HQ: tl.constexpr,
+    C: tl.constexpr,
+    NB: tl.constexpr,
+    HB: tl.constexpr,
+    CC: tl.constexpr,
+    INTERPRET: tl.constexpr,
 ):
-    """COMBINE (row r, heads h0..): the blocks' partials in block order (`combine_blocks`)."""
-    combine_blocks(parts[0], parts[1], parts[2], o_lat, r, h0, NB, HQ, C, NB, HB, INTERPRET)
+    """COMBINE (row r, heads h0.., latent columns c0..): the blocks' partials in block order (`combine_blocks`)."""
+    combine_blocks(parts[0], parts[1], parts[2], o_lat, r, h0, c0, NB, HQ, C, NB, HB, CC, INTERPRET)

@@ -11,7 +11,7 @@ import triton.language as tl
 
 from glm53ctl.kernels.ops.ffn.moe import moe_sum_cols
 from glm53ctl.kernels.ops.gemv.kernel import gemv_first_weights, gemv_tile, gemv_tile_from, sum_streams
-from glm53ctl.kernels.ops.mhc.kernel import gate_comb, gate_pre, gate_scale, hc_post_cols, mix_row
+from glm53ctl.kernels.ops.mhc.kernel import gate_comb, gate_pre, gate_scale, gate_x_hat, hc_post_cols, mix_row
 from glm53ctl.kernels.runtime.device import pdl_wait, wait_task
 from glm53ctl.kernels.tlx import interpreting  # noqa: F401 (importing tlx applies the interpreter's settings)
 
@@ -22,6 +22,7 @@ PR = tl.constexpr(8)  # floats per row of the gates' pre [HC] and 1/RMS (buffer 
 def task_gate(
     mixp,
     ssp,
+    gramp,
     H,
     base,
     scale,
@@ -31,6 +32,7 @@ def task_gate(
     comb,
     pr,
     r,
+    c,
     comb_task,
     hc_eps,
     norm_eps,
@@ -38,25 +40,44 @@ def task_gate(
     HC: tl.constexpr,
     ITERS: tl.constexpr,
     NCH: tl.constexpr,
+    CH: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
-    """Row r's gate from its chunks' mix logits and sums of squares, summed in chunk order. GATE (comb false):
-    x̂, post, and pr[r]: pre [HC] and 1/RMS, what a GEMV with the norm folded into its weights scales its
-    stream rows by. COMB (comb_task true): the Sinkhorn comb alone, off the path to the GEMV after the gate."""
+    """Row r's gate from its chunks' mix logits, sums of squares and Gram matrices, summed in chunk order.
+    GATE (comb false): chunk c of x̂; chunk 0 also post and pr[r]: pre [HC] and 1/RMS, what a GEMV with the
+    norm folded into its weights scales its stream rows by (so it waits on chunk 0 alone). Every chunk's task
+    sums the same partials in the same order: the same pre and 1/RMS bits. COMB (comb_task true): the Sinkhorn
+    comb alone, off the path to the GEMV after the gate."""
     o_m = tl.arange(0, 32)
+    o_j = tl.arange(0, HC)
     mix = tl.zeros((32,), dtype=tl.float32)
     ss = 0.0
-    for c in tl.static_range(NCH):
-        mix += tl.load(mixp + (c * 16 + r) * 32 + o_m)
-        ss += tl.load(ssp + c * 16 + r)
+    for k in tl.static_range(NCH):
+        mix += tl.load(mixp + (k * 16 + r) * 32 + o_m)
+        ss += tl.load(ssp + k * 16 + r)
     mix = gate_scale(mix, ss, norm_eps, D, HC)
     if comb_task:
         gate_comb(mix, base, scale, comb, r, hc_eps, HC, ITERS)
     else:
-        p_h = H + r * (HC * D)
-        b_pre, rstd = gate_pre(mix, p_h, base, scale, norm_w, x_hat, post, r, hc_eps, norm_eps, D, HC, INTERPRET)
-        tl.store(pr + r * PR + tl.arange(0, HC), b_pre)
-        tl.store(pr + r * PR + HC, rstd)
+        o_g = o_j[:, None] * HC + o_j[None, :]
+        gram = tl.zeros((HC, HC), dtype=tl.float32)
+        for k in tl.static_range(NCH):
+            gram += tl.load(gramp + (k * 16 + r) * (HC * HC) + o_g)
+        b_pre, b_post, rstd = gate_pre(mix, gram, base, scale, hc_eps, norm_eps, D, HC)
+        if c == 0:
+            tl.store(post + r * HC + o_j, b_post)
+            tl.store(pr + r * PR + o_j, b_pre)
+            tl.store(pr + r * PR + HC, rstd)
+        gate_x_hat(H + r * (HC * D), b_pre, rstd, norm_w, x_hat, r, c * CH + tl.arange(0, CH), D, HC, INTERPRET)
+
+
+@triton.jit
+def _store_mix(mixp, ssp, gramp, mix, ss, gram, c, r, HC: tl.constexpr):
+    """Chunk c of row r's gate partials: mix logits [32], sum of squares, Gram matrix [HC, HC]."""
+    o_j = tl.arange(0, HC)
+    tl.store(mixp + (c * 16 + r) * 32 + tl.arange(0, 32), mix)
+    tl.store(ssp + c * 16 + r, ss)
+    tl.store(gramp + (c * 16 + r) * (HC * HC) + o_j[:, None] * HC + o_j[None, :], gram)
 
 
 @triton.jit
@@ -90,12 +111,11 @@ def _own(src, r, o_c, R, D: tl.constexpr, KS: tl.constexpr, MOE: tl.constexpr, T
 
 
 @triton.jit(noinline=True)
-def task_mix(H, fn, mixp, ssp, c, r, D: tl.constexpr, HC: tl.constexpr, CH: tl.constexpr):
-    """MIX_A (and MIX_F on H1): chunk c of row r's gate mix logits and sum of squares."""
+def task_mix(H, fn, mixp, ssp, gramp, c, r, D: tl.constexpr, HC: tl.constexpr, CH: tl.constexpr):
+    """MIX_A (and MIX_F on H1): chunk c of row r's gate partials (`mix_row`)."""
     o_c = c * CH + tl.arange(0, CH)
-    mix, ss = mix_row(H, fn, r, o_c, D, HC)
-    tl.store(mixp + (c * 16 + r) * 32 + tl.arange(0, 32), mix)
-    tl.store(ssp + c * 16 + r, ss)
+    mix, ss, gram = mix_row(H, fn, r, o_c, D, HC)
+    _store_mix(mixp, ssp, gramp, mix, ss, gram, c, r, HC)
 
 
 @triton.jit
@@ -183,6 +203,7 @@ def task_reduce(
     fn,
     mixp,
     ssp,
+    gramp,
     c,
     r,
     R,
@@ -199,16 +220,15 @@ def task_reduce(
     INTERPRET: tl.constexpr,
 ):
     """RED_A / RED_F: chunk c of row r: the all-reduce (out), hc_post (H_out); RED_A with MIX (no MIX_F tasks)
-    also the FFN gate's mix logits over the chunk, from the stored (bf16) H_out values, as MIX_F makes them.
+    also the FFN gate's partials over the chunk, from the stored (bf16) H_out values, as MIX_F makes them.
     Its own partial: `_own` of src."""
     o_c = c * CH + tl.arange(0, CH)
     a = _reduced(_own(src, r, o_c, R, D, KS, MOE, TOPK, NSLOT), parts, r, o_c, R, RANK, D, T)
     tl.store(out + r * D + o_c, a)
     hc_post_cols(a, H, post, comb, H_out, r, o_c, D, HC, INTERPRET)
     if MIX:
-        mix, ss = mix_row(H_out, fn, r, o_c, D, HC)
-        tl.store(mixp + (c * 16 + r) * 32 + tl.arange(0, 32), mix)
-        tl.store(ssp + c * 16 + r, ss)
+        mix, ss, gram = mix_row(H_out, fn, r, o_c, D, HC)
+        _store_mix(mixp, ssp, gramp, mix, ss, gram, c, r, HC)
 
 
 @triton.jit(noinline=True)

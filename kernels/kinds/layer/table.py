@@ -2,12 +2,13 @@
 
 Tasks, in table order (a rank's shapes; every GEMV is `gemv_tile` over rows padded to 16):
 
-  MIX_A   a column chunk of one row's attention-gate mix logits (fn @ H) and sum of squares
-  GATE_A  row r: hc_pre without the comb, the RMSNorm: x̂, post             waits on its row's MIX_A
+  MIX_A   a column chunk of one row's attention-gate mix logits (fn @ H), sum of squares and Gram matrix
+  GATE_A  (row r, chunk c): hc_pre without the comb, from the chunks' partials (its RMS from their Gram
+          matrices), and chunk c of x̂; chunk 0 also post, pre and 1/RMS        waits on its row's MIX_A
   COMB_A  row r: the Sinkhorn comb (for hc_post; several µs: kept off the in-projection's path)  the same
   INPROJ  (tile, K slice) of the fused in-projection f_a | g_a | b | (q_h | k_h | v_h per head) (knob
           ksplit_in); slice 0 adds the slices' sums (late)                    waits on GATE_A
-          (`norm fold`: streams H's stream rows and waits late on GATE_A)
+          (`norm fold`: streams H's stream rows and waits late on each row's GATE_A chunk 0)
   KDA_HEAD (head h, row r, part p): f_b and g_b for the head, conv with its state, safe gate, the delta rule
           on the part's value columns (knob kda_split, `kda_parts`: 1, 2 or 4 parts); the head's last part
           to arrive makes z, the gated RMSNorm                 waits on the INPROJ tiles it reads
@@ -17,7 +18,7 @@ Tasks, in table order (a rank's shapes; every GEMV is `gemv_tile` over rows padd
           the FFN gate's mix logits over the chunk  waits on its row's COMB_A, its OPROJ tiles and the peers
   MIX_F   (knob `ffn_mix`, `mix_tasks`) the FFN gate's mix logits over a chunk, as its own task: RED_A then
           leaves them out, so gate/up's stream starts sooner                  waits on its chunk's RED_A
-  GATE_F  row r: the FFN gate on H1 (x̂, post)                waits on its row's RED_A (or MIX_F)
+  GATE_F  (row r, chunk c): the FFN gate on H1 (x̂'s chunk; chunk 0 post)   waits on its row's RED_A (or MIX_F)
   COMB_F  row r: its comb                                                the same
   GU      (tile, K slice) of gate and up (knob ksplit_gu); slice 0 adds the slices' sums (late) and makes
           the clamped SwiGLU: act                                             waits on every GATE_F
@@ -178,6 +179,9 @@ class Dims:
         self.TB = knobs["token_block"]  # tokens per attention task (numeric: the combine's order)
         self.NB = -(-self.WIDTH // self.TB)
         self.HB = max(16, min(64, 1 << (self.HQ - 1).bit_length()))  # heads per attention task, a tl.dot tile
+        # latent columns per combine task: one program combining a row's whole [HB, C] took 28.7 µs at TP8 rows 1
+        # (H200, 4K context); a column's bits do not depend on how the columns are split
+        self.CC = min(64, self.C)
         self.BN_AB = min(64, self.C)  # latent columns per absorb task
         self.BN_UV = min(64, self.V)  # value rows per W_UV task
 
@@ -216,7 +220,9 @@ def add_dense(t: TaskTable, d: Dims, rows: int, knobs: dict, mode: str = "full",
         return task
 
     mix = [[add(MIX_A, c, r, waits=list(after)) for c in range(d.NCH)] for r in range(rows)]
-    gates = [add(GATE_A, r, waits=mix[r]) for r in range(rows)]
+    # per row and column chunk: chunk 0 also makes pre and 1/RMS (all a folded GEMV needs), every chunk its x̂
+    gate_rows = [[add(GATE_A, r, c, waits=mix[r]) for c in range(d.NCH)] for r in range(rows)]
+    gates, gate_heads = [x for g in gate_rows for x in g], [g[0] for g in gate_rows]
     # the Sinkhorn comb: for hc_post in the attention reduces (none in a peer's "attn" launch), not the GEMVs
     combs = [add(COMB_A, r, waits=mix[r]) for r in range(rows)] if mode != "attn" else []
     # a folded INPROJ streams H from the start (once H is there) and waits for its gates at its end
@@ -232,7 +238,7 @@ def add_dense(t: TaskTable, d: Dims, rows: int, knobs: dict, mode: str = "full",
             if others:
                 t.wait(inproj[-1][2], others, how, words, late=True)
             if fold:
-                t.wait(inproj[-1][2], gates, how, words, late=True)
+                t.wait(inproj[-1][2], gate_heads, how, words, late=True)
         small = _covering(inproj, 0, 2 * d.RG)  # f_a | g_a: every head's low-rank rows
         nv = kda_parts(knobs["kda_split"], d.HL, rows, knobs["grid"])
         heads = []
@@ -254,7 +260,10 @@ def add_dense(t: TaskTable, d: Dims, rows: int, knobs: dict, mode: str = "full",
     mixes = reds  # the tasks that make the FFN gate's mix logits
     if mix_tasks(knobs, rows, d.HC):
         mixes = [add(MIX_F, c, r, waits=[red]) for (c, r), red in zip(chunks, reds, strict=True)]
-    gates_f = [add(GATE_F, r, waits=mixes[r * d.NCH : (r + 1) * d.NCH]) for r in range(rows)]
+    gate_rows = [
+        [add(GATE_F, r, c, waits=mixes[r * d.NCH : (r + 1) * d.NCH]) for c in range(d.NCH)] for r in range(rows)
+    ]
+    gates_f, gate_heads = [x for g in gate_rows for x in g], [g[0] for g in gate_rows]
     combs_f = [add(COMB_F, r, waits=mixes[r * d.NCH : (r + 1) * d.NCH]) for r in range(rows)] if mode == "full" else []
     if d.moe:  # the reduces sum the slots' outputs themselves (their own partial is the MoE's sum)
         slots = _add_moe(t, add, d, rows, gates_f, knobs)
@@ -272,7 +281,7 @@ def add_dense(t: TaskTable, d: Dims, rows: int, knobs: dict, mode: str = "full",
         if others:
             t.wait(gu[-1][2], others, how, words, late=True)
         if fold:
-            t.wait(gu[-1][2], gates_f, how, words, late=True)
+            t.wait(gu[-1][2], gate_heads, how, words, late=True)
     down = []
     for ks in range(d.KS_F):
         need = _covering(gu, ks * d.IK, (ks + 1) * d.IK)
@@ -320,7 +329,8 @@ def _add_mla(
     """`sparse`'s attention half after the attention gates (kernels/ops/dsa/kernel.py has the steps): the fused A
     projection's tiles; per row its norms and cache writes; q_b | the indexer's wq_b tiles; per head the absorb;
     per row the index scores in pool blocks, then its selection; per row, head group and token block the
-    attention partials, then per row and group their combine; per head W_UV; o_proj. Returns the o_proj tiles."""
+    attention partials, then per row, group and latent column chunk their combine; per head W_UV; o_proj.
+    Returns the o_proj tiles."""
     a_tiles = [(n0, n0 + d.BN, add(MLA_A, n0, waits=gates)) for n0 in range(0, d.NA, d.BN)]
     row_tasks = [add(MLA_ROW, r, waits=[x for *_, x in a_tiles]) for r in range(rows)]
     qb = [(n0, n0 + d.BN, add(MLA_QB, n0, waits=row_tasks)) for n0 in range(0, d.NQB, d.BN)]
@@ -339,10 +349,10 @@ def _add_mla(
         for g in groups:
             heads = [x for h in range(g, min(g + d.HB, d.HQ)) for x in absorb[h]]
             blocks = [add(ATTN, r, g, b, waits=[selects[r], *heads]) for b in range(d.NB)]
-            combines[r, g] = add(COMBINE, r, g, waits=blocks)
+            combines[r, g] = [add(COMBINE, r, g, c0, waits=blocks) for c0 in range(0, d.C, d.CC)]
     wuv = []
     for h in range(d.HQ):
-        need = [combines[r, h - h % d.HB] for r in range(rows)]
+        need = [x for r in range(rows) for x in combines[r, h - h % d.HB]]
         wuv += [(h * d.V + n0, h * d.V + n0 + d.BN_UV, add(WUV, h, n0, waits=need)) for n0 in range(0, d.V, d.BN_UV)]
     oproj = []
     for ks in range(d.KS_O):

@@ -75,17 +75,20 @@ def combine_blocks(
     o_lat,
     r,
     h0,
+    c0,
     nblocks,
     H: tl.constexpr,
     C: tl.constexpr,
     NB: tl.constexpr,
     HB: tl.constexpr,
+    CC: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
-    """Row r's heads h0..h0 + HB: its first `nblocks` blocks' partials combined, in block order, into o_lat
-    [R, H, C] bf16."""
+    """Row r's heads h0..h0 + HB over latent columns c0..c0 + CC: its first `nblocks` blocks' partials combined,
+    in block order, into o_lat [R, H, C] bf16. A column's bits do not depend on CC: each column is combined
+    alone, so the combine spreads over column chunks (tasks) without a change to any output."""
     o_h = h0 + tl.arange(0, HB)
-    o_c = tl.arange(0, C)
+    o_c = c0 + tl.arange(0, CC)
     m_h = o_h < H
     M = tl.full((HB,), float("-inf"), tl.float32)
     for b in range(nblocks):
@@ -156,17 +159,25 @@ def _combine_kernel(
     C: tl.constexpr,
     NB: tl.constexpr,
     HB: tl.constexpr,
+    CC: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
-    """Program (head group, row)."""
-    combine_blocks(part_o, part_m, part_l, o_lat, tl.program_id(1), tl.program_id(0) * HB, NB, H, C, NB, HB, INTERPRET)
+    """Program (head group, row, column chunk)."""
+    r, h0, c0 = tl.program_id(1), tl.program_id(0) * HB, tl.program_id(2) * CC
+    combine_blocks(part_o, part_m, part_l, o_lat, r, h0, c0, NB, H, C, NB, HB, CC, INTERPRET)
 
 
 def sparse_mla_launch(
-    q_lat: torch.Tensor, latent: torch.Tensor, idx: torch.Tensor, scale: float, token_block: int = 64
+    q_lat: torch.Tensor,
+    latent: torch.Tensor,
+    idx: torch.Tensor,
+    scale: float,
+    token_block: int = 64,
+    combine_cols: int = 64,
 ) -> torch.Tensor:
     """o_lat [R, H, C] bf16 of q_lat [R, H, C], latent [R, LMAX, C] and idx [R, WIDTH] (-1: none), as the
-    reference's `sparse_mla`, through token blocks of `token_block` and their combine."""
+    reference's `sparse_mla`, through token blocks of `token_block` and their combine over chunks of
+    `combine_cols` latent columns."""
     R, H, C = q_lat.shape
     LMAX, WIDTH = latent.shape[1], idx.shape[1]
     NB = triton.cdiv(WIDTH, token_block)
@@ -197,5 +208,9 @@ def sparse_mla_launch(
         LMAX=LMAX,
         INTERPRET=interp,
     )
-    _combine_kernel[(groups, R)](part_o, part_m, part_l, o_lat, H=H, C=C, NB=NB, HB=HB, INTERPRET=interp)
+    cc = min(combine_cols, C)
+    assert C % cc == 0, "the combine runs over whole column chunks"
+    _combine_kernel[(groups, R, C // cc)](
+        part_o, part_m, part_l, o_lat, H=H, C=C, NB=NB, HB=HB, CC=cc, INTERPRET=interp
+    )
     return o_lat

@@ -1,8 +1,9 @@
 """mHC as Triton bodies (docs/model.md §3): the gate (mix logits, hc_pre with Sinkhorn, the RMSNorm) and hc_post.
 
-The layer kinds run these bodies as tasks over column chunks of a row: `mix_row` per chunk, `gate_scale`
-over the chunks' sums, then `gate_pre` (what the GEMV after the gate needs) and `gate_comb` (the Sinkhorn,
-for hc_post) as separate tasks; `hc_post_cols` per chunk. `gate` and `hc_post` below run the very same bodies
+The layer kinds run these bodies as tasks over column chunks of a row: `mix_row` per chunk (the mix logits,
+the sum of squares and the streams' Gram matrix), then per chunk again `gate_scale` and `gate_pre` over the
+chunks' sums and `gate_x_hat` of the chunk (no program makes a whole row), and `gate_comb` (the Sinkhorn, for
+hc_post) as a task of its own; `hc_post_cols` per chunk. `gate` and `hc_post` below run the very same bodies
 as plain launches, one program per row: how the interpreter tests check them against `naive.py`.
 """
 
@@ -23,23 +24,27 @@ def _pick(v, o_v, idx):
 
 @triton.jit
 def mix_row(H, fn, r, o_c, D: tl.constexpr, HC: tl.constexpr):
-    """Row r's gate mix logits [32] (fn @ H, NMIX rows padded to 32) and sum of squares over columns o_c: stream
-    by stream in order. Every stream's loads go out before the first sum, whose cross-warp step is a barrier
-    that later loads would wait behind: one round trip to L2, not HC."""
+    """Row r's gate mix logits [32] (fn @ H, NMIX rows padded to 32), sum of squares and the streams' Gram matrix
+    [HC, HC] (G[i, j] = H_i · H_j) over columns o_c: stream by stream in order. Every stream's loads go out
+    before the first sum, whose cross-warp step is a barrier that later loads would wait behind: one round trip
+    to L2, not HC. The Gram matrix gives the gate's RMS without a pass over the row (`gate_pre`)."""
     NMIX: tl.constexpr = (2 + HC) * HC
     o_m = tl.arange(0, 32)
+    o_j = tl.arange(0, HC)
     b_hs = ()
     b_fns = ()
     for j in tl.static_range(HC):
         b_hs = b_hs + (tl.load(H + (r * HC + j) * D + o_c).to(tl.float32),)
         p_fn = fn + o_m[:, None] * (HC * D) + j * D + o_c[None, :]
         b_fns = b_fns + (tl.load(p_fn, mask=o_m[:, None] < NMIX, other=0.0),)
+    b_h = tl.load(H + (r * HC + o_j[:, None]) * D + o_c[None, :]).to(tl.float32)
     mix = tl.zeros((32,), dtype=tl.float32)
     ss = 0.0
     for j in tl.static_range(HC):
         mix = mix + tl.sum(b_fns[j] * b_hs[j][None, :], axis=1)
         ss = ss + tl.sum(b_hs[j] * b_hs[j], axis=0)
-    return mix, ss
+    gram = tl.sum(b_h[:, None, :] * b_h[None, :, :], axis=2)
+    return mix, ss, gram
 
 
 @triton.jit
@@ -50,37 +55,30 @@ def gate_scale(mix, ss, norm_eps, D: tl.constexpr, HC: tl.constexpr):
 
 
 @triton.jit
-def gate_pre(
-    mix,
-    p_h,
-    base,
-    scale,
-    norm_w,
-    x_hat,
-    post,
-    r,
-    hc_eps,
-    norm_eps,
-    D: tl.constexpr,
-    HC: tl.constexpr,
-    INTERPRET: tl.constexpr,
-):
-    """gate_finish without the comb: pre, post, x = sum_j pre[j] H[j] and its RMSNorm. Stores x̂[r] and post[r];
-    returns pre [HC] and 1/RMS. What the GEMV after the gate needs; the Sinkhorn is for hc_post, much later."""
+def gate_pre(mix, gram, base, scale, hc_eps, norm_eps, D: tl.constexpr, HC: tl.constexpr):
+    """gate_finish without the comb and without a pass over the row: pre [HC], post [HC] and the RMSNorm's 1/RMS
+    of x = sum_j pre[j] H[j], from the mix logits and the streams' Gram matrix G summed over the row's chunks:
+    x · x = preᵀ G pre. What the GEMV after the gate needs (a folded one reads nothing else); x̂ itself is
+    `gate_x_hat`'s, chunk by chunk; the Sinkhorn is for hc_post, much later."""
     o_m = tl.arange(0, 32)
     o_c = tl.arange(0, HC)
-    o_d = tl.arange(0, D)
     b_pre = tl.sigmoid(_pick(mix, o_m, o_c) * tl.load(scale) + tl.load(base + o_c)) + hc_eps
     b_post = 2.0 * tl.sigmoid(_pick(mix, o_m, HC + o_c) * tl.load(scale + 1) + tl.load(base + HC + o_c))
-    # x = sum_j pre[j] H[j], then the gate's RMSNorm
-    x = tl.zeros((D,), dtype=tl.float32)
+    xx = tl.sum(tl.sum(b_pre[:, None] * gram * b_pre[None, :], axis=1), axis=0)
+    rstd = 1.0 / tl.sqrt(xx / D + norm_eps)
+    return b_pre, b_post, rstd
+
+
+@triton.jit
+def gate_x_hat(p_h, b_pre, rstd, norm_w, x_hat, r, o_d, D: tl.constexpr, HC: tl.constexpr, INTERPRET: tl.constexpr):
+    """x̂[r] over columns o_d: x = sum_j pre[j] H[j] (p_h: row r's streams), times 1/RMS and the norm's weight,
+    stored bf16. A column's bits do not depend on how the columns are split."""
+    o_c = tl.arange(0, HC)
+    x = tl.zeros(o_d.shape, dtype=tl.float32)
     for j in tl.static_range(HC):
         x += tl.sum(tl.where(o_c == j, b_pre, 0.0), axis=0) * tl.load(p_h + j * D + o_d).to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + norm_eps)
     b_w = tl.load(norm_w + o_d).to(tl.float32)
     tl.store(x_hat + r * D + o_d, to_bf16(x * rstd * b_w, INTERPRET))
-    tl.store(post + r * HC + o_c, b_post)
-    return b_pre, rstd
 
 
 @triton.jit
@@ -134,15 +132,21 @@ def gate_kernel(
     """Row program_id(0)'s gate, chunk by chunk as the layer kinds' tasks make it (the same sums in the same
     order)."""
     r = tl.program_id(0)
+    o_j = tl.arange(0, HC)
     mix = tl.zeros((32,), dtype=tl.float32)
     ss = 0.0
+    gram = tl.zeros((HC, HC), dtype=tl.float32)
     for c in tl.static_range(D // CH):
-        m, s = mix_row(H, fn, r, c * CH + tl.arange(0, CH), D, HC)
+        m, s, g = mix_row(H, fn, r, c * CH + tl.arange(0, CH), D, HC)
         mix += m
         ss += s
+        gram += g
     mix = gate_scale(mix, ss, norm_eps, D, HC)
     gate_comb(mix, base, scale, comb, r, hc_eps, HC, ITERS)
-    gate_pre(mix, H + r * (HC * D), base, scale, norm_w, x_hat, post, r, hc_eps, norm_eps, D, HC, INTERPRET)
+    b_pre, b_post, rstd = gate_pre(mix, gram, base, scale, hc_eps, norm_eps, D, HC)
+    tl.store(post + r * HC + o_j, b_post)
+    for c in tl.static_range(D // CH):
+        gate_x_hat(H + r * (HC * D), b_pre, rstd, norm_w, x_hat, r, c * CH + tl.arange(0, CH), D, HC, INTERPRET)
 
 
 @triton.jit
