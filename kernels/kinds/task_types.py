@@ -55,6 +55,7 @@ _TYPES = (
     ("ATTN", "mla attention"),
     ("COMBINE", "mla combine"),
     ("WUV", "mla w_uv"),
+    ("SEL_PASS", "index select pass"),
 )
 
 # id -> the name a trace or a LaunchFault shows
@@ -95,3 +96,4 @@ SELECT = tl.constexpr(31)
 ATTN = tl.constexpr(32)
 COMBINE = tl.constexpr(33)
 WUV = tl.constexpr(34)
+SEL_PASS = tl.constexpr(35)

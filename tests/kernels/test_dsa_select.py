@@ -1,6 +1,7 @@
 """The indexer's selection (kernels/ops/dsa/select.py) against the reference's `select_token_rows`, in the
-interpreter: contexts below and above the selection width in one launch, exact ties (ReLU's zeros, -0.0 beside
-+0.0, repeated values) going to the lower pool index, and glm53_flash's width at a 128K context."""
+interpreter, over parts of several sizes (its tokens are the same whatever the parts): contexts below and above the
+selection width in one launch, exact ties (ReLU's zeros, -0.0 beside +0.0, repeated values) going to the lower pool
+index, and glm53_flash's width at a 128K context."""
 
 import pytest
 import torch
@@ -12,11 +13,13 @@ from glm53ctl.kernels.spec import load_model
 pytestmark = pytest.mark.interpreter
 
 
-def _check(scores: torch.Tensor, n: list[int], spec, block: int = 4096) -> torch.Tensor:
+def _check(scores: torch.Tensor, n: list[int], spec, parts: tuple[int, ...]) -> torch.Tensor:
+    """The selection over parts of each size in `parts` (pools): the reference's tokens, whatever the parts."""
     nn = torch.tensor(n)
-    got = select_launch(scores, nn, spec, block=block)
     want = select_token_rows(scores, nn, spec)
-    assert torch.equal(got.long(), want), (got, want)
+    for part in parts:
+        got = select_launch(scores, nn, spec, part=part)
+        assert torch.equal(got.long(), want), (part, got, want)
     return got
 
 
@@ -26,7 +29,7 @@ def test_contexts_below_and_above_the_width_in_one_launch():
     g = torch.Generator().manual_seed(0)
     n = [1, 3, 4, 17, 32, 33, 35, 36, 100, 257]
     scores = torch.randn(len(n), max(n) // 4 + 1, generator=g)
-    _check(scores, n, spec, block=16)
+    _check(scores, n, spec, parts=(1, 4, 16, 64))
 
 
 def test_exact_ties_go_to_the_lower_pool():
@@ -39,17 +42,18 @@ def test_exact_ties_go_to_the_lower_pool():
     base[2, ::2] = -0.0  # -0.0 and +0.0 tie
     base[3] = -base[3]  # negative scores (a negative head weight)
     base[4, :10] = float("inf")
-    _check(base, [P * 4, P * 4 - 1, P * 4, 4 * P - 2, 4 * P, 37], spec, block=16)
+    _check(base, [P * 4, P * 4 - 1, P * 4, 4 * P - 2, 4 * P, 37], spec, parts=(2, 8, 64))
 
 
 def test_a_128k_context_at_glm53_flash_width():
-    """512 pools of 32,768 (128K tokens) and of 1,000, with exact ties at the threshold, in blocks of 4096."""
+    """512 pools of 32,768 (128K tokens) and of 1,000, with exact ties at the threshold across parts: over 32 parts
+    of 1,024 pools (the layer's) and over 8 of 4,096."""
     spec = load_model("glm53_flash")
     g = torch.Generator().manual_seed(2)
     n = [131072, 4003, 2051, 2052]
     scores = torch.relu(torch.randn(len(n), 131072 // 4, generator=g))
     scores[0, 1000:3000] = scores[0, 999]  # a run of equal scores somewhere in the top
-    got = _check(scores, n, spec)
+    got = _check(scores, n, spec, parts=(1024, 4096))
     assert (got[0, :2048] >= 0).all() and (got[0, 2048:] == -1).all() and (got[2] >= 0).all()
 
 

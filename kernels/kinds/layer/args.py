@@ -87,6 +87,9 @@ class MlaBuffers(NamedTuple):
     qi: T
     q_lat: T
     scores: T
+    sel_hist: T
+    sel_state: T
+    sel_above: T
     idx: T
     part_o: T
     part_m: T
@@ -238,6 +241,8 @@ class MlaDims(NamedTuple):
     BK_QB: int
     BK_C: int
     BK_NOPE: int
+    SPART: int
+    SNQ: int
     SEL_BLOCK: int
 
 

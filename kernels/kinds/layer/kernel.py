@@ -47,6 +47,7 @@ from glm53ctl.kernels.kinds.task_types import (
     RED_A,
     RED_F,
     ROUTER,
+    SEL_PASS,
     WUV,
 )
 from glm53ctl.kernels.runtime.device import (
@@ -104,7 +105,7 @@ def _gate(ttype, a0, a1, H, gates, hand, outs, consts, ffn: tl.constexpr, dims: 
 def _is_attn_half(ttype, MLA: tl.constexpr):
     """Whether a task is the attention half's own: MLA's (its types are consecutive ids) or KDA's."""
     if MLA:
-        yes = (ttype >= MLA_A) & (ttype <= WUV)
+        yes = ((ttype >= MLA_A) & (ttype <= WUV)) | (ttype == SEL_PASS)
     else:
         yes = (ttype == INPROJ) | (ttype == KDA_HEAD)
     return yes

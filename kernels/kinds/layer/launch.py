@@ -136,6 +136,9 @@ class LayerLaunch(PersistentLaunch):
             "qi": e(R, d.HI * d.IH),
             "q_lat": e(R, d.HQ, d.C, dtype=bf16),
             "scores": e(R, d.LMAX // d.KP),
+            "sel_hist": e(R, 4, d.SNQ, 256, dtype=torch.int32),
+            "sel_state": e(R, 4, 2, dtype=torch.int32),
+            "sel_above": e(R, 4, d.SNQ, dtype=torch.int32),
             "idx": e(R, d.WIDTH, dtype=torch.int32),
             "part_o": e(R, d.NB, d.HQ, d.C),
             "part_m": e(R, d.NB, d.HQ),
@@ -279,16 +282,15 @@ class LayerLaunch(PersistentLaunch):
 
     def mla_dims(self) -> MlaDims:
         d = self.d
-        pools = d.LMAX // d.KP
         shared = {n: getattr(d, n) for n in MlaDims._fields if hasattr(d, n)}
         return MlaDims(
             **shared,
             QLP=1 << (d.QL - 1).bit_length(),
             HBI=max(16, 1 << (d.HI - 1).bit_length()),
             BK_NOPE=min(self.knobs["block_k"], d.NOPE),
-            # blocks of 1024 scores: at 4 warps the selection alone took 57 µs over 8,192 pools against 107 µs in
-            # blocks of 4096 (H200, docs/perf/sparse.md)
-            SEL_BLOCK=min(1024, max(16, 1 << (pools - 1).bit_length())),
+            # blocks of at most 1024 scores: at 4 warps the one-program selection took 57 µs over 8,192 pools
+            # against 107 µs in blocks of 4096 (H200, docs/perf/sparse.md)
+            SEL_BLOCK=min(1024, d.SPART),
         )
 
     @property

@@ -6,7 +6,8 @@ none of their registers. o_proj and the all-reduce after it are every layer's (s
 Its arguments (launch.py): weights `MlaWeights`, caches `MlaCaches` (and each row's position), buffers `MlaBuffers`
 (a rank's; R rows): y_a [R, NA] fp32 (the A projection), qr [R, QL] bf16, wi [R, HI] fp32 (the
 indexer's head weights), q [R, HQ * NOPE] bf16, qi [R, HI * IH] fp32, q_lat [R, HQ, C] bf16, scores [R, LMAX //
-KP] fp32, idx [R, WIDTH] int32, the attention partials part_o [R, NB, HQ, C] and part_m, part_l [R, NB, HQ] fp32,
+KP] fp32, the selection's sel_hist [R, 4, SNQ, 256], sel_state [R, 4, 2] and sel_above [R, 4, SNQ] int32,
+idx [R, WIDTH] int32, the attention partials part_o [R, NB, HQ, C] and part_m, part_l [R, NB, HQ] fp32,
 o_lat [R, HQ, C] bf16, o [R, HQ * V] bf16 (what o_proj reads). The caches [R, LMAX, ...] are written at each
 row's position only.
 """
@@ -15,11 +16,22 @@ import triton
 import triton.language as tl
 
 from glm53ctl.kernels.kinds.layer.shared import task_gemv
-from glm53ctl.kernels.kinds.task_types import ABSORB, ATTN, COMBINE, MLA_A, MLA_QB, MLA_ROW, SCORE, SELECT, WUV
+from glm53ctl.kernels.kinds.task_types import (
+    ABSORB,
+    ATTN,
+    COMBINE,
+    MLA_A,
+    MLA_QB,
+    MLA_ROW,
+    SCORE,
+    SEL_PASS,
+    SELECT,
+    WUV,
+)
 from glm53ctl.kernels.ops.dsa.attend import attend_block, combine_blocks
 from glm53ctl.kernels.ops.dsa.indexer import scores_block
 from glm53ctl.kernels.ops.dsa.kernel import mla_row
-from glm53ctl.kernels.ops.dsa.select import select_row
+from glm53ctl.kernels.ops.dsa.select import select_pass, select_take
 from glm53ctl.kernels.ops.gemv.kernel import gemv_tile
 from glm53ctl.kernels.tlx import to_bf16
 
@@ -65,8 +77,16 @@ def mla_task(
         task_score(
             b.qi, b.wi, c.pooled, b.scores, c.pos, a0, a1, mla.HI, mla.IH, mla.KP, mla.LMAX, mla.BP, mla.HBI, INTERPRET
         )
+    elif ttype == SEL_PASS:
+        task_select_pass(
+            b.scores, (b.sel_hist, b.sel_state, b.sel_above), c.pos, a0, a1, row[3], mla.KP, mla.TOPP, mla.LMAX,
+            mla.SPART, mla.SNQ, mla.SEL_BLOCK,
+        )  # fmt: skip
     elif ttype == SELECT:
-        task_select(b.scores, b.idx, c.pos, a0, mla.KP, mla.TOPP, mla.WIDTH, mla.LMAX, mla.SEL_BLOCK)
+        task_select(
+            b.scores, b.idx, (b.sel_hist, b.sel_state, b.sel_above), c.pos, a0, a1, mla.KP, mla.TOPP, mla.WIDTH,
+            mla.LMAX, mla.SPART, mla.SNQ, mla.SEL_BLOCK,
+        )  # fmt: skip
     elif ttype == ATTN:
         task_attn(
             b.q_lat, c.latent, b.idx, (b.part_o, b.part_m, b.part_l), a0, a1, row[3], consts.mla_scale, mla.HQ, mla.C,
@@ -186,19 +206,54 @@ def task_score(
 
 
 @triton.jit(noinline=True)
+def task_select_pass(
+    scores,
+    sel,
+    pos,
+    r,
+    i,
+    q,
+    KP: tl.constexpr,
+    TOPP: tl.constexpr,
+    LMAX: tl.constexpr,
+    PART: tl.constexpr,
+    NQ: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """SEL_PASS (row r, pass i, part q): `select_pass`; sel: the selection's buffers (hist, state, above)."""
+    s, n = scores + r * (LMAX // KP), tl.load(pos + r) + 1
+    h, st, ab = sel[0] + r * (4 * NQ * 256), sel[1] + r * 8, sel[2] + r * (4 * NQ)
+    if i == 0:
+        select_pass(s, h, st, ab, n, q, 0, KP, TOPP, PART, NQ, BLOCK)
+    elif i == 1:
+        select_pass(s, h, st, ab, n, q, 1, KP, TOPP, PART, NQ, BLOCK)
+    elif i == 2:
+        select_pass(s, h, st, ab, n, q, 2, KP, TOPP, PART, NQ, BLOCK)
+    else:
+        select_pass(s, h, st, ab, n, q, 3, KP, TOPP, PART, NQ, BLOCK)
+
+
+@triton.jit(noinline=True)
 def task_select(
     scores,
     idx,
+    sel,
     pos,
     r,
+    q,
     KP: tl.constexpr,
     TOPP: tl.constexpr,
     WIDTH: tl.constexpr,
     LMAX: tl.constexpr,
+    PART: tl.constexpr,
+    NQ: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """SELECT (row r): its tokens (`select_row`) from its pools' scores."""
-    select_row(scores + r * (LMAX // KP), idx + r * WIDTH, tl.load(pos + r) + 1, KP, TOPP, WIDTH, BLOCK)
+    """SELECT (row r, part q): the part's tokens (`select_take`) after its passes."""
+    select_take(
+        scores + r * (LMAX // KP), idx + r * WIDTH, sel[0] + r * (4 * NQ * 256), sel[1] + r * 8, sel[2] + r * (4 * NQ),
+        tl.load(pos + r) + 1, q, KP, TOPP, WIDTH, PART, NQ, BLOCK,
+    )  # fmt: skip
 
 
 @triton.jit(noinline=True)

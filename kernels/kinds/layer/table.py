@@ -75,9 +75,11 @@ from glm53ctl.kernels.kinds.task_types import (
     ROUTE,
     ROUTER,
     SCORE,
+    SEL_PASS,
     SELECT,
     WUV,
 )
+from glm53ctl.kernels.ops.dsa.select import select_part
 from glm53ctl.kernels.ops.ffn.moe import ROUTER_SLICES, ROUTER_TILE, n_slots_for
 from glm53ctl.kernels.ops.gemv.kernel import folds
 from glm53ctl.kernels.runtime.table import TaskTable
@@ -176,6 +178,10 @@ class Dims:
         self.LMAX = slots
         self.BP = 64  # pools per score task (its fp32 key tile: 32 KB of shared memory at 128 channels)
         self.NSB = -(-(slots // self.KP) // self.BP)
+        # the selection's parts (kernels/ops/dsa/select.py): SNQ_ROW of SPART pools cover the caches' pools
+        self.SPART = select_part(slots // self.KP)
+        self.SNQ_ROW = -(-(slots // self.KP) // self.SPART)
+        self.SNQ = 1 << (self.SNQ_ROW - 1).bit_length()
         self.TB = knobs["token_block"]  # tokens per attention task (numeric: the combine's order)
         self.NB = -(-self.WIDTH // self.TB)
         self.HB = max(16, min(64, 1 << (self.HQ - 1).bit_length()))  # heads per attention task, a tl.dot tile
@@ -328,7 +334,8 @@ def _add_mla(
 ) -> list[tuple[int, int, int]]:
     """`sparse`'s attention half after the attention gates (kernels/ops/dsa/kernel.py has the steps): the fused A
     projection's tiles; per row its norms and cache writes; q_b | the indexer's wq_b tiles; per head the absorb;
-    per row the index scores in pool blocks, then its selection; per row, head group and token block the
+    per row the index scores in pool blocks, then its selection over parts of the pools (four passes, then
+    each part's tokens); per row, head group and token block the
     attention partials, then per row, group and latent column chunk their combine; per head W_UV; o_proj.
     Returns the o_proj tiles."""
     a_tiles = [(n0, n0 + d.BN, add(MLA_A, n0, waits=gates)) for n0 in range(0, d.NA, d.BN)]
@@ -341,14 +348,20 @@ def _add_mla(
     qi = _covering(qb, d.HQ * d.NOPE, d.NQB)
     selects = []
     for r in range(rows):
-        scores = [add(SCORE, r, b, waits=[row_tasks[r], *qi]) for b in range(d.NSB)]
-        selects.append(add(SELECT, r, waits=scores))
+        scores = [(b * d.BP, (b + 1) * d.BP, add(SCORE, r, b, waits=[row_tasks[r], *qi])) for b in range(d.NSB)]
+        # the selection over parts of the pools: pass 0 of a part waits on its scores, pass i on every part's
+        # pass i - 1, the tokens of each part on every part's last pass
+        parts = range(d.SNQ_ROW)
+        sel = [add(SEL_PASS, r, 0, q, waits=_covering(scores, q * d.SPART, (q + 1) * d.SPART)) for q in parts]
+        for i in range(1, 4):
+            sel = [add(SEL_PASS, r, i, q, waits=sel) for q in parts]
+        selects.append([add(SELECT, r, q, waits=sel) for q in parts])
     groups = range(0, d.HQ, d.HB)
     combines = {}
     for r in range(rows):
         for g in groups:
             heads = [x for h in range(g, min(g + d.HB, d.HQ)) for x in absorb[h]]
-            blocks = [add(ATTN, r, g, b, waits=[selects[r], *heads]) for b in range(d.NB)]
+            blocks = [add(ATTN, r, g, b, waits=[*selects[r], *heads]) for b in range(d.NB)]
             combines[r, g] = [add(COMBINE, r, g, c0, waits=blocks) for c0 in range(0, d.C, d.CC)]
     wuv = []
     for h in range(d.HQ):

@@ -32,6 +32,7 @@ from glm53ctl.kernels.kinds.task_types import (
     ROUTE,
     ROUTER,
     SCORE,
+    SEL_PASS,
     SELECT,
     WUV,
 )
@@ -41,7 +42,7 @@ from glm53ctl.kernels.state import DsaCache
 from glm53ctl.kernels.weights import Weights
 
 # the separate-launches baseline: the gates, MLA's steps, the reduces and FFN gates, the MoE
-SPARSE_STAGES = STAGES[:2] + ((MLA_A,), (MLA_ROW,), (MLA_QB,), (ABSORB, SCORE), (SELECT,), (ATTN,), (COMBINE,))
+SPARSE_STAGES = STAGES[:2] + ((MLA_A,), (MLA_ROW,), (MLA_QB,), (ABSORB, SCORE), (SEL_PASS, SELECT), (ATTN,), (COMBINE,))
 SPARSE_STAGES += ((WUV,), (OPROJ,)) + STAGES[5:7] + ((ROUTER,), (ROUTE,), (EXP_GU,), (EXP_DOWN,), (RED_F,))
 CACHE_NAMES = ("latent", "index_key", "index_gate", "pooled_key")
 

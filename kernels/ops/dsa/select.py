@@ -1,6 +1,7 @@
-"""The indexer's selection as a Triton body (docs/model.md §5.2, kernels/ops/dsa/README.md "Selection"): exact and
-deterministic at any context, one program per row, nothing that depends on timing. The `sparse` kind's tasks
-call it; `select_launch` runs it as a plain launch for the tests.
+"""The indexer's selection as Triton bodies (docs/model.md §5.2, kernels/ops/dsa/README.md "Selection"): exact and
+deterministic at any context, spread over the parts of a row's pools (no program streams a whole row), nothing
+that depends on timing or on how many parts there are. The `sparse` kind's tasks call them; `select_launch` runs
+them as plain launches, a pass a launch, for the tests.
 
 A row with n cached tokens has P = n // kpool complete pools, each with an index score. Its selected tokens are
 the first `TOPP` pools by score descending, ties by pool index ascending (the reference's stable sort), listed
@@ -10,8 +11,14 @@ While P <= TOPP every pool is taken. Past it, the TOPP-th largest score is found
 scores' bits: a score's float order as an unsigned 32-bit key (-0.0 as +0.0, which the reference's comparisons
 do not tell apart), four passes of 8 bits, each a histogram of the digit of the keys whose higher bits match the
 digits found so far. Then the pools above that key are taken, and of those equal to it the lowest-indexed, as
-many as are left. Each pass streams the row's scores in blocks of BLOCK: a 128K context (32,768 pools) is 8
-blocks of 4096 a pass, 5 passes in all.
+many as are left.
+
+Over parts of PART pools (one program each; PART is the layer's choice, `select_part`): pass i (`select_pass`) of
+part q first picks pass i - 1's digit from the parts' histograms summed (integers: any order, the same sums), as
+every part of the pass does alike (part 0 keeps the result), and keeps the count of its own pools that the
+pick puts above the threshold; then it counts its pools' digits at pass i. The last step (`select_take`) picks
+the last digit, works out from the counts how many pools the parts before it take (so where its own go), and
+writes its part's tokens in pool order; part 0 also the tail and the -1s. Parts past a row's pools do nothing.
 """
 
 from __future__ import annotations
@@ -33,14 +40,15 @@ def score_key(s):
 
 
 @triton.jit
-def _digit_counts(scores, P, prefix, SHIFT: tl.constexpr, BLOCK: tl.constexpr):
-    """Per digit d [256]: the pools whose key has digit d at SHIFT and whose bits above it equal prefix's."""
+def _digit_counts(scores, lo, hi, prefix, SHIFT: tl.constexpr, BLOCK: tl.constexpr):
+    """Per digit d [256]: the pools lo..hi - 1 whose key has digit d at SHIFT and whose bits above it equal
+    prefix's."""
     counts = tl.zeros((256,), dtype=tl.int32)
     o_b = tl.arange(0, BLOCK)
-    for p0 in range(0, P, BLOCK):
+    for p0 in range(lo, hi, BLOCK):
         o_p = p0 + o_b
-        key = score_key(tl.load(scores + o_p, mask=o_p < P, other=0.0))
-        match = o_p < P
+        key = score_key(tl.load(scores + o_p, mask=o_p < hi, other=0.0))
+        match = o_p < hi
         if SHIFT < 24:  # the digits found so far: the bits above this one
             match = match & ((key >> (SHIFT + 8)) == (prefix >> (SHIFT + 8)))
         counts += tl.histogram(((key >> SHIFT) & 255).to(tl.int32), 256, mask=match).to(tl.int32)
@@ -48,66 +56,167 @@ def _digit_counts(scores, P, prefix, SHIFT: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def select_row(scores, idx, n, KP: tl.constexpr, TOPP: tl.constexpr, WIDTH: tl.constexpr, BLOCK: tl.constexpr):
-    """The row's selected tokens into idx [WIDTH] int32, from its pools' scores [>= P] fp32 (n cached tokens).
-    WIDTH: TOPP * KP + KP - 1, the most a row selects."""
-    P = n // KP
-    o_b = tl.arange(0, BLOCK)
+def _pick(hist, n_parts, prefix, left, SHIFT: tl.constexpr, NQ: tl.constexpr):
+    """A pass's digit from its parts' histograms hist [NQ, 256] (the first n_parts written): the largest digit
+    whose count of pools at or above it reaches `left`. Returns the parts' counts [NQ, 256], the digit, and the
+    prefix and `left` after it."""
+    o_q = tl.arange(0, NQ)
     o_d = tl.arange(0, 256)
-    # the threshold key: the TOPP-th largest; `left`: how many pools with exactly that key are taken
+    parts = tl.load(hist + o_q[:, None] * 256 + o_d[None, :], mask=o_q[:, None] < n_parts, other=0)
+    counts = tl.sum(parts, axis=0)
+    above = tl.sum(counts, axis=0) - tl.cumsum(counts, axis=0)
+    d = tl.max(tl.where(above + counts >= left, o_d, -1), axis=0)
+    left -= tl.sum(tl.where(o_d > d, counts, 0), axis=0)
+    return parts, d, prefix | (d.to(tl.uint32) << SHIFT), left
+
+
+@triton.jit
+def select_pass(
+    scores,
+    hist,
+    state,
+    above,
+    n,
+    q,
+    I: tl.constexpr,
+    KP: tl.constexpr,
+    TOPP: tl.constexpr,
+    PART: tl.constexpr,
+    NQ: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Pass I (0..3) of part q of a row (n cached tokens): scores [>= P] fp32; hist [4, NQ, 256] int32 (pass,
+    part, digit); state [4, 2] int32 (the prefix and `left` before pass I, kept by part 0); above [4, NQ] int32
+    (the pools of a part above the threshold by pass I's digit)."""
+    P = n // KP
+    lo = q * PART
+    if (P > TOPP) & (lo < P):
+        n_parts = tl.cdiv(P, PART)
+        prefix = tl.zeros((), dtype=tl.uint32)
+        left = TOPP + 0 * P
+        if I > 0:
+            if I > 1:
+                prefix = tl.load(state + (I - 1) * 2).to(tl.uint32, bitcast=True)
+                left = tl.load(state + (I - 1) * 2 + 1)
+            parts, d, prefix, left = _pick(hist + (I - 1) * NQ * 256, n_parts, prefix, left, 32 - 8 * I, NQ)
+            o_q = tl.arange(0, NQ)
+            o_d = tl.arange(0, 256)
+            mine = tl.sum(tl.where((o_q[:, None] == q) & (o_d[None, :] > d), parts, 0), axis=1)
+            tl.store(above + (I - 1) * NQ + o_q, mine, mask=o_q == q)
+            if q == 0:
+                tl.store(state + I * 2, prefix.to(tl.int32, bitcast=True))
+                tl.store(state + I * 2 + 1, left)
+        counts = _digit_counts(scores, lo, tl.minimum(lo + PART, P), prefix, 24 - 8 * I, BLOCK)
+        tl.store(hist + (I * NQ + q) * 256 + tl.arange(0, 256), counts)
+
+
+@triton.jit
+def select_take(
+    scores,
+    idx,
+    hist,
+    state,
+    above,
+    n,
+    q,
+    KP: tl.constexpr,
+    TOPP: tl.constexpr,
+    WIDTH: tl.constexpr,
+    PART: tl.constexpr,
+    NQ: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Part q of a row's selected tokens into idx [WIDTH] int32 (n cached tokens), after its four passes
+    (`select_pass`'s buffers). WIDTH: TOPP * KP + KP - 1, the most a row selects."""
+    P = n // KP
+    lo = q * PART
+    o_b = tl.arange(0, BLOCK)
+    # where this part's pools go: `taken` pools before it, `at` of them at the threshold; `left`: how many pools
+    # at the threshold are taken
     prefix = tl.zeros((), dtype=tl.uint32)
     left = TOPP + 0 * P
-    if P > TOPP:
-        for i in tl.static_range(4):
-            counts = _digit_counts(scores, P, prefix, 24 - 8 * i, BLOCK)
-            # the pools with a larger digit, per digit: the threshold's digit is the largest whose count of pools
-            # at or above it reaches `left`
-            above = tl.sum(counts, axis=0) - tl.cumsum(counts, axis=0)
-            d = tl.max(tl.where(above + counts >= left, o_d, -1), axis=0)
-            left -= tl.sum(tl.where(o_d > d, counts, 0), axis=0)
-            prefix = prefix | (d.to(tl.uint32) << (24 - 8 * i))
-    # the pools taken, in pool order: every pool while P <= TOPP; else those above the threshold, and of those at
-    # it the first `left`
-    taken = 0 * P
+    taken = lo
     at = 0 * P
-    for p0 in range(0, P, BLOCK):
+    if P > TOPP:
+        n_parts = tl.cdiv(P, PART)
+        prefix = tl.load(state + 3 * 2).to(tl.uint32, bitcast=True)
+        left = tl.load(state + 3 * 2 + 1)
+        parts, d, prefix, left = _pick(hist + 3 * NQ * 256, n_parts, prefix, left, 0, NQ)
+        o_q = tl.arange(0, NQ)
+        o_d = tl.arange(0, 256)
+        m_q = o_q < n_parts
+        eq = tl.sum(tl.where(o_d[None, :] == d, parts, 0), axis=1)
+        up = tl.sum(tl.where(o_d[None, :] > d, parts, 0), axis=1)
+        for k in tl.static_range(3):
+            up += tl.load(above + k * NQ + o_q, mask=m_q, other=0)
+        eq_before = tl.cumsum(eq, axis=0) - eq
+        took = up + tl.minimum(tl.maximum(left - eq_before, 0), eq)
+        taken = tl.sum(tl.where(o_q < q, took, 0), axis=0)
+        at = tl.sum(tl.where(o_q == q, eq_before, 0), axis=0)
+    # the part's pools taken, in pool order: every pool while P <= TOPP; else those above the threshold, and of
+    # those at it the first `left`
+    for p0 in range(lo, tl.minimum(lo + PART, P), BLOCK):
         o_p = p0 + o_b
-        m = o_p < P
+        m = o_p < tl.minimum(lo + PART, P)
         key = score_key(tl.load(scores + o_p, mask=m, other=0.0))
-        eq = m & (key == prefix)
-        take = m & ((key > prefix) | (eq & (at + tl.cumsum(eq.to(tl.int32), axis=0) <= left)) | (P <= TOPP))
+        eq_p = m & (key == prefix)
+        take = m & ((key > prefix) | (eq_p & (at + tl.cumsum(eq_p.to(tl.int32), axis=0) <= left)) | (P <= TOPP))
         slot = taken + tl.cumsum(take.to(tl.int32), axis=0) - 1
         for j in tl.static_range(KP):
             tl.store(idx + slot * KP + j, o_p * KP + j, mask=take)
         taken += tl.sum(take.to(tl.int32), axis=0)
-        at += tl.sum(eq.to(tl.int32), axis=0)
-    # then the tail (the tokens of the pool not yet complete), then -1 up to WIDTH
-    o_k = tl.arange(0, KP)
-    first = taken * KP
-    tl.store(idx + first + o_k, P * KP + o_k, mask=o_k < n - P * KP)
-    for w0 in range(0, WIDTH, BLOCK):
-        o_w = w0 + o_b
-        tl.store(idx + o_w, -1, mask=(o_w >= first + n - P * KP) & (o_w < WIDTH))
+        at += tl.sum(eq_p.to(tl.int32), axis=0)
+    if q == 0:  # then the tail (the tokens of the pool not yet complete), then -1 up to WIDTH
+        o_k = tl.arange(0, KP)
+        first = tl.minimum(P, TOPP) * KP
+        tl.store(idx + first + o_k, P * KP + o_k, mask=o_k < n - P * KP)
+        for w0 in range(0, WIDTH, BLOCK):
+            o_w = w0 + o_b
+            tl.store(idx + o_w, -1, mask=(o_w >= first + n - P * KP) & (o_w < WIDTH))
+
+
+def select_part(pools: int) -> int:
+    """Pools per part of a row's selection, for caches of `pools` pools: 256, or more where that would be more
+    than 32 parts (each pass sums every part's histogram)."""
+    return max(256, triton.next_power_of_2(-(-pools // 32)))
 
 
 @triton.jit
-def _select_kernel(
-    scores, idx, n, stride, KP: tl.constexpr, TOPP: tl.constexpr, WIDTH: tl.constexpr, BLOCK: tl.constexpr
-):
-    """Program r: row r."""
-    r = tl.program_id(0)
-    select_row(scores + r * stride, idx + r * WIDTH, tl.load(n + r), KP, TOPP, WIDTH, BLOCK)
+def _pass_kernel(scores, hist, state, above, n, stride, I: tl.constexpr, KP: tl.constexpr, TOPP: tl.constexpr,
+                 PART: tl.constexpr, NQ: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    """Program (part, row)."""
+    q, r = tl.program_id(0), tl.program_id(1)
+    select_pass(scores + r * stride, hist + r * (4 * NQ * 256), state + r * 8, above + r * (4 * NQ), tl.load(n + r),
+                q, I, KP, TOPP, PART, NQ, BLOCK)  # fmt: skip
 
 
-def select_launch(scores: torch.Tensor, n: torch.Tensor, spec, block: int = 4096) -> torch.Tensor:
+@triton.jit
+def _take_kernel(scores, idx, hist, state, above, n, stride, KP: tl.constexpr, TOPP: tl.constexpr,
+                 WIDTH: tl.constexpr, PART: tl.constexpr, NQ: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    """Program (part, row)."""
+    q, r = tl.program_id(0), tl.program_id(1)
+    select_take(scores + r * stride, idx + r * WIDTH, hist + r * (4 * NQ * 256), state + r * 8,
+                above + r * (4 * NQ), tl.load(n + r), q, KP, TOPP, WIDTH, PART, NQ, BLOCK)  # fmt: skip
+
+
+def select_launch(scores: torch.Tensor, n: torch.Tensor, spec, part: int | None = None) -> torch.Tensor:
     """Every row's selected tokens: scores [R, >= max P] fp32 (a row's pools past its P unread), n [R] cached
-    tokens -> idx [R, index_width] int32, as the reference's `select_token_rows`."""
-    R = scores.shape[0]
+    tokens -> idx [R, index_width] int32, as the reference's `select_token_rows`; over parts of `part` pools
+    (`select_part` of the scores' width by default), a launch a pass. The buffers start as garbage: nothing read
+    is left from before."""
+    R, width = scores.shape
     ix = spec.indexer
-    idx = torch.empty(R, spec.index_width, dtype=torch.int32, device=scores.device)
+    part = part or select_part(width)
+    nq = triton.next_power_of_2(-(-width // part))
+    dev = scores.device
+    idx = torch.empty(R, spec.index_width, dtype=torch.int32, device=dev)
+    hist = torch.randint(-9, 9, (R, 4, nq, 256), dtype=torch.int32, device=dev)
+    state = torch.randint(-9, 9, (R, 4, 2), dtype=torch.int32, device=dev)
+    above = torch.randint(-9, 9, (R, 4, nq), dtype=torch.int32, device=dev)
     s = scores.float().contiguous()
-    nn = n.to(torch.int32).to(scores.device).contiguous()
-    _select_kernel[(R,)](
-        s, idx, nn, s.stride(0), KP=ix.kpool, TOPP=spec.index_pools, WIDTH=spec.index_width, BLOCK=block
-    )
+    nn = n.to(torch.int32).to(dev).contiguous()
+    consts = dict(KP=ix.kpool, TOPP=spec.index_pools, PART=part, NQ=nq, BLOCK=min(part, 1024))
+    for i in range(4):
+        _pass_kernel[(nq, R)](s, hist, state, above, nn, s.stride(0), I=i, **consts)
+    _take_kernel[(nq, R)](s, idx, hist, state, above, nn, s.stride(0), WIDTH=spec.index_width, **consts)
     return idx
