@@ -95,7 +95,7 @@ def combine_blocks(
         M = tl.maximum(M, tl.load(part_m + (r * NB + b) * H + o_h, mask=m_h, other=float("-inf")))
     M = tl.where(M == float("-inf"), 0.0, M)
     L = tl.zeros((HB,), dtype=tl.float32)
-    acc = tl.zeros((HB, C), dtype=tl.float32)
+    acc = tl.zeros((HB, CC), dtype=tl.float32)
     for b in range(nblocks):
         at = (r * NB + b) * H + o_h
         f = tl.exp(tl.load(part_m + at, mask=m_h, other=float("-inf")) - M)
