@@ -252,6 +252,7 @@ class MoeDims(NamedTuple):
     TOPK: int
     SCALE: float
     NSLOT: int
+    EC: int
     BLOCK_E: int
     KS_RT: int
     BK_RT: int
