@@ -75,8 +75,8 @@ def _route_keys(logits, bias, r, o_e, E: tl.constexpr, KS: tl.constexpr, BLOCK_E
         lg += tl.load(logits + (q * 16 + r) * E + o_e, mask=m_e, other=0.0)
     s = tl.sigmoid(lg)
     bits = (s + tl.load(bias + o_e, mask=m_e, other=0.0)).to(tl.int32, bitcast=True)
-    packed = ((bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.int64) << 32) | (BLOCK_E - 1 - o_e).to(tl.int64)
-    return s, tl.where(m_e, packed, tl.full(packed.shape, -(2**63), tl.int64))
+    order = tl.where(m_e, bits ^ ((bits >> 31) & 0x7FFFFFFF), -(2**31))
+    return s, (order.to(tl.int64) << 32) | (BLOCK_E - 1 - o_e).to(tl.int64)
 
 
 @triton.jit
@@ -97,12 +97,11 @@ def rank_experts(
     the lower index). Each expert's rank alone, so the experts split over programs and the choice is the same."""
     o_c = e0 + tl.arange(0, EC)
     _, mine = _route_keys(logits, bias, r, o_c, E, KS, BLOCK_E)
-    # the larger keys counted per (expert, lane) over the blocks, then summed once: one cross-warp reduction
-    larger = tl.zeros((EC, 64), dtype=tl.int32)
+    rank = tl.zeros((EC,), dtype=tl.int32)
     for b0 in tl.static_range(0, BLOCK_E, 64):
         _, other = _route_keys(logits, bias, r, b0 + tl.arange(0, 64), E, KS, BLOCK_E)
-        larger += (other[None, :] > mine[:, None]).to(tl.int32)
-    tl.store(on + r * E + o_c, (tl.sum(larger, axis=1) < TOPK).to(tl.int32), mask=o_c < E)
+        rank += tl.sum((other[None, :] > mine[:, None]).to(tl.int32), axis=1)
+    tl.store(on + r * E + o_c, (rank < TOPK).to(tl.int32), mask=o_c < E)
 
 
 @triton.jit
