@@ -56,7 +56,6 @@ _TYPES = (
     ("COMBINE", "mla combine"),
     ("WUV", "mla w_uv"),
     ("SEL_PASS", "index select pass"),
-    ("ROUTE_RANK", "route rank"),
 )
 
 # id -> the name a trace or a LaunchFault shows
@@ -98,4 +97,3 @@ ATTN = tl.constexpr(32)
 COMBINE = tl.constexpr(33)
 WUV = tl.constexpr(34)
 SEL_PASS = tl.constexpr(35)
-ROUTE_RANK = tl.constexpr(36)

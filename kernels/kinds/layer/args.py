@@ -252,7 +252,6 @@ class MoeDims(NamedTuple):
     TOPK: int
     SCALE: float
     NSLOT: int
-    EC: int
     BLOCK_E: int
     KS_RT: int
     BK_RT: int

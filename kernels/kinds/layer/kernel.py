@@ -46,7 +46,6 @@ from glm53ctl.kernels.kinds.task_types import (
     OWN_F,
     RED_A,
     RED_F,
-    ROUTE_RANK,
     ROUTER,
     SEL_PASS,
     WUV,
@@ -135,7 +134,7 @@ def _weights_first(ttype, MLA: tl.constexpr, MOE: tl.constexpr):
 def _is_ffn_half(ttype, MOE: tl.constexpr):
     """Whether a task is the FFN half's own: the MoE's (consecutive ids) or the dense MLP's."""
     if MOE:
-        yes = ((ttype >= ROUTER) & (ttype <= EXP_DOWN)) | (ttype == ROUTE_RANK)
+        yes = (ttype >= ROUTER) & (ttype <= EXP_DOWN)
     else:
         yes = (ttype == GU) | (ttype == DOWN)
     return yes

@@ -274,7 +274,6 @@ class LayerLaunch(PersistentLaunch):
             TOPK=d.TOPK,
             SCALE=d.SCALE,
             NSLOT=self.nslot,
-            EC=d.EC,
             BLOCK_E=ROUTER_TILE,
             KS_RT=d.KS_RT,
             BK_RT=d.BK_RT,

@@ -1,6 +1,5 @@
 """The MoE, the FFN half of `kda` and `sparse`, as tasks of the layer kernel (kernel.py, constexpr MOE): the router
-tiles over K slices, the routing decided in the launch (per row, tasks over chunks of the experts rank them,
-then a task makes its weights and ids; the last row to arrive makes the slots), each
+tiles over K slices, the routing decided in the launch (a task per row; the last to arrive makes the slots), each
 slot's gate/up over K slices and its down tiles (the bodies of kernels/ops/ffn/moe.py), and their dispatch. The FFN
 reduce of each row and column chunk sums the slots in expert order (shared.py `_own`).
 
@@ -12,11 +11,10 @@ slots, and per slot its gate/up sums, act and output).
 import triton
 import triton.language as tl
 
-from glm53ctl.kernels.kinds.task_types import EXP_DOWN, EXP_GU, ROUTE, ROUTE_RANK, ROUTER
+from glm53ctl.kernels.kinds.task_types import EXP_DOWN, EXP_GU, ROUTE, ROUTER
 from glm53ctl.kernels.ops.ffn.moe import (
     expert_gate_up,
     make_slots,
-    rank_experts,
     route_row,
     router_tile,
     slot_expert,
@@ -56,8 +54,6 @@ def moe_task(
             outs.x_hat_f, ffn_w.w_r, ffn_buf.logits, a0, a1, R, moe.E, dims.D, moe.KS_RT, moe.BLOCK_E, moe.BK_RT,
             INTERPRET,
         )  # fmt: skip
-    elif ttype == ROUTE_RANK:
-        task_rank(ffn_buf.logits, ffn_w.r_bias, ffn_buf.route_on, a0, a1, moe.E, moe.KS_RT, moe.E_ALL, moe.EC, moe.TOPK)
     elif ttype == ROUTE:
         task_route(
             logits=ffn_buf.logits,
@@ -121,23 +117,6 @@ def moe_task(
 
 
 @triton.jit(noinline=True)
-def task_rank(
-    logits,
-    bias,
-    on,
-    r,
-    e0,
-    E: tl.constexpr,
-    KS: tl.constexpr,
-    BLOCK_E: tl.constexpr,
-    EC: tl.constexpr,
-    TOPK: tl.constexpr,
-):
-    """ROUTE_RANK (row r, experts e0..): which of them the row chooses (`rank_experts`)."""
-    rank_experts(logits, bias, on, r, e0, E, KS, BLOCK_E, EC, TOPK)
-
-
-@triton.jit(noinline=True)
 def task_route(
     logits,
     bias,
@@ -158,11 +137,10 @@ def task_route(
     SCALE: tl.constexpr,
     NSLOT: tl.constexpr,
 ):
-    """ROUTE (row r): the row's routing (`route_row`) from its choice (its ROUTE_RANK tasks); the last row to
-    arrive (`arrive_last`) makes the slots from every row's choice, so the tasks after wait on every row's ROUTE
-    and find the slots made."""
+    """ROUTE (row r): the row's routing (`route_row`); the last row to arrive (`arrive_last`) makes the slots
+    from every row's choice, so the tasks after wait on every row's ROUTE and find the slots made."""
     route_row(logits, bias, ids, wts, on, r, E, KS, BLOCK_E, TOPK, SCALE)
-    # every thread's stores before the release (the rows' `on` are the rank tasks', read .cg by make_slots)
+    # every thread's stores before the release, and (one row) before make_slots reads `on` in another layout
     tl.debug_barrier()
     last = True
     if R > 1:

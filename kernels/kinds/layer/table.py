@@ -30,8 +30,7 @@ Tasks, in table order (a rank's shapes; every GEMV is `gemv_tile` over rows padd
 `kda` (ffn "moe", `_add_moe`) has the MoE instead of GU / DOWN:
 
   ROUTER  (32 experts, K slice) the router's logits over the slice, every row         waits on every GATE_F
-  ROUTE_RANK (row r, experts e0..): which of them are in the row's top-k (their ranks) waits on every ROUTER
-  ROUTE   row r: its weights and ids; the last row to arrive makes the slots    waits on its row's ROUTE_RANK
+  ROUTE   row r: its top-k and weights; the last row to arrive makes the slots          waits on every ROUTER
   EXP_GU  (slot, tile, K slice) an expert's gate/up (knob ksplit_gu); slice 0 adds the slices (late) and makes
           the slot's act; the shared expert's slot (the last) waits on the FFN gates only, so streams during
           the routing; a slot past the experts chosen does nothing                     waits on every ROUTE
@@ -74,7 +73,6 @@ from glm53ctl.kernels.kinds.task_types import (
     RED_A,
     RED_F,
     ROUTE,
-    ROUTE_RANK,
     ROUTER,
     SCORE,
     SEL_PASS,
@@ -82,7 +80,7 @@ from glm53ctl.kernels.kinds.task_types import (
     WUV,
 )
 from glm53ctl.kernels.ops.dsa.select import select_part
-from glm53ctl.kernels.ops.ffn.moe import ROUTER_SLICES, ROUTER_TILE, n_slots_for, route_chunk
+from glm53ctl.kernels.ops.ffn.moe import ROUTER_SLICES, ROUTER_TILE, n_slots_for
 from glm53ctl.kernels.ops.gemv.kernel import folds
 from glm53ctl.kernels.runtime.table import TaskTable
 
@@ -93,7 +91,7 @@ STAGES = ((MIX_A,), (GATE_A, COMB_A), (INPROJ,), (KDA_HEAD,), (OPROJ,), (RED_A, 
 STAGES += ((DOWN,), (RED_F,))
 # kda: the attention half's, then the MoE's (router tiles; the routing; every slot's gate/up, the shared expert's
 # included; their down projections; the sums)
-MOE_STAGES = STAGES[:7] + ((ROUTER,), (ROUTE_RANK, ROUTE), (EXP_GU,), (EXP_DOWN,), (RED_F,))
+MOE_STAGES = STAGES[:7] + ((ROUTER,), (ROUTE,), (EXP_GU,), (EXP_DOWN,), (RED_F,))
 
 
 def _covering(tiles: list[tuple[int, int, int]], lo: int, hi: int) -> list[int]:
@@ -134,7 +132,6 @@ class Dims:
         if self.mla:
             self._mla(spec, sh, knobs, slots)
         self.E, self.TOPK, self.SCALE = spec.moe.experts, spec.moe.top_k, spec.moe.routed_scaling_factor
-        self.EC = route_chunk(self.E)  # experts per routing rank task
         self.NIN = 2 * self.RG + self.HL + 3 * self.P
         self.HDR = 2 * self.RG + self.HL
         # the reduce / mix column chunk (numeric: it sets the order of the gates' sums)
@@ -303,12 +300,11 @@ def add_dense(t: TaskTable, d: Dims, rows: int, knobs: dict, mode: str = "full",
 
 
 def _add_moe(t: TaskTable, add, d: Dims, rows: int, gates_f: list[int], knobs: dict) -> list[list[tuple]]:
-    """The MoE after the FFN gates: router tiles over K slices (every row's logits), the routing (per row, rank
-    tasks over chunks of the experts, then a task for its weights; the last row to arrive makes the slots),
-    then per slot (the shared expert's first: it needs no routing, so it streams while the router and routing
-    run; then one slot per expert the rows may choose, skipped past those chosen) its gate/up tiles over K
-    slices (slice 0 adds the others' sums, late, and makes act) and its down tiles. Returns each slot's down
-    tiles (lo, hi, task): the FFN reduce of a chunk sums the slots covering it."""
+    """The MoE after the FFN gates: router tiles over K slices (every row's logits), the routing (a task per row;
+    the last to arrive makes the slots), then per slot (the shared expert's first: it needs no routing, so it
+    streams while the router and routing run; then one slot per expert the rows may choose, skipped past those
+    chosen) its gate/up tiles over K slices (slice 0 adds the others' sums, late, and makes act) and its down
+    tiles. Returns each slot's down tiles (lo, hi, task): the FFN reduce of a chunk sums the slots covering it."""
     how, words = knobs["handoff"], knobs["box_words"]
     nslot = n_slots_for(rows, d.TOPK)
     router = [add(ROUTER, e0, ks, waits=gates_f) for e0 in range(0, d.E, ROUTER_TILE) for ks in range(d.KS_RT)]
@@ -324,8 +320,7 @@ def _add_moe(t: TaskTable, add, d: Dims, rows: int, gates_f: list[int], knobs: d
 
     order = [nslot, *range(nslot)]  # the shared expert is slot nslot
     gu = {nslot: gate_up(nslot, gates_f)}
-    ranks = [[add(ROUTE_RANK, r, e0, waits=router) for e0 in range(0, d.E, d.EC)] for r in range(rows)]
-    routes = [add(ROUTE, r, waits=ranks[r]) for r in range(rows)]
+    routes = [add(ROUTE, r, waits=router) for r in range(rows)]
     for j in range(nslot):
         gu[j] = gate_up(j, routes)
     return [

@@ -30,7 +30,6 @@ from glm53ctl.kernels.kinds.task_types import (
     OPROJ,
     RED_F,
     ROUTE,
-    ROUTE_RANK,
     ROUTER,
     SCORE,
     SEL_PASS,
@@ -44,7 +43,7 @@ from glm53ctl.kernels.weights import Weights
 
 # the separate-launches baseline: the gates, MLA's steps, the reduces and FFN gates, the MoE
 SPARSE_STAGES = STAGES[:2] + ((MLA_A,), (MLA_ROW,), (MLA_QB,), (ABSORB, SCORE), (SEL_PASS, SELECT), (ATTN,), (COMBINE,))
-SPARSE_STAGES += ((WUV,), (OPROJ,)) + STAGES[5:7] + ((ROUTER,), (ROUTE_RANK, ROUTE), (EXP_GU,), (EXP_DOWN,), (RED_F,))
+SPARSE_STAGES += ((WUV,), (OPROJ,)) + STAGES[5:7] + ((ROUTER,), (ROUTE,), (EXP_GU,), (EXP_DOWN,), (RED_F,))
 CACHE_NAMES = ("latent", "index_key", "index_gate", "pooled_key")
 
 

@@ -6,10 +6,9 @@ The routing is decided where the rows are, with no host round trip and nothing t
 
 - `router_tile` (experts e0.., K slice ks): the router's logits over the slice for every row, fp32 sums of
   bf16 products; `route_row` adds the slices in slice order.
-- `rank_experts` (row r, experts e0..): s = sigmoid(logits), and whether each expert is in the top-k of s + bias
-  by score descending then index ascending (exact ties by index): its rank among all, so the experts split
-  over programs (`on`). `route_row` (row r): the weights s / (Σ s + 1e-20) × scale from the unbiased scores of
-  the chosen, and the row's experts ascending.
+- `route_row` (row r): s = sigmoid(logits), the top-k of s + bias by score descending then index ascending
+  (exact ties by index), the weights s / (Σ s + 1e-20) × scale from the unbiased scores; the row's experts
+  ascending, and which it chose (`on`).
 - `make_slots` (once every row is routed): the experts any row chose, in ascending order, as slots: slot j is
   expert `slots[j]`, `n_slots[0]` of them, and `slot_of[e]` the slot of expert e. A touched expert's weights
   are then read once for all the rows that chose it, and an expert nobody chose is not read at all.
@@ -64,44 +63,28 @@ def router_tile(
 
 
 @triton.jit
-def _route_keys(logits, bias, r, o_e, E: tl.constexpr, KS: tl.constexpr, BLOCK_E: tl.constexpr):
-    """Row r's scores s = sigmoid(logits) over experts o_e (the K slices added in slice order) and their packed
-    keys: the key s + bias's float order as an int32 (s > 0, never -0.0) in the high word, the index reversed in
-    the low one, so a larger packed value is a larger key, or an equal key at a lower index; below every key
-    past E (NaN included), so an id out of range is never chosen."""
-    m_e = o_e < E
-    lg = tl.load(logits + r * E + o_e, mask=m_e, other=0.0)
-    for q in tl.static_range(1, KS):
-        lg += tl.load(logits + (q * 16 + r) * E + o_e, mask=m_e, other=0.0)
-    s = tl.sigmoid(lg)
-    bits = (s + tl.load(bias + o_e, mask=m_e, other=0.0)).to(tl.int32, bitcast=True)
-    order = tl.where(m_e, bits ^ ((bits >> 31) & 0x7FFFFFFF), -(2**31))
-    return s, (order.to(tl.int64) << 32) | (BLOCK_E - 1 - o_e).to(tl.int64)
+def topk_row(s, key, E: tl.constexpr, BLOCK_E: tl.constexpr, TOPK: tl.constexpr, SCALE: tl.constexpr):
+    """A row's routing over the experts [BLOCK_E] from its scores s and keys (s + bias, -inf past E): which it
+    chooses (1/0) and their weights (0 elsewhere). The top-k by key descending, then index ascending (an exact
+    tie goes to the lower index); the weights from the unbiased s, normalized, times SCALE.
 
-
-@triton.jit
-def rank_experts(
-    logits,
-    bias,
-    on,
-    r,
-    e0,
-    E: tl.constexpr,
-    KS: tl.constexpr,
-    BLOCK_E: tl.constexpr,
-    EC: tl.constexpr,
-    TOPK: tl.constexpr,
-):
-    """Row r's choice among experts e0..e0 + EC: on[r, e] int32 [16, E] = 1 where fewer than TOPK experts have a
-    larger packed key (`_route_keys`): the top-k by key descending, then index ascending (an exact tie goes to
-    the lower index). Each expert's rank alone, so the experts split over programs and the choice is the same."""
-    o_c = e0 + tl.arange(0, EC)
-    _, mine = _route_keys(logits, bias, r, o_c, E, KS, BLOCK_E)
-    rank = tl.zeros((EC,), dtype=tl.int32)
-    for b0 in tl.static_range(0, BLOCK_E, 64):
-        _, other = _route_keys(logits, bias, r, b0 + tl.arange(0, 64), E, KS, BLOCK_E)
-        rank += tl.sum((other[None, :] > mine[:, None]).to(tl.int32), axis=1)
-    tl.store(on + r * E + o_c, (rank < TOPK).to(tl.int32), mask=o_c < E)
+    One reduction per pick: the key's float order as an int32 (a key is s + bias with s > 0, never -0.0) in the
+    high word, the index reversed in the low one, so the largest packed value is the largest key at its lowest
+    index."""
+    o_e = tl.arange(0, BLOCK_E)
+    bits = key.to(tl.int32, bitcast=True)
+    order = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    # past E: below every key, NaN included, so an id out of range can never be chosen
+    order = tl.where(o_e < E, order, -(2**31))
+    packed = (order.to(tl.int64) << 32) | (BLOCK_E - 1 - o_e).to(tl.int64)
+    taken = tl.full((BLOCK_E,), -(2**63), tl.int64)
+    chosen = tl.zeros((BLOCK_E,), dtype=tl.int32)
+    for _ in tl.static_range(TOPK):
+        pick = BLOCK_E - 1 - (tl.max(packed, axis=0) & 0xFFFFFFFF).to(tl.int32)
+        chosen = tl.where(o_e == pick, 1, chosen)
+        packed = tl.where(o_e == pick, taken, packed)
+    s_chosen = tl.where(chosen == 1, s, 0.0)
+    return chosen, s_chosen / (tl.sum(s_chosen, axis=0) + 1e-20) * SCALE
 
 
 @triton.jit
@@ -118,18 +101,22 @@ def route_row(
     TOPK: tl.constexpr,
     SCALE: tl.constexpr,
 ):
-    """Row r's routing from its choice on[r] (`rank_experts`) and the router's K-slice sums logits [KS, 16, E]
-    fp32 and bias [E] fp32: ids[r] (ascending) int32 and weights[r] fp32 [R, TOPK], the weights from the
-    unbiased scores s of the chosen, s / (Σ s + 1e-20) × SCALE."""
+    """Row r's routing from the router's K-slice sums logits [KS, 16, E] fp32 (added in slice order) and the
+    bias [E] fp32: ids[r] (ascending) int32 and weights[r] fp32 [R, TOPK]; on[r, e] int32 [16, E]: whether row
+    r chose expert e (what `make_slots` unites)."""
     o_e = tl.arange(0, BLOCK_E)
-    s, _ = _route_keys(logits, bias, r, o_e, E, KS, BLOCK_E)
-    chosen = tl.load(on + r * E + o_e, mask=o_e < E, other=0)
-    s_chosen = tl.where(chosen == 1, s, 0.0)
-    w = s_chosen / (tl.sum(s_chosen, axis=0) + 1e-20) * SCALE
+    m_e = o_e < E
+    lg = tl.load(logits + r * E + o_e, mask=m_e, other=0.0)
+    for q in tl.static_range(1, KS):
+        lg += tl.load(logits + (q * 16 + r) * E + o_e, mask=m_e, other=0.0)
+    s = tl.sigmoid(lg)
+    key = tl.where(m_e, s + tl.load(bias + o_e, mask=m_e, other=0.0), float("-inf"))
+    chosen, w = topk_row(s, key, E, BLOCK_E, TOPK, SCALE)
     # ascending expert order: a chosen expert's place is the count of chosen experts before it
     place = tl.cumsum(chosen, axis=0) - 1
     tl.store(ids + r * TOPK + place, o_e, mask=chosen == 1)
     tl.store(weights + r * TOPK + place, w, mask=chosen == 1)
+    tl.store(on + r * E + o_e, chosen, mask=m_e)
 
 
 @triton.jit
@@ -259,14 +246,6 @@ def _router_kernel(
 
 
 @triton.jit
-def _rank_kernel(
-    logits, bias, on, E: tl.constexpr, KS: tl.constexpr, BLOCK_E: tl.constexpr, EC: tl.constexpr, TOPK: tl.constexpr
-):
-    """Program (expert chunk, row)."""
-    rank_experts(logits, bias, on, tl.program_id(1), tl.program_id(0) * EC, E, KS, BLOCK_E, EC, TOPK)
-
-
-@triton.jit
 def _route_kernel(
     logits,
     bias,
@@ -359,12 +338,6 @@ def _sum_kernel(
     tl.store(out + r * D + o_c, moe_sum_cols(y, ids, weights, slot_of, r, o_c, D, TOPK, NSLOT))
 
 
-def route_chunk(experts: int) -> int:
-    """Experts per ranking task: 32 (a row of glm53_flash's 288 in 9 tasks), at least 8, and at least two
-    tasks where there are 16 experts or more."""
-    return min(32, max(8, triton.next_power_of_2(experts) // 8))
-
-
 def n_slots_for(rows: int, top_k: int) -> int:
     """Slots enough for the rows' distinct experts (at most rows x top_k), a power of two for the static loops."""
     return triton.next_power_of_2(rows * top_k)
@@ -418,8 +391,6 @@ def moe_launch(x_hat: torch.Tensor, w, spec, block_n: int = 16, block_k: int = 6
     )
     bias = w["gate.e_score_correction_bias"].float().contiguous()
     scale = moe.routed_scaling_factor
-    ec = route_chunk(E)
-    _rank_kernel[(triton.cdiv(E, ec), R)](logits, bias, on, E=E, KS=KS, BLOCK_E=block_e, EC=ec, TOPK=TOPK)
     _route_kernel[(R,)](logits, bias, ids, weights, on, E=E, KS=KS, BLOCK_E=block_e, TOPK=TOPK, SCALE=scale)
     _slots_kernel[(1,)](on, slots, n_slots, slot_of, R, E=E, BLOCK_E=block_e, NSLOT=NSLOT)
     bn, bk = min(block_n, I), min(block_k, D)
