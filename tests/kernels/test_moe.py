@@ -122,3 +122,13 @@ def test_a_near_tie_never_drops_a_clearly_better_choice():
     own = torch.tensor([[0, 1, 2, 3]] * 2)
     theirs = torch.tensor([[0, 1, 2, 4], [1, 2, 3, 4]])
     assert near_tie(s, own, theirs, torch.full((2,), 1e-3)).tolist() == [True, False]
+
+
+def test_keys_below_zero_choose_as_the_reference(tiny):
+    """A bias below every score (keys s + bias < 0): the top-k as the reference's, no lane past the experts
+    ranked above a real one (tiny's 16 experts are ranked against lanes of 64)."""
+    spec, w = tiny
+    mw = _weights(w, 2, 1)
+    E = spec.moe.experts
+    mw["gate.e_score_correction_bias"] = -10.0 - 0.01 * torch.arange(E, dtype=torch.float32)
+    _check(spec, mw, _x(4, spec.hidden, 6))
