@@ -42,7 +42,7 @@ def test_blocks_with_no_token_change_nothing():
 
 def test_the_combine_over_column_chunks_changes_no_bit():
     """The combine over latent column chunks of 16 and 32 (the layer's tasks split it so): the same bits as over
-    the whole width, each column combined alone."""
+    the whole width in the interpreter, each column combined alone (a GPU build has one chunk width)."""
     q, lat, idx = _case(3, 8, 64, 80, 35, seed=4)
     whole = sparse_mla_launch(q, lat, idx, 0.2, token_block=8, combine_cols=64)
     for cols in (16, 32):

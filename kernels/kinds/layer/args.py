@@ -232,6 +232,7 @@ class MlaDims(NamedTuple):
     BP: int
     TB: int
     NB: int
+    NBP: int
     HB: int
     CC: int
     HBI: int

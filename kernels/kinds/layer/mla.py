@@ -94,7 +94,18 @@ def mla_task(
         )  # fmt: skip
     elif ttype == COMBINE:
         task_combine(
-            (b.part_o, b.part_m, b.part_l), b.o_lat, a0, a1, row[3], mla.HQ, mla.C, mla.NB, mla.HB, mla.CC, INTERPRET
+            (b.part_o, b.part_m, b.part_l),
+            b.o_lat,
+            a0,
+            a1,
+            row[3],
+            mla.HQ,
+            mla.C,
+            mla.NB,
+            mla.NBP,
+            mla.HB,
+            mla.CC,
+            INTERPRET,
         )
     elif ttype == WUV:
         task_head_gemv(b.o_lat, w.w_uv, b.o_mla, a0, a1, R, mla.HQ, mla.V, mla.C, mla.BN_UV, mla.BK_C, INTERPRET)
@@ -291,9 +302,10 @@ def task_combine(
     HQ: tl.constexpr,
     C: tl.constexpr,
     NB: tl.constexpr,
+    NBP: tl.constexpr,
     HB: tl.constexpr,
     CC: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
-    """COMBINE (row r, heads h0.., latent columns c0..): the blocks' partials in block order (`combine_blocks`)."""
-    combine_blocks(parts[0], parts[1], parts[2], o_lat, r, h0, c0, NB, HQ, C, NB, HB, CC, INTERPRET)
+    """COMBINE (row r, heads h0.., latent columns c0..): the blocks' partials (`combine_blocks`)."""
+    combine_blocks(parts[0], parts[1], parts[2], o_lat, r, h0, c0, NB, HQ, C, NB, NBP, HB, CC, INTERPRET)

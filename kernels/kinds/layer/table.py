@@ -176,7 +176,9 @@ class Dims:
         self.NQB = self.HQ * self.NOPE + self.HI * self.IH  # q_b | the indexer's wq_b
         self.P = self.HQ * self.V
         self.LMAX = slots
-        self.BP = 64  # pools per score task (its fp32 key tile: 32 KB of shared memory at 128 channels)
+        # pools per score task: 64 took 27.7 µs a task on the H200 (TP8 rows 1, 4K: 17 tasks on the path), its fp32
+        # dot of 32 heads by 64 pools on the FMA units; 16 gives a row's pools 4x the programs
+        self.BP = 16
         self.NSB = -(-(slots // self.KP) // self.BP)
         # the selection's parts (kernels/ops/dsa/select.py): SNQ_ROW of SPART pools cover the caches' pools
         self.SPART = select_part(slots // self.KP)
@@ -185,9 +187,10 @@ class Dims:
         self.TB = knobs["token_block"]  # tokens per attention task (numeric: the combine's order)
         self.NB = -(-self.WIDTH // self.TB)
         self.HB = max(16, min(64, 1 << (self.HQ - 1).bit_length()))  # heads per attention task, a tl.dot tile
+        self.NBP = 1 << (self.NB - 1).bit_length()
         # latent columns per combine task: one program combining a row's whole [HB, C] took 28.7 µs at TP8 rows 1
-        # (H200, 4K context); a column's bits do not depend on how the columns are split
-        self.CC = min(64, self.C)
+        # (H200, 4K context); its tile is every block's [NBP, HB, CC] at once
+        self.CC = min(8, self.C)
         self.BN_AB = min(64, self.C)  # latent columns per absorb task
         self.BN_UV = min(64, self.V)  # value rows per W_UV task
 

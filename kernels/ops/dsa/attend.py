@@ -80,27 +80,28 @@ def combine_blocks(
     H: tl.constexpr,
     C: tl.constexpr,
     NB: tl.constexpr,
+    NBP: tl.constexpr,
     HB: tl.constexpr,
     CC: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
-    """Row r's heads h0..h0 + HB over latent columns c0..c0 + CC: its first `nblocks` blocks' partials combined,
-    in block order, into o_lat [R, H, C] bf16. A column's bits do not depend on CC: each column is combined
-    alone, so the combine spreads over column chunks (tasks) without a change to any output."""
+    """Row r's heads h0..h0 + HB over latent columns c0..c0 + CC: its first `nblocks` blocks' partials combined
+    into o_lat [R, H, C] bf16. Every block's partials in one load ([NBP, HB, CC], NBP: NB padded to a power of
+    two) and one sum over the blocks: a loop over them, a load's round trip each, took 14.5 µs a task at
+    glm53_flash's 33 blocks (H200, TP8 rows 1, 4K)."""
     o_h = h0 + tl.arange(0, HB)
     o_c = c0 + tl.arange(0, CC)
+    o_b = tl.arange(0, NBP)
     m_h = o_h < H
-    M = tl.full((HB,), float("-inf"), tl.float32)
-    for b in range(nblocks):
-        M = tl.maximum(M, tl.load(part_m + (r * NB + b) * H + o_h, mask=m_h, other=float("-inf")))
+    m_bh = (o_b[:, None] < nblocks) & m_h[None, :]
+    at = (r * NB + o_b[:, None]) * H + o_h[None, :]
+    b_m = tl.load(part_m + at, mask=m_bh, other=float("-inf"))
+    M = tl.max(b_m, axis=0)
     M = tl.where(M == float("-inf"), 0.0, M)
-    L = tl.zeros((HB,), dtype=tl.float32)
-    acc = tl.zeros((HB, CC), dtype=tl.float32)
-    for b in range(nblocks):
-        at = (r * NB + b) * H + o_h
-        f = tl.exp(tl.load(part_m + at, mask=m_h, other=float("-inf")) - M)
-        L += f * tl.load(part_l + at, mask=m_h, other=0.0)
-        acc += f[:, None] * tl.load(part_o + at[:, None] * C + o_c[None, :], mask=m_h[:, None], other=0.0)
+    f = tl.exp(b_m - M[None, :])  # 0 for a block past nblocks or a padded head
+    L = tl.sum(f * tl.load(part_l + at, mask=m_bh, other=0.0), axis=0)
+    b_o = tl.load(part_o + at[:, :, None] * C + o_c[None, None, :], mask=m_bh[:, :, None], other=0.0)
+    acc = tl.sum(f[:, :, None] * b_o, axis=0)
     out = acc / tl.where(L > 0, L, 1.0)[:, None]  # L > 0 for every head of a row with a token; padded heads 0
     tl.store(o_lat + (r * H + o_h[:, None]) * C + o_c[None, :], to_bf16(out, INTERPRET), mask=m_h[:, None])
 
@@ -158,13 +159,14 @@ def _combine_kernel(
     H: tl.constexpr,
     C: tl.constexpr,
     NB: tl.constexpr,
+    NBP: tl.constexpr,
     HB: tl.constexpr,
     CC: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
     """Program (head group, row, column chunk)."""
     r, h0, c0 = tl.program_id(1), tl.program_id(0) * HB, tl.program_id(2) * CC
-    combine_blocks(part_o, part_m, part_l, o_lat, r, h0, c0, NB, H, C, NB, HB, CC, INTERPRET)
+    combine_blocks(part_o, part_m, part_l, o_lat, r, h0, c0, NB, H, C, NB, NBP, HB, CC, INTERPRET)
 
 
 def sparse_mla_launch(
@@ -211,6 +213,6 @@ def sparse_mla_launch(
     cc = min(combine_cols, C)
     assert C % cc == 0, "the combine runs over whole column chunks"
     _combine_kernel[(groups, R, C // cc)](
-        part_o, part_m, part_l, o_lat, H=H, C=C, NB=NB, HB=HB, CC=cc, INTERPRET=interp
+        part_o, part_m, part_l, o_lat, H=H, C=C, NB=NB, NBP=triton.next_power_of_2(NB), HB=HB, CC=cc, INTERPRET=interp
     )
     return o_lat

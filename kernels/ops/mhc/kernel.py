@@ -24,10 +24,10 @@ def _pick(v, o_v, idx):
 
 @triton.jit
 def mix_row(H, fn, r, o_c, D: tl.constexpr, HC: tl.constexpr):
-    """Row r's gate mix logits [32] (fn @ H, NMIX rows padded to 32), sum of squares and the streams' Gram matrix
-    [HC, HC] (G[i, j] = H_i · H_j) over columns o_c: stream by stream in order. Every stream's loads go out
-    before the first sum, whose cross-warp step is a barrier that later loads would wait behind: one round trip
-    to L2, not HC. The Gram matrix gives the gate's RMS without a pass over the row (`gate_pre`)."""
+    """Row r's gate mix logits [32] (fn @ H, NMIX rows padded to 32), the streams' Gram matrix [HC, HC]
+    (G[i, j] = H_i · H_j) and its trace, the sum of squares, over columns o_c. Every load goes out before the
+    first sum, whose cross-warp step is a barrier that later loads would wait behind: one round trip to L2, not
+    HC. The Gram matrix gives the gate's RMS without a pass over the row (`gate_pre`)."""
     NMIX: tl.constexpr = (2 + HC) * HC
     o_m = tl.arange(0, 32)
     o_j = tl.arange(0, HC)
@@ -38,12 +38,13 @@ def mix_row(H, fn, r, o_c, D: tl.constexpr, HC: tl.constexpr):
         p_fn = fn + o_m[:, None] * (HC * D) + j * D + o_c[None, :]
         b_fns = b_fns + (tl.load(p_fn, mask=o_m[:, None] < NMIX, other=0.0),)
     b_h = tl.load(H + (r * HC + o_j[:, None]) * D + o_c[None, :]).to(tl.float32)
-    mix = tl.zeros((32,), dtype=tl.float32)
-    ss = 0.0
-    for j in tl.static_range(HC):
-        mix = mix + tl.sum(b_fns[j] * b_hs[j][None, :], axis=1)
-        ss = ss + tl.sum(b_hs[j] * b_hs[j], axis=0)
+    # the streams' products summed before one reduction each: two cross-warp steps in all (mix, Gram)
+    prod = b_fns[0] * b_hs[0][None, :]
+    for j in tl.static_range(1, HC):
+        prod += b_fns[j] * b_hs[j][None, :]
+    mix = tl.sum(prod, axis=1)
     gram = tl.sum(b_h[:, None, :] * b_h[None, :, :], axis=2)
+    ss = tl.sum(tl.sum(tl.where(o_j[:, None] == o_j[None, :], gram, 0.0), axis=1), axis=0)
     return mix, ss, gram
 
 
