@@ -92,6 +92,18 @@ def _embed_ranks():
     return rank_launches
 
 
+def _layer_ranks():
+    from glm53ctl.kernels.kinds.dense.ranks import rank_launches
+
+    return rank_launches
+
+
+def _sparse_ranks():
+    from glm53ctl.kernels.kinds.sparse.ranks import rank_launches
+
+    return rank_launches
+
+
 def _tail_ranks():
     from glm53ctl.kernels.kinds.tail.ranks import rank_launches
 
@@ -115,6 +127,7 @@ IN_TREE = (
         _layer_reference,
         _dense_harness,
         layer=("kda", "dense"),
+        ranks=_layer_ranks,
         colour="#4c72b0",
         **facts(dense),
     ),
@@ -124,6 +137,7 @@ IN_TREE = (
         _layer_reference,
         _kda_harness,
         layer=("kda", "moe"),
+        ranks=_layer_ranks,
         colour="#55a868",
         **facts(kda),
     ),
@@ -134,6 +148,7 @@ IN_TREE = (
         _sparse_harness,
         layer=("dsa", "moe"),
         reads_context=True,
+        ranks=_sparse_ranks,
         colour="#c44e52",
         **facts(sparse),
     ),

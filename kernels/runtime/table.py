@@ -41,6 +41,9 @@ class TaskTable:
     peers: int = 0
     # the rank each peer word stands for (real ranks: this rank's peers in rank order); None: ranks 1..peers
     peer_ranks: list[int] | None = None
+    # peer words per group (0: one group of all `peers`): with real ranks a layer has two all-reduces, and each
+    # peer tags each of them in a word of its own
+    peer_group: int = 0
     tasks: list[tuple[int, int, int, int]] = field(default_factory=list)
     sites: list[Site] = field(default_factory=list)
     first_site: list[int] = field(default_factory=list)
@@ -87,12 +90,14 @@ class TaskTable:
         assert 1 <= rank <= self.peers
         self.sites.append(Site(task, PEER, -rank, 1, [-rank]))
 
-    def wait_peers(self, task: int) -> None:
+    def wait_peers(self, task: int, group: int = 0) -> None:
         """Wait until every peer's partial has arrived: one site polling their consecutive flag words at once
-        (a site per peer cost an all-reduce a poll, a time check and a CTA-wide verdict per peer)."""
-        assert self.peers >= 1 and task == len(self.tasks) - 1
+        (a site per peer cost an all-reduce a poll, a time check and a CTA-wide verdict per peer); `group`: the
+        words of which group (`peer_group`)."""
+        per = self.peer_group or self.peers
+        assert self.peers >= 1 and task == len(self.tasks) - 1 and (group + 1) * per <= self.peers
         assert not any(s.late for s in self.sites[self.first_site[task] :]), "early sites come first"
-        self.sites.append(Site(task, PEER, -1, self.peers, [-q for q in range(1, self.peers + 1)]))
+        self.sites.append(Site(task, PEER, -1 - group * per, per, [-(group * per + q) for q in range(1, per + 1)]))
 
     @property
     def n_tasks(self) -> int:
@@ -100,7 +105,8 @@ class TaskTable:
 
     def describe_task(self, t: int) -> str:
         if t < 0:
-            return f"peer rank {self.peer_ranks[-t - 1] if self.peer_ranks else -t}"
+            i = (-t - 1) % (self.peer_group or self.peers or 1)  # the peer's place in its group
+            return f"peer rank {self.peer_ranks[i] if self.peer_ranks else i + 1}"
         return f"task {t if self.ids is None else self.ids[t]} ({self.type_name(t)})"
 
     def type_name(self, t: int) -> str:

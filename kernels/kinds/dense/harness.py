@@ -44,6 +44,13 @@ class LayerInput:
         return LayerInput(self.H.to(device), KdaState(self.state.conv.to(device), self.state.recurrent.to(device)))
 
 
+def rank_state(x: LayerInput, rank: int, tp: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank's slices of the state: its q, k and v conv channels and its heads (contiguous, on device)."""
+    conv = conv_slice(x.state.conv, rank, tp).to(device, torch.bfloat16).contiguous()
+    rec = head_slice(x.state.recurrent, rank, tp).to(device, torch.float32).contiguous()
+    return conv, rec
+
+
 @dataclass
 class DensePeers:
     """What the other ranks contribute to rank 0's launch: their partials [T, R, D] and their state writes."""
@@ -91,10 +98,7 @@ class DenseHarness(KindHarness):
         )
 
     def rank_state(self, x: LayerInput, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rank's slices of the state: its q, k and v conv channels and its heads (contiguous, on device)."""
-        conv = conv_slice(x.state.conv, rank, self.tp).to(self.device, torch.bfloat16).contiguous()
-        rec = head_slice(x.state.recurrent, rank, self.tp).to(self.device, torch.float32).contiguous()
-        return conv, rec
+        return rank_state(x, rank, self.tp, self.device)
 
     def peer_partials(self, x: LayerInput) -> DensePeers | None:
         if self.tp == 1:

@@ -146,6 +146,17 @@ class Handoffs(NamedTuple):
     trace: T
 
 
+class Peers(NamedTuple):
+    """Real ranks (kernels/runtime/ranks.py): this rank's mailbox (the peers' partials of both all-reduces,
+    [2, 2, T, R, D]; one device: the parts_a buffer, unread), the addresses of every rank's mailbox and flag words
+    (what the OWN tasks push into), and the two all-reduces' arrival words (the last push of each tags it)."""
+
+    slots: T
+    slot_bases: T
+    flag_bases: T
+    arrive: T
+
+
 class Outputs(NamedTuple):
     x_hat_a: T
     post_a: T

@@ -26,6 +26,7 @@ from glm53ctl.kernels.kinds.layer.shared import (
     task_mix,
     task_own,
     task_partial,
+    task_push,
     task_reduce,
 )
 from glm53ctl.kernels.kinds.task_types import (
@@ -52,6 +53,7 @@ from glm53ctl.kernels.kinds.task_types import (
 )
 from glm53ctl.kernels.runtime.device import (
     after_task,
+    fence_sys,
     finish,
     first_task,
     launch_epoch,
@@ -143,8 +145,9 @@ def _is_ffn_half(ttype, MOE: tl.constexpr):
 @triton.jit
 def _run_task(
     ttype, row, task, ok, epoch, rt, stuck_site, budget_ns, H, gates, attn_w, attn_state, attn_buf, ffn_w, ffn_buf,
-    hand, outs, consts, R, RANK, dims: tl.constexpr, mla: tl.constexpr, moe: tl.constexpr, sched: tl.constexpr,
-    MLA: tl.constexpr, MOE: tl.constexpr, INTERPRET: tl.constexpr, POLL: tl.constexpr, THREADS: tl.constexpr,
+    hand, outs, consts, R, RANK, peers, mute, n_pushers, n_tasks, dims: tl.constexpr, mla: tl.constexpr,
+    moe: tl.constexpr, sched: tl.constexpr, MLA: tl.constexpr, MOE: tl.constexpr, INTERPRET: tl.constexpr,
+    POLL: tl.constexpr, THREADS: tl.constexpr, REMOTE: tl.constexpr,
 ):  # fmt: skip
     """One task, whose inputs have arrived: the tasks every layer has (the gates, o_proj's partial, the
     all-reduces or a peer's partials) and the halves' own, in one chain of tests in the order a layer runs them
@@ -164,6 +167,13 @@ def _run_task(
     D: tl.constexpr = dims.D
     NCH: tl.constexpr = dims.NCH
     f_gram = hand.gram + NCH * 16 * dims.HC * dims.HC  # the FFN gate's Gram partials, after the attention gate's
+    # the peers' partials: one device, the buffers the peers' launches filled; real ranks, this rank's mailbox
+    # (its half of this launch's parity; the attention's, then the FFN's), read after a system-scope fence
+    parts_a = hand.parts_a
+    parts_f = hand.parts_f
+    if REMOTE:
+        parts_a = peers.slots + ((epoch % 2) * 2) * (dims.T * R * D)
+        parts_f = parts_a + dims.T * R * D
     if ttype == MIX_A:
         task_mix(H=H, fn=gates.fn_a, mixp=hand.mixp, ssp=hand.ssp, gramp=hand.gram, c=a0, r=a1, D=D, HC=dims.HC,
                  CH=dims.CH)  # fmt: skip
@@ -182,8 +192,10 @@ def _run_task(
             INTERPRET=INTERPRET, POLL=POLL, THREADS=THREADS, FIRST=sched.WEIGHTS_FIRST, PDL=sched.PDL_FIRST,
         )  # fmt: skip
     elif ttype == RED_A:
+        if REMOTE:
+            fence_sys(INTERPRET)
         task_reduce(
-            src=(hand.kpart_a,), parts=hand.parts_a, out=outs.attn, H=H, post=outs.post_a, comb=outs.comb_a,
+            src=(hand.kpart_a,), parts=parts_a, out=outs.attn, H=H, post=outs.post_a, comb=outs.comb_a,
             H_out=outs.H1, fn=gates.fn_f, mixp=hand.mixp + NCH * 16 * 32, ssp=hand.ssp + NCH * 16, gramp=f_gram,
             c=a0, r=a1, R=R,
             RANK=RANK, D=D, HC=dims.HC, CH=dims.CH, KS=dims.KS_O, T=dims.T, MIX=not sched.MIX_TASK, MOE=False,
@@ -204,11 +216,25 @@ def _run_task(
             ok = mlp_task(ttype, row, task, ok, epoch, rt, stuck_site, budget_ns, ffn_w, ffn_buf, hand, outs, R, dims,
                           sched, INTERPRET, POLL, THREADS)  # fmt: skip
     elif ttype == RED_F:
+        if REMOTE:
+            fence_sys(INTERPRET)
         task_reduce(
-            src=ffn_src, parts=hand.parts_f, out=outs.ffn_out, H=outs.H1, post=outs.post_f, comb=outs.comb_f,
+            src=ffn_src, parts=parts_f, out=outs.ffn_out, H=outs.H1, post=outs.post_f, comb=outs.comb_f,
             H_out=outs.H2, fn=gates.fn_f, mixp=hand.mixp, ssp=hand.ssp, gramp=hand.gram, c=a0, r=a1, R=R, RANK=RANK,
             D=D, HC=dims.HC, CH=dims.CH, KS=dims.KS_F, T=dims.T, MIX=False, MOE=MOE, TOPK=TOPK, NSLOT=NSLOT,
             INTERPRET=INTERPRET,
+        )  # fmt: skip
+    elif (ttype == OWN_A) & REMOTE:
+        task_push(
+            src=(hand.kpart_a,), slot_bases=peers.slot_bases, flag_bases=peers.flag_bases, arrive=peers.arrive,
+            epoch=epoch, c=a0, r=a1, R=R, RANK=RANK, n_tasks=n_tasks, n_pushers=n_pushers, mute=mute, GROUP=0, D=D,
+            CH=dims.CH, KS=dims.KS_O, T=dims.T, MOE=False, TOPK=TOPK, NSLOT=NSLOT, INTERPRET=INTERPRET,
+        )  # fmt: skip
+    elif (ttype == OWN_F) & REMOTE:
+        task_push(
+            src=ffn_src, slot_bases=peers.slot_bases, flag_bases=peers.flag_bases, arrive=peers.arrive, epoch=epoch,
+            c=a0, r=a1, R=R, RANK=RANK, n_tasks=n_tasks, n_pushers=n_pushers, mute=mute, GROUP=1, D=D, CH=dims.CH,
+            KS=dims.KS_F, T=dims.T, MOE=MOE, TOPK=TOPK, NSLOT=NSLOT, INTERPRET=INTERPRET,
         )  # fmt: skip
     elif ttype == OWN_A:
         task_own(
@@ -223,7 +249,8 @@ def _run_task(
     return ok
 
 
-@triton.jit(do_not_specialize=["stuck_site", "budget_ns", "RANK", "n_tasks", "n_peers", "n_programs"])
+@triton.jit(do_not_specialize=["stuck_site", "budget_ns", "RANK", "n_tasks", "n_peers", "n_programs", "mute",
+                               "n_pushers"])  # fmt: skip
 def layer_kernel(
     rt,
     H,
@@ -238,6 +265,9 @@ def layer_kernel(
     consts,
     R,
     RANK,
+    peers,
+    mute,
+    n_pushers,
     n_tasks,
     n_peers,
     n_programs,
@@ -254,6 +284,7 @@ def layer_kernel(
     THREADS: tl.constexpr,
     PDL: tl.constexpr,
     ONE_TASK: tl.constexpr,
+    REMOTE: tl.constexpr,
 ):
     ctl = rt[0]
     if sched.PDL_FIRST:  # chained, weights first: the next launch may start now; each task's body waits (pdl_wait)
@@ -294,8 +325,8 @@ def layer_kernel(
             stamp(hand.trace, task, 1, INTERPRET)
         if ok:
             ok = _run_task(ttype, row, task, ok, epoch, rt, stuck_site, budget_ns, H, gates, attn_w, attn_state,
-                           attn_buf, ffn_w, ffn_buf, hand, outs, consts, R, RANK, dims, mla, moe, sched, MLA, MOE,
-                           INTERPRET, POLL, THREADS)  # fmt: skip
+                           attn_buf, ffn_w, ffn_buf, hand, outs, consts, R, RANK, peers, mute, n_pushers, n_tasks,
+                           dims, mla, moe, sched, MLA, MOE, INTERPRET, POLL, THREADS, REMOTE)  # fmt: skip
             if ok:
                 publish(rt, row, task, epoch, INTERPRET)
                 if sched.TRACE:

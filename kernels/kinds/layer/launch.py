@@ -25,6 +25,7 @@ from glm53ctl.kernels.kinds.layer.args import (
     MoeDims,
     MoeWeights,
     Outputs,
+    Peers,
     Schedule,
     pick,
 )
@@ -36,6 +37,7 @@ from glm53ctl.kernels.ops.ffn.moe import ROUTER_TILE, n_slots_for
 from glm53ctl.kernels.ops.gemv.kernel import folds
 from glm53ctl.kernels.ops.kda.kernel import SCRATCH
 from glm53ctl.kernels.runtime.launch import DEFAULT_BUDGET_NS, PersistentLaunch, Runtime
+from glm53ctl.kernels.runtime.ranks import PeerLinks
 from glm53ctl.kernels.runtime.stages import stage_launch
 from glm53ctl.kernels.state import DsaCache
 
@@ -64,17 +66,25 @@ class LayerLaunch(PersistentLaunch):
         ffn: str = "dense",
         attn: str = "kda",
         slots: int = 4,
+        links: PeerLinks | None = None,
     ) -> None:
         self.spec, self.tp, self.rows, self.knobs, self.rank, self.mode = spec, tp, rows, knobs, rank, mode
         self.device = torch.device(device)
         self.d = d = Dims(spec, tp, knobs, ffn, attn, slots)
-        self.table = build_table(d, rows, knobs, mode)
+        # `links` (real ranks, kernels/runtime/ranks.py): this rank pushes its partials into its peers' mailboxes
+        # and reduces from its own; its flag words are its mailbox's
+        self.links = links
+        assert links is None or (links.rank == rank and mode == "full")
+        self.table = build_table(d, rows, knobs, mode, rank if links else None)
         self.grid = knobs["grid"]
         self.tracing = False  # a diagnostic build: each task's claim, ready and publish times (runtime/trace.py)
-        # the KDA heads' arrival words (`arrive_last`), then the routing's: tagged with the epoch of the launch's
-        # own runtime, so never shared with another launch (a stage of separate launches has its own)
-        self.arrive = torch.zeros(rows * d.HL + 1, dtype=torch.int32, device=self.device)
-        self.runtime = Runtime(self.table, self.device, max_programs=self.grid)
+        # the KDA heads' arrival words (`arrive_last`), then the routing's, then (real ranks) the two
+        # all-reduces' pushes: tagged with the epoch of the launch's own runtime, so never shared with another
+        # launch (a stage of separate launches has its own)
+        self.arrive = torch.zeros(rows * d.HL + 1 + 2, dtype=torch.int32, device=self.device)
+        flags = links.flags.local if links else None
+        self.runtime = Runtime(self.table, self.device, max_programs=self.grid, flags=flags)
+        self._no_peers = torch.zeros(1, dtype=torch.int64, device=self.device)
         e = self._zeros
         R, D, HC = rows, d.D, d.HC
         self.buf = {
@@ -212,9 +222,28 @@ class LayerLaunch(PersistentLaunch):
         conv_in, S_in = state
         return KdaStates(conv_in, S_in, self.conv_out, self.S_out)
 
-    def kernel_args(self, H, w, state, stuck_site=-1, budget_ns=DEFAULT_BUDGET_NS) -> dict:
-        d, b, spec = self.d, self.buf, self.spec
-        return self.runtime_args(stuck_site, budget_ns) | {
+    @staticmethod
+    def mailbox_shapes(spec, tp: int, rows: int, knobs: dict, **dims) -> dict[str, tuple[int, ...]]:
+        """The mailboxes real ranks make before their launches (PeerLinks): every rank's partials of both
+        all-reduces [2 (launch parity), 2 (attention, FFN), T, R, D], and the table's flag words then two groups of
+        one word per peer. `dims`: the layer's halves and caches (ffn, attn, slots), as the launch takes them."""
+        d = Dims(spec, tp, knobs, **dims)
+        n_tasks = build_table(d, rows, knobs, "full", 0).n_tasks
+        return {"slots": (2, 2, tp, rows, spec.hidden), "flags": (n_tasks + 2 * (tp - 1),)}
+
+    def kernel_args(self, H, w, state, stuck_site=-1, budget_ns=DEFAULT_BUDGET_NS, mute=False) -> dict:
+        d, b, spec, links = self.d, self.buf, self.spec, self.links
+        n_push = self.rows * d.NCH  # real ranks: the OWN tasks of one all-reduce, which push
+        peers = Peers(
+            links.slots.local if links else b["parts_a"],
+            links.slots.bases if links else self._no_peers,
+            links.flags.bases if links else self._no_peers,
+            self.arrive[self.rows * d.HL + 1 :],
+        )
+        args = self.runtime_args(stuck_site, budget_ns) | {"peers": peers, "mute": int(mute), "n_pushers": n_push}
+        if links:
+            args["n_peers"] = 0  # the peers write their own words: the last program leaves them alone
+        return args | {
             "H": H,
             "gates": pick(GateWeights, w),
             "attn_w": pick(MlaWeights if d.mla else KdaWeights, w),
@@ -252,6 +281,7 @@ class LayerLaunch(PersistentLaunch):
             ),
             "MLA": d.mla,
             "MOE": d.moe,
+            "REMOTE": self.links is not None,
         }
 
     def dims(self) -> LayerDims:
@@ -304,7 +334,8 @@ class LayerLaunch(PersistentLaunch):
             opts["maxnreg"] = self.knobs["maxnreg"]
         return opts
 
-    def __call__(self, H, w, *state, stuck_site=-1, budget_ns=None, check=True) -> dict[str, torch.Tensor]:
+    def __call__(self, H, w, *state, stuck_site=-1, budget_ns=None, check=True, mute=False) -> dict[str, torch.Tensor]:
+        """One launch; `mute` (real ranks, fault injection): this rank never tags its pushes."""
         R, d = self.rows, self.d
         assert H.shape == (R, d.HC, d.D) and H.dtype == torch.bfloat16 and H.is_contiguous()
         s = self.attn_state(*state)
@@ -318,7 +349,7 @@ class LayerLaunch(PersistentLaunch):
                 assert t_in.shape == t_out.shape and t_in.dtype == dtype and t_in.is_contiguous()
                 # double-buffered: a KDA head's part 0 shifts the conv state while its other parts may still read it
                 assert t_in.data_ptr() != t_out.data_ptr()
-        self.launch(self.kernel_args(H, w, s, stuck_site, budget_ns or DEFAULT_BUDGET_NS), check)
+        self.launch(self.kernel_args(H, w, s, stuck_site, budget_ns or DEFAULT_BUDGET_NS, mute), check)
         return self.out
 
     def placeholder_args(self) -> dict:

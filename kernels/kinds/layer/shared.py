@@ -12,7 +12,7 @@ import triton.language as tl
 from glm53ctl.kernels.ops.ffn.moe import moe_sum_cols
 from glm53ctl.kernels.ops.gemv.kernel import gemv_first_weights, gemv_tile, gemv_tile_from, sum_streams
 from glm53ctl.kernels.ops.mhc.kernel import gate_comb, gate_pre, gate_scale, gate_x_hat, hc_post_cols, mix_row
-from glm53ctl.kernels.runtime.device import pdl_wait, wait_task
+from glm53ctl.kernels.runtime.device import pdl_wait, push_tag, wait_task
 from glm53ctl.kernels.tlx import interpreting  # noqa: F401 (importing tlx applies the interpreter's settings)
 
 PR = tl.constexpr(8)  # floats per row of the gates' pre [HC] and 1/RMS (buffer "pr")
@@ -249,3 +249,40 @@ def task_own(
     """OWN_A / OWN_F: this rank's partial of chunk c of row r, for the other ranks' reduces."""
     o_c = c * CH + tl.arange(0, CH)
     tl.store(parts + (RANK * R + r) * D + o_c, _own(src, r, o_c, R, D, KS, MOE, TOPK, NSLOT))
+
+
+@triton.jit(noinline=True)
+def task_push(
+    src,
+    slot_bases,
+    flag_bases,
+    arrive,
+    epoch,
+    c,
+    r,
+    R,
+    RANK,
+    n_tasks,
+    n_pushers,
+    mute,
+    GROUP: tl.constexpr,
+    D: tl.constexpr,
+    CH: tl.constexpr,
+    KS: tl.constexpr,
+    T: tl.constexpr,
+    MOE: tl.constexpr,
+    TOPK: tl.constexpr,
+    NSLOT: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    """OWN_A / OWN_F on real ranks: this rank's partial of chunk c of row r into slot RANK of every peer's
+    mailbox [2 (parity), 2 (GROUP: attention, FFN), T, R, D], the half of this launch's parity; the last of the
+    group's `n_pushers` tasks tags it in every peer's flag words (push_tag; `mute`: never)."""
+    o_c = c * CH + tl.arange(0, CH)
+    own = _own(src, r, o_c, R, D, KS, MOE, TOPK, NSLOT)
+    at = ((epoch % 2) * 2 + GROUP) * (T * R * D) + (RANK * R + r) * D
+    for q in tl.static_range(T):
+        if q != RANK:
+            dst = tl.load(slot_bases + q).to(tl.pointer_type(tl.float32)) + at
+            tl.store(dst + o_c, own)
+    push_tag(flag_bases, arrive + GROUP, epoch, RANK, n_tasks + GROUP * (T - 1), n_pushers, mute, T, INTERPRET)

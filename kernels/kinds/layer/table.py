@@ -204,28 +204,44 @@ def mix_tasks(knobs: dict, rows: int, streams: int) -> bool:
     return mode == "task" or (mode == "auto" and folds(knobs["norm"], rows, streams))
 
 
-def build_table(d: Dims, rows: int, knobs: dict, mode: str = "full") -> TaskTable:
+def build_table(d: Dims, rows: int, knobs: dict, mode: str = "full", rank: int | None = None) -> TaskTable:
     """The tasks of one rank's launch in topological order. mode "attn": up to this rank's attention partial;
-    "ffn": up to its FFN partial (given every rank's attention partial); "full": the whole layer."""
-    t = TaskTable("kda" if d.moe else "dense", peers=0 if mode == "attn" else d.T - 1)
-    add_dense(t, d, rows, knobs, mode)
+    "ffn": up to its FFN partial (given every rank's attention partial); "full": the whole layer. `rank` given
+    (real ranks, mode "full"): the rank pushes both partials to its peers itself (`add_dense`'s `push`), and
+    the peers' words are two groups, one per all-reduce, named by the peers' ranks."""
+    kind = "kda" if d.moe else "dense"
+    push = rank is not None and d.T > 1
+    assert not push or mode == "full", "a real rank runs the whole layer"
+    peers = 0 if mode == "attn" else (d.T - 1) * (2 if push else 1)
+    t = TaskTable(kind, peers=peers, peer_group=d.T - 1 if push else 0)
+    if push:
+        t.peer_ranks = [q for q in range(d.T) if q != rank]
+    add_dense(t, d, rows, knobs, mode, push=push)
     return t
 
 
-def add_dense(t: TaskTable, d: Dims, rows: int, knobs: dict, mode: str = "full", after: list[int] = ()) -> list[int]:
+def add_dense(
+    t: TaskTable, d: Dims, rows: int, knobs: dict, mode: str = "full", after: list[int] = (), push: bool = False
+) -> list[int]:
     """Append one rank's layer to `t`: its first tasks (the attention mix) wait on `after`, the tasks that
     produce its input H when the layer is part of a larger table. Returns the tasks that produce its output:
-    H (the FFN reduces) in mode "full", the rank's partials (OWN_A / OWN_F) in "attn" / "ffn"."""
+    H (the FFN reduces) in mode "full", the rank's partials (OWN_A / OWN_F) in "attn" / "ffn".
+
+    `push` (real ranks): before each all-reduce's reduces, every chunk's OWN task pushes this rank's partial
+    into every peer's mailbox (the last to finish tags it: group 0 the attention's, 1 the FFN's), and the
+    reduces wait on the peers' tags of their group. Every push of a reduce comes before it in claim order, so
+    ranks whose programs run one after another (the interpreter) never wait on each other in a circle."""
     assert mode in MODES
     how, words = knobs["handoff"], knobs["box_words"]
     first = bool(knobs.get("weights_first", 0))  # o_proj's and down's waits in their bodies, after their weights
 
-    def add(ttype: int, *args: int, waits: list[int] = (), peers: bool = False, late: bool = False) -> int:
+    def add(ttype: int, *args: int, waits: list[int] = (), peers: int | None = None, late: bool = False) -> int:
+        """A task and its waits; `peers`: the group of peer words it also waits on (None: no peers)."""
         task = t.add(ttype, *args)
         if waits:
             t.wait(task, sorted(set(waits)), how, words, late)
-        if peers and d.T > 1:
-            t.wait_peers(task)
+        if peers is not None and d.T > 1:
+            t.wait_peers(task, peers if push else 0)
         return task
 
     mix = [[add(MIX_A, c, r, waits=list(after)) for c in range(d.NCH)] for r in range(rows)]
@@ -263,9 +279,10 @@ def add_dense(t: TaskTable, d: Dims, rows: int, knobs: dict, mode: str = "full",
     chunks = [(c, r) for r in range(rows) for c in range(d.NCH)]  # row by row: row 0's gate goes first
     if mode == "attn":
         return [add(OWN_A, c, r, waits=_covering(oproj, c * d.CH, (c + 1) * d.CH)) for c, r in chunks]
-    reds = [
-        add(RED_A, c, r, waits=[combs[r], *_covering(oproj, c * d.CH, (c + 1) * d.CH)], peers=True) for c, r in chunks
-    ]
+    if push:
+        for c, r in chunks:
+            add(OWN_A, c, r, waits=_covering(oproj, c * d.CH, (c + 1) * d.CH))
+    reds = [add(RED_A, c, r, waits=[combs[r], *_covering(oproj, c * d.CH, (c + 1) * d.CH)], peers=0) for c, r in chunks]
     mixes = reds  # the tasks that make the FFN gate's mix logits
     if mix_tasks(knobs, rows, d.HC):
         mixes = [add(MIX_F, c, r, waits=[red]) for (c, r), red in zip(chunks, reds, strict=True)]
@@ -277,9 +294,11 @@ def add_dense(t: TaskTable, d: Dims, rows: int, knobs: dict, mode: str = "full",
     if d.moe:  # the reduces sum the slots' outputs themselves (their own partial is the MoE's sum)
         slots = _add_moe(t, add, d, rows, gates_f, knobs)
         cover = lambda c: [x for down in slots for x in _covering(down, c * d.CH, (c + 1) * d.CH)]  # noqa: E731
-        if mode == "ffn":
-            return [add(OWN_F, c, r, waits=cover(c)) for c, r in chunks]
-        return [add(RED_F, c, r, waits=[combs_f[r], *cover(c)], peers=True) for c, r in chunks]
+        if mode == "ffn" or push:
+            owns = [add(OWN_F, c, r, waits=cover(c)) for c, r in chunks]
+            if mode == "ffn":
+                return owns
+        return [add(RED_F, c, r, waits=[combs_f[r], *cover(c)], peers=1) for c, r in chunks]
     # folded, gate/up streams H1 (written by the reduces) and waits for the FFN gates at its end
     gu = []
     for n0 in range(0, d.I, d.BN_GU):
@@ -295,10 +314,12 @@ def add_dense(t: TaskTable, d: Dims, rows: int, knobs: dict, mode: str = "full",
     for ks in range(d.KS_F):
         need = _covering(gu, ks * d.IK, (ks + 1) * d.IK)
         down += [(n0, n0 + d.BN_O, add(DOWN, n0, ks, waits=need, late=first)) for n0 in range(0, d.D, d.BN_O)]
-    if mode == "ffn":
-        return [add(OWN_F, c, r, waits=_covering(down, c * d.CH, (c + 1) * d.CH)) for c, r in chunks]
+    if mode == "ffn" or push:
+        owns = [add(OWN_F, c, r, waits=_covering(down, c * d.CH, (c + 1) * d.CH)) for c, r in chunks]
+        if mode == "ffn":
+            return owns
     return [
-        add(RED_F, c, r, waits=[combs_f[r], *_covering(down, c * d.CH, (c + 1) * d.CH)], peers=True) for c, r in chunks
+        add(RED_F, c, r, waits=[combs_f[r], *_covering(down, c * d.CH, (c + 1) * d.CH)], peers=1) for c, r in chunks
     ]
 
 

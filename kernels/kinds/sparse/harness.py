@@ -73,6 +73,27 @@ def check_contexts(spec, rows: int) -> list[int]:
     return pattern[:rows]
 
 
+def rows_contexts(spec, key: ResolvedKey) -> list[int]:
+    """The rows' contexts of a key: the check's pattern, or the key's context for every row (`row_contexts`)."""
+    if key.context is None:
+        return check_contexts(spec, key.rows)
+    return row_contexts(key.context, key.rows, spec.indexer.kpool)
+
+
+def written_rows(cache: DsaCache, pos: torch.Tensor, kpool: int) -> dict[str, torch.Tensor]:
+    """The caches' rows a launch wrote: each row's at its position, the pooled key's at the pool it completes
+    (or its last complete one)."""
+    rows = torch.arange(pos.shape[0], device=pos.device)
+    p = pos.long()
+    pool = ((p + 1) // kpool - 1).clamp(min=0)
+    return {
+        "dsa.latent": cache.latent[rows, p],
+        "dsa.index_key": cache.index_key[rows, p],
+        "dsa.index_gate": cache.index_gate[rows, p],
+        "dsa.pooled_key": cache.pooled_key[rows, pool],
+    }
+
+
 class SparseHarness(KdaHarness):
     kind = "sparse"
     STAGES = SPARSE_STAGES
@@ -86,11 +107,9 @@ class SparseHarness(KdaHarness):
         from glm53ctl.kernels.run_key import layer_for
 
         KindHarness.__init__(self, weights, key)
-        spec, knobs, tp, rows, device, context = self.spec, self.knobs, self.tp, self.rows, self.device, key.context
+        spec, knobs, tp, rows, device = self.spec, self.knobs, self.tp, self.rows, self.device
         self.layer = layer_for(spec, self.kind, layer)
-        self.contexts = (
-            check_contexts(spec, rows) if context is None else row_contexts(context, rows, spec.indexer.kpool)
-        )
+        self.contexts = rows_contexts(spec, key)
         self.slots = room(spec, max(self.contexts) + steps)
         src = weights.source_layer(self.layer)
         self.w = [
@@ -159,15 +178,7 @@ class SparseHarness(KdaHarness):
         return out | self._written(cache, x.pos)
 
     def _written(self, cache: DsaCache, pos: torch.Tensor) -> dict[str, torch.Tensor]:
-        rows = torch.arange(self.rows, device=pos.device)
-        p = pos.long()
-        pool = ((p + 1) // self.spec.indexer.kpool - 1).clamp(min=0)
-        return {
-            "dsa.latent": cache.latent[rows, p],
-            "dsa.index_key": cache.index_key[rows, p],
-            "dsa.index_gate": cache.index_gate[rows, p],
-            "dsa.pooled_key": cache.pooled_key[rows, pool],
-        }
+        return written_rows(cache, pos, self.spec.indexer.kpool)
 
     def reference(self, x: SparseInput) -> dict[str, torch.Tensor]:
         """The reference layer at this TP width on the launch's inputs: its outputs and its cache writes."""

@@ -1,0 +1,56 @@
+"""`dense` and `kda` on real ranks (kernels/runtime/ranks.py): what one rank's process runs.
+
+Each rank runs the whole layer on its shard (its KDA heads, its columns of the MLP or its share of every
+expert) and its slice of the state; before each all-reduce its OWN tasks push its partial into every peer's
+mailbox and tag it (two groups of flag words: the attention's, the FFN's), and its reduces sum every rank's in
+rank order, as the emulation's do: every rank's outputs are the emulation's bit for bit. The routing is
+computed on every rank from the same x̂: the same experts everywhere.
+"""
+
+from __future__ import annotations
+
+
+def rank_launches(group, key, inputs: list, mute: list, budget_ns, source=None):
+    """One rank of a TP-`tp` dense or kda layer: its weights, its mailboxes, its launch; one launch per
+    LayerInput in `inputs` (H and the whole layer's state: the rank takes its slices). `mute[i]`: the rank that
+    never tags its pushes at launch i (-1: none). Per launch its outputs and its slices of the state writes
+    (`rank_view` of the emulation's), or its fault, in words."""
+    from glm53ctl.kernels.kinds.dense.harness import rank_state
+    from glm53ctl.kernels.kinds.layer.launch import LayerLaunch
+    from glm53ctl.kernels.kinds.layer.weights import prepare_weights
+    from glm53ctl.kernels.run_key import layer_for
+    from glm53ctl.kernels.runtime.ranks import PeerLinks, WeightsSource, launches_on_rank
+    from glm53ctl.kernels.spec import load_model
+
+    spec, tp, rows, rank = load_model(key.model), key.tp, key.rows, group.rank
+    dev = group.device
+    knobs = key.knobs  # resolved where the command started the key (its grid for this device type)
+    ffn = "moe" if key.kind == "kda" else "dense"
+    weights = (source or WeightsSource()).load(spec, dev)
+    layer = layer_for(spec, key.kind, None)
+    w = prepare_weights(weights.layer(layer, rank, tp), spec, tp, dev, key.norm_folds, ffn)
+    links = PeerLinks.open(group, key.kind, LayerLaunch.mailbox_shapes(spec, tp, rows, knobs, ffn=ffn))
+    launch = LayerLaunch(spec, tp, rows, knobs, dev, rank=rank, ffn=ffn, links=links)
+
+    def run(x, mute_: bool, budget):
+        x = x.to(dev)
+        launch.poison()
+        out = launch(x.H, w, *rank_state(x, rank, tp, dev), mute=mute_, budget_ns=budget)
+        return {n: t.cpu().clone() for n, t in out.items()} | {
+            "kda.conv": launch.conv_out.cpu().clone(),
+            "kda.recurrent": launch.S_out.cpu().clone(),
+        }
+
+    return launches_on_rank(group, launch, run, inputs, mute, budget_ns)
+
+
+def rank_view(out: dict, rank: int, tp: int) -> dict:
+    """What rank `rank` returns of the emulation's outputs `out`: every output as it is (replicated), and its
+    slices of the layer's state writes."""
+    from glm53ctl.kernels.reference import conv_slice, head_slice
+
+    conv, rec = conv_slice(out["kda.conv"], rank, tp), head_slice(out["kda.recurrent"], rank, tp)
+    return out | {"kda.conv": conv, "kda.recurrent": rec}
+
+
+rank_launches.rank_view = rank_view

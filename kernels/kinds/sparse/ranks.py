@@ -1,0 +1,43 @@
+"""`sparse` on real ranks (kernels/runtime/ranks.py): what one rank's process runs.
+
+As `dense` and `kda` (kernels/kinds/dense/ranks.py): each rank runs the whole layer on its shard (its MLA heads,
+its share of every expert) and pushes its partials to its peers before each all-reduce. The indexer, its
+selection, the caches' writes and the routing are replicated: every rank computes them from the same inputs, and
+every rank's are the emulation's bit for bit (what `check --gpus` proves of each).
+"""
+
+from __future__ import annotations
+
+
+def rank_launches(group, key, inputs: list, mute: list, budget_ns, source=None):
+    """One rank of a TP-`tp` sparse layer: its weights, its mailboxes, its launch; one launch per SparseInput in
+    `inputs` (H, the rows' positions and the caches, on a copy of them). `mute[i]`: the rank that never tags its
+    pushes at launch i (-1: none). Per launch its outputs and the caches' rows it wrote, or its fault, in words."""
+    import torch
+
+    from glm53ctl.kernels.kinds.layer.launch import LayerLaunch
+    from glm53ctl.kernels.kinds.layer.weights import prepare_weights
+    from glm53ctl.kernels.kinds.sparse.harness import rows_contexts, written_rows
+    from glm53ctl.kernels.reference import room
+    from glm53ctl.kernels.run_key import layer_for
+    from glm53ctl.kernels.runtime.ranks import PeerLinks, WeightsSource, launches_on_rank
+    from glm53ctl.kernels.spec import load_model
+
+    spec, tp, rows, rank = load_model(key.model), key.tp, key.rows, group.rank
+    dev = group.device
+    knobs = key.knobs  # resolved where the command started the key (its grid for this device type)
+    weights = (source or WeightsSource()).load(spec, dev)
+    w = prepare_weights(weights.layer(layer_for(spec, "sparse", None), rank, tp), spec, tp, dev, False, "moe", "mla")
+    halves = {"ffn": "moe", "attn": "mla", "slots": room(spec, max(rows_contexts(spec, key)) + 1)}
+    links = PeerLinks.open(group, "sparse", LayerLaunch.mailbox_shapes(spec, tp, rows, knobs, **halves))
+    launch = LayerLaunch(spec, tp, rows, knobs, dev, rank=rank, links=links, **halves)
+
+    def run(x, mute_: bool, budget):
+        x = x.to(dev)
+        cache = x.clone_cache()
+        launch.poison()
+        launch(x.H, w, cache, x.pos.to(torch.int32), mute=mute_, budget_ns=budget)
+        out = {n: t.cpu().clone() for n, t in launch.out.items()}
+        return out | {n: t.cpu().clone() for n, t in written_rows(cache, x.pos, spec.indexer.kpool).items()}
+
+    return launches_on_rank(group, launch, run, inputs, mute, budget_ns)
