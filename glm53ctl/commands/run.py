@@ -231,6 +231,11 @@ def _as_rank0(name: str) -> str:
     return "outputs." + name.split(".", 2)[2]
 
 
+# the kinds whose `run --gpus` is built: the layer kinds run on real ranks under `check` and `fault`, but their
+# runs carry each rank's state (KDA's, the caches) from step to step, which the ranks' processes do not yet
+RUNS_ON_RANKS = ("embed", "tail")
+
+
 def _check_ranks(kind: str, tp: int, gpus: int, backend: Backend) -> None:
     """--gpus T: the kernels (the reference has no ranks), at TP T, of a kind that runs on real ranks."""
     from glm53ctl.kernels.kinds import ranks_kinds
@@ -242,10 +247,12 @@ def _check_ranks(kind: str, tp: int, gpus: int, backend: Backend) -> None:
         raise UsageError(f"--gpus {gpus}: real ranks run the kernels", hint="add --backend triton")
     if gpus != tp:
         raise UsageError(f"--gpus {gpus} runs TP{gpus}, one rank per GPU; --tp is {tp}", hint=f"add --tp {gpus}")
-    if kind not in ranks_kinds():
+    runs = [k for k in ranks_kinds() if k in RUNS_ON_RANKS]
+    if kind not in runs:
+        what = f"{kind}'s run (its state carried from step to step)" if kind in ranks_kinds() else kind
         raise UsageError(
-            f"--gpus {gpus}: {kind} does not run on real ranks yet",
-            hint=f"the kinds that do: {', '.join(ranks_kinds())}; --gpus 1 runs {kind} on one device",
+            f"--gpus {gpus}: {what} does not run on real ranks yet",
+            hint=f"the kinds whose runs do: {', '.join(runs)}; --gpus 1 runs {kind} on one device",
         )
 
 

@@ -121,7 +121,8 @@ def test_run_option_misuse(capsys, tmp_path, args, message):
         (["--kind", "tail", "--tp", "2", "--gpus", "2"], "real ranks run the kernels"),
         (["--kind", "tail", "--tp", "4", "--gpus", "2", "--backend", "triton"], "--gpus 2 runs TP2"),
         (["--kind", "tail", "--tp", "2", "--gpus", "3", "--backend", "triton"], "one rank per GPU at a TP width"),
-        (["--kind", "dense", "--tp", "2", "--gpus", "2", "--backend", "triton"], "dense does not run on real ranks"),
+        (["--kind", "dense", "--tp", "2", "--gpus", "2", "--backend", "triton"], "dense's run (its state carried"),
+        (["--kind", "model", "--tp", "2", "--gpus", "2", "--backend", "triton"], "model does not run on real ranks"),
     ],
 )
 def test_run_on_real_ranks_misuse(capsys, tmp_path, args, message):

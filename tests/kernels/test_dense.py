@@ -131,7 +131,8 @@ def test_every_split_task_waits_on_exactly_its_parts(tp, rows, knobs):
     """The interpreter runs tasks in table order, so a wait left out could not fail a launch test: the table's
     waits are checked here, producer by producer. A KDA part waits early on its head's in-projection tiles; an
     o_proj tile on every part of every head (all rows) of its K slice, the parts making no z; a gate/up or
-    in-projection tile's slice 0 late on exactly its other slices (and, folded, every gate of its side); the
+    in-projection tile's slice 0 late on exactly its other slices (and, folded, every row's gate chunk 0 of its
+    side: the chunk that makes pre and 1/RMS); the
     other slices wait early on what they read, and late on nothing. The FFN gate and comb wait on their row's
     mix logits: the attention reduces, or (`mix_tasks`) the mix tasks, each on its chunk's reduce alone."""
     from glm53ctl.kernels.kinds.layer.table import Dims, build_table, kda_parts, mix_tasks
@@ -158,7 +159,8 @@ def test_every_split_task_waits_on_exactly_its_parts(tp, rows, knobs):
             gates = of_type(GATE_F if ttype == GU else GATE_A)
             expect_early = (of_type(RED_A) if ttype == GU else set()) if fold else gates
             assert early == expect_early
-            assert late == ((slices | (gates if fold else set())) if a1 == 0 else set())
+            heads = {j for j in gates if t.tasks[j][2] == 0}  # each row's gate chunk 0: pre and 1/RMS
+            assert late == ((slices | (heads if fold else set())) if a1 == 0 else set())
         elif ttype in (GATE_A, COMB_A):
             assert early == {j for j in of_type(MIX_A) if t.tasks[j][2] == a0} and not late
         elif ttype in (GATE_F, COMB_F):

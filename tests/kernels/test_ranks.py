@@ -64,7 +64,7 @@ def test_check_and_fault_on_real_ranks(capsys):
     (Every TP x rows key: docs/perf/ranks.md.)"""
     from tests.helpers import invoke_json
 
-    res = invoke_json(capsys, "check", "--tp", "2", "--rows", "2", "--gpus", "2")  # the kinds on real ranks
+    res = invoke_json(capsys, "check", "--kind", "embed,tail", "--tp", "2", "--rows", "2", "--gpus", "2")
     assert [r["key"] for r in res["keys"]] == ["tiny/embed/tp2/r2", "tiny/tail/tp2/r2"]
     assert res["summary"] == "12 of 12 rank launches bitwise equal to the one-device emulation"
     key = ("--kind", "embed", "--tp", "2", "--rows", "1", "--gpus", "2")
@@ -78,6 +78,18 @@ def test_check_and_fault_on_real_ranks(capsys):
         "killed": 2,
         "killed_reported": 2,
     }
+
+
+def test_the_layer_kinds_on_real_ranks(capsys):
+    """`check --gpus 2` for dense, kda and sparse: two processes, each running the whole layer on its shard and
+    pushing both all-reduces' partials into the other's mailbox, three launches in a row; every rank's outputs
+    (the routing, the selection and the caches' rows, replicated) and its slices of the KDA states' writes the
+    emulation's bit for bit. (TP4, the faults and every TP x rows key: docs/perf/ranks.md.)"""
+    from tests.helpers import invoke_json
+
+    res = invoke_json(capsys, "check", "--kind", "dense,kda,sparse", "--tp", "2", "--rows", "1", "--gpus", "2")
+    assert [r["key"] for r in res["keys"]] == ["tiny/dense/tp2/r1", "tiny/kda/tp2/r1", "tiny/sparse/tp2/r1"]
+    assert res["summary"] == "18 of 18 rank launches bitwise equal to the one-device emulation"
 
 
 def test_a_peer_that_never_publishes_is_named_and_the_retry_is_clean():
