@@ -44,7 +44,7 @@ def assert_accurate(weights, k, x, out) -> None:
         assert err <= bound, (name, err)  # NaN fails here too
 
 
-@pytest.mark.parametrize(("tp", "rows"), [(1, 8), (2, 4), (4, 2), (8, 1)])
+@pytest.mark.parametrize(("tp", "rows"), [(1, 8), (2, 4), (8, 1)])  # TP4 rows 2: the main job's (`check`)
 def test_against_the_reference(weights, tp, rows):
     """Every output and write within its bound (every TP x rows key: `glm53ctl check`, in tests/cli)."""
     k = DenseHarness(weights, resolved("dense", tp, rows, {"grid": 3}))

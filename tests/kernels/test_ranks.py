@@ -80,16 +80,16 @@ def test_check_and_fault_on_real_ranks(capsys):
     }
 
 
-def test_the_layer_kinds_on_real_ranks(capsys):
-    """`check --gpus 2` for dense, kda and sparse: two processes, each running the whole layer on its shard and
-    pushing both all-reduces' partials into the other's mailbox, three launches in a row; every rank's outputs
-    (the routing, the selection and the caches' rows, replicated) and its slices of the KDA states' writes the
-    emulation's bit for bit. (TP4, the faults and every TP x rows key: docs/perf/ranks.md.)"""
+def test_a_layer_kind_on_real_ranks(capsys):
+    """`check --gpus 2` for kda: two processes, each running the whole layer on its shard (its KDA heads, its share
+    of every expert) and pushing both all-reduces' partials into the other's mailbox, three launches in a row;
+    every rank's outputs (the routing replicated) and its slices of the KDA states' writes the emulation's bit for
+    bit. (dense and sparse, TP4 and the faults by hand, docs/perf/ranks.md: CI's time is the limit.)"""
     from tests.helpers import invoke_json
 
-    res = invoke_json(capsys, "check", "--kind", "dense,kda,sparse", "--tp", "2", "--rows", "1", "--gpus", "2")
-    assert [r["key"] for r in res["keys"]] == ["tiny/dense/tp2/r1", "tiny/kda/tp2/r1", "tiny/sparse/tp2/r1"]
-    assert res["summary"] == "18 of 18 rank launches bitwise equal to the one-device emulation"
+    res = invoke_json(capsys, "check", "--kind", "kda", "--tp", "2", "--rows", "1", "--gpus", "2")
+    assert [r["key"] for r in res["keys"]] == ["tiny/kda/tp2/r1"]
+    assert res["summary"] == "6 of 6 rank launches bitwise equal to the one-device emulation"
 
 
 def test_a_peer_that_never_publishes_is_named_and_the_retry_is_clean():
