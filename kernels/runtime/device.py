@@ -445,19 +445,26 @@ def fence_sys(INTERPRET: tl.constexpr):
 
 
 @triton.jit
+def push_to_peers(vals, peer_slots, at, rank, o_d, mask, TP: tl.constexpr):
+    """Real ranks: `vals` (over columns o_d, where `mask`) into every peer's mailbox at element `at` (fp32; the
+    caller's slot `rank`, in the half of this launch's parity). `peer_slots`: every rank's mailbox address as
+    this process maps it (int64)."""
+    for q in range(TP):
+        if q != rank:
+            dst = tl.load(peer_slots + q).to(tl.pointer_type(tl.float32)) + at
+            tl.store(dst + o_d, vals, mask=mask)
+
+
+@triton.jit
 def push_rows(mine, peer_slots, epoch, rank, R, o_d, D: tl.constexpr, TP: tl.constexpr):
     """Real ranks: this rank's partial rows [R, D] over columns o_d (just written by this program) into slot
     `rank` of every peer's mailbox [2, TP, R, D] fp32, the half of this launch's parity (a peer may still read
-    the other half: no rank is more than one launch ahead of another). `peer_slots`: every rank's mailbox
-    address as this process maps it (int64)."""
+    the other half: no rank is more than one launch ahead of another)."""
     tl.debug_barrier()  # this program's stores of `mine` before it reads them back
     off = (epoch % 2) * TP * R * D + rank * R * D
-    for q in range(TP):
-        if q != rank:
-            dst = tl.load(peer_slots + q).to(tl.pointer_type(tl.float32)) + off
-            for r in range(R):
-                x = tl.load(mine + r * D + o_d, mask=o_d < D, other=0.0)
-                tl.store(dst + r * D + o_d, x, mask=o_d < D)
+    for r in range(R):
+        x = tl.load(mine + r * D + o_d, mask=o_d < D, other=0.0)
+        push_to_peers(x, peer_slots, off + r * D, rank, o_d, o_d < D, TP)
 
 
 @triton.jit

@@ -12,7 +12,7 @@ import triton.language as tl
 from glm53ctl.kernels.ops.ffn.moe import moe_sum_cols
 from glm53ctl.kernels.ops.gemv.kernel import gemv_first_weights, gemv_tile, gemv_tile_from, sum_streams
 from glm53ctl.kernels.ops.mhc.kernel import gate_comb, gate_pre, gate_scale, gate_x_hat, hc_post_cols, mix_row
-from glm53ctl.kernels.runtime.device import pdl_wait, push_tag, wait_task
+from glm53ctl.kernels.runtime.device import pdl_wait, push_tag, push_to_peers, wait_task
 from glm53ctl.kernels.tlx import interpreting  # noqa: F401 (importing tlx applies the interpreter's settings)
 
 PR = tl.constexpr(8)  # floats per row of the gates' pre [HC] and 1/RMS (buffer "pr")
@@ -281,8 +281,5 @@ def task_push(
     o_c = c * CH + tl.arange(0, CH)
     own = _own(src, r, o_c, R, D, KS, MOE, TOPK, NSLOT)
     at = ((epoch % 2) * 2 + GROUP) * (T * R * D) + (RANK * R + r) * D
-    for q in tl.static_range(T):
-        if q != RANK:
-            dst = tl.load(slot_bases + q).to(tl.pointer_type(tl.float32)) + at
-            tl.store(dst + o_c, own)
+    push_to_peers(own, slot_bases, at, RANK, o_c, o_c < D, T)
     push_tag(flag_bases, arrive + GROUP, epoch, RANK, n_tasks + GROUP * (T - 1), n_pushers, mute, T, INTERPRET)
