@@ -235,11 +235,16 @@ def add_dense(
     how, words = knobs["handoff"], knobs["box_words"]
     first = bool(knobs.get("weights_first", 0))  # o_proj's and down's waits in their bodies, after their weights
 
-    def add(ttype: int, *args: int, waits: list[int] = (), peers: int | None = None, late: bool = False) -> int:
-        """A task and its waits; `peers`: the group of peer words it also waits on (None: no peers)."""
+    def add(
+        ttype: int, *args: int, waits: list[int] = (), peers: int | None = None, late: bool = False, then=()
+    ) -> int:
+        """A task and its waits; `peers`: the group of peer words it also waits on (None: no peers); `then`: what
+        it waits on late, at the end of its work, after `waits`."""
         task = t.add(ttype, *args)
         if waits:
             t.wait(task, sorted(set(waits)), how, words, late)
+        if then:
+            t.wait(task, sorted(set(then)), how, words, late=True)
         if peers is not None and d.T > 1:
             t.wait_peers(task, peers if push else 0)
         return task
@@ -251,9 +256,10 @@ def add_dense(
     # the Sinkhorn comb: for hc_post in the attention reduces (none in a peer's "attn" launch), not the GEMVs
     combs = [add(COMB_A, r, waits=mix[r]) for r in range(rows)] if mode != "attn" else []
     # a folded INPROJ streams H from the start (once H is there) and waits for its gates at its end
-    fold = folds(knobs["norm"], rows, d.HC) and not d.mla
+    fold = folds(knobs["norm"], rows, d.HC)
     if d.mla:
-        oproj = _add_mla(t, add, d, rows, gates, first)
+        a_waits = (list(after), gate_heads) if fold else (gates, [])
+        oproj = _add_mla(t, add, d, rows, a_waits, first)
     else:
         inproj = []
         for n0 in range(0, d.NIN, d.BN):
@@ -354,17 +360,21 @@ def _add_moe(t: TaskTable, add, d: Dims, rows: int, gates_f: list[int], knobs: d
 
 
 def _add_mla(
-    t: TaskTable, add, d: Dims, rows: int, gates: list[int], first: bool = False
+    t: TaskTable, add, d: Dims, rows: int, a_waits: tuple[list[int], list[int]], first: bool = False
 ) -> list[tuple[int, int, int]]:
     """`sparse`'s attention half after the attention gates (kernels/ops/dsa/kernel.py has the steps): the fused A
-    projection's tiles; per row its norms and cache writes; q_b | the indexer's wq_b tiles; per head the absorb;
-    per row the index scores in pool blocks, then its selection over parts of the pools (four passes, then
-    each part's tokens); per row, head group and token block the
-    attention partials, then per row, group and latent column chunk their combine; per head W_UV; o_proj.
-    Returns the o_proj tiles."""
-    a_tiles = [(n0, n0 + d.BN, add(MLA_A, n0, waits=gates)) for n0 in range(0, d.NA, d.BN)]
-    row_tasks = [add(MLA_ROW, r, waits=[x for *_, x in a_tiles]) for r in range(rows)]
-    qb = [(n0, n0 + d.BN, add(MLA_QB, n0, waits=row_tasks)) for n0 in range(0, d.NQB, d.BN)]
+    projection's tiles (a_waits: their early and late waits; folded, they stream H from the start and wait for
+    each row's gate chunk 0 at their end, as KDA's in-projection); per row its norms and cache writes; q_b | the
+    indexer's wq_b tiles; per head the absorb; per row the index scores in pool blocks, then its selection over
+    parts of the pools (four passes, then each part's tokens); per row, head group and token block the attention
+    partials, then per row, group and latent column chunk their combine; per head W_UV; o_proj. Returns the o_proj
+    tiles."""
+    early, late = a_waits
+    a_tiles = [(n0, n0 + d.BN, add(MLA_A, n0, waits=early, then=late)) for n0 in range(0, d.NA, d.BN)]
+    # per row two parts: q_a's norm (what q_b waits for), then the caches' writes and head weights (the scores')
+    q_rows = [add(MLA_ROW, r, 0, waits=_covering(a_tiles, 0, d.QL)) for r in range(rows)]
+    row_tasks = [add(MLA_ROW, r, 1, waits=_covering(a_tiles, d.QL, d.NA)) for r in range(rows)]
+    qb = [(n0, n0 + d.BN, add(MLA_QB, n0, waits=q_rows)) for n0 in range(0, d.NQB, d.BN)]
     absorb = [
         [add(ABSORB, h, c0, waits=_covering(qb, h * d.NOPE, (h + 1) * d.NOPE)) for c0 in range(0, d.C, d.BN_AB)]
         for h in range(d.HQ)

@@ -66,17 +66,52 @@ def mla_row(
     KP: tl.constexpr,
     LMAX: tl.constexpr,
     INTERPRET: tl.constexpr,
+    PART=-1,
 ):
     """Row r's step after the A projection y [R, QL + C + 2 IH + HI] fp32 (QLP: QL padded to a power of 2): qr
-    [R, QL] bf16, the head weights wi [R, HI] fp32, and the caches' writes at pos (latent [R, LMAX, C], index_key
-    and index_gate [R, LMAX, IH], pooled [R, LMAX // KP, IH], all bf16)."""
+    [R, QL] bf16 (part 0: what q_b waits for), then (part 1) the head weights wi [R, HI] fp32 and the caches'
+    writes at pos (latent [R, LMAX, C], index_key and index_gate [R, LMAX, IH], pooled [R, LMAX // KP, IH], all
+    bf16); PART -1 both. Two parts, so q_b's stream need not wait for the caches' writes."""
     NA: tl.constexpr = QL + C + 2 * IH + HI
     base = y + r * NA
-    o_q = tl.arange(0, QLP)
-    m_q = o_q < QL
-    a = tl.load(base + o_q, mask=m_q, other=0.0)
-    a = _rms_row(a, m_q, tl.load(q_norm + o_q, mask=m_q, other=0.0), QL, eps)
-    tl.store(qr + r * QL + o_q, to_bf16(a, INTERPRET), mask=m_q)
+    if PART != 1:
+        o_q = tl.arange(0, QLP)
+        m_q = o_q < QL
+        a = tl.load(base + o_q, mask=m_q, other=0.0)
+        a = _rms_row(a, m_q, tl.load(q_norm + o_q, mask=m_q, other=0.0), QL, eps)
+        tl.store(qr + r * QL + o_q, to_bf16(a, INTERPRET), mask=m_q)
+    if PART != 0:
+        _mla_row_caches(
+            base, wi, latent, index_key, index_gate, pooled, kv_norm, k_w, k_b, ape, r, pos, eps, ln_eps, QL, C, IH,
+            HI, KP, LMAX, INTERPRET,
+        )  # fmt: skip
+
+
+@triton.jit
+def _mla_row_caches(
+    base,
+    wi,
+    latent,
+    index_key,
+    index_gate,
+    pooled,
+    kv_norm,
+    k_w,
+    k_b,
+    ape,
+    r,
+    pos,
+    eps,
+    ln_eps,
+    QL: tl.constexpr,
+    C: tl.constexpr,
+    IH: tl.constexpr,
+    HI: tl.constexpr,
+    KP: tl.constexpr,
+    LMAX: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    """`mla_row`'s part 1: row r's head weights and cache writes from its A projection at `base`."""
     row = r.to(tl.int64) * LMAX + pos
     o_c = tl.arange(0, C)
     c = tl.load(base + QL + o_c)
