@@ -181,8 +181,7 @@ def _run_task(
         _gate(ttype, a0, a1, H, gates, hand, outs, consts, False, dims, INTERPRET)
     elif _is_attn_half(ttype, MLA):
         if MLA:
-            ok = mla_task(ttype, row, task, ok, epoch, rt, stuck_site, budget_ns, H, attn_w, attn_state, attn_buf,
-                          hand, outs, consts, R, dims, mla, sched, INTERPRET, POLL, THREADS)  # fmt: skip
+            mla_task(ttype, row, H, attn_w, attn_state, attn_buf, outs, consts, R, dims, mla, INTERPRET)
         else:
             ok = kda_task(ttype, row, task, ok, epoch, rt, stuck_site, budget_ns, H, attn_w, attn_state, attn_buf,
                           hand, outs, consts, R, dims, sched, INTERPRET, POLL, THREADS)  # fmt: skip

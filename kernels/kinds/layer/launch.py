@@ -325,9 +325,8 @@ class LayerLaunch(PersistentLaunch):
 
     @property
     def fold(self) -> bool:
-        """Whether the GEMVs after the gates fold the norm (knob `norm`: KDA's in-projection or MLA's A projection,
-        and the dense MLP's gate/up; no expert: each reads x̂ after the routing)."""
-        return folds(self.knobs["norm"], self.rows, self.d.HC)
+        """Whether the GEMVs after the gates fold the norm (knob `norm`; never MLA's A projection)."""
+        return folds(self.knobs["norm"], self.rows, self.d.HC) and not self.d.mla
 
     def options(self) -> dict:
         opts = super().options()

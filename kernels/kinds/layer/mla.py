@@ -15,7 +15,7 @@ row's position only.
 import triton
 import triton.language as tl
 
-from glm53ctl.kernels.kinds.layer.shared import _fold_rows
+from glm53ctl.kernels.kinds.layer.shared import task_gemv
 from glm53ctl.kernels.kinds.task_types import (
     ABSORB,
     ATTN,
@@ -33,25 +33,21 @@ from glm53ctl.kernels.ops.dsa.indexer import scores_block
 from glm53ctl.kernels.ops.dsa.kernel import mla_row
 from glm53ctl.kernels.ops.dsa.select import select_pass, select_take
 from glm53ctl.kernels.ops.gemv.kernel import gemv_tile
-from glm53ctl.kernels.runtime.device import stamp, wait_task
 from glm53ctl.kernels.tlx import to_bf16
 
 
 @triton.jit
 def mla_task(
-    ttype, row, task, ok, epoch, rt, stuck_site, budget_ns, H, attn_w, attn_state, attn_buf, hand, outs, consts, R,
-    dims: tl.constexpr, mla: tl.constexpr, sched: tl.constexpr, INTERPRET: tl.constexpr, POLL: tl.constexpr,
-    THREADS: tl.constexpr,
+    ttype, row, H, attn_w, attn_state, attn_buf, outs, consts, R, dims: tl.constexpr, mla: tl.constexpr,
+    INTERPRET: tl.constexpr,
 ):  # fmt: skip
-    """The MLA half's task, if it is one (row: its table row). Returns ok, false where a late wait failed."""
+    """The MLA half's task, if it is one (row: its table row)."""
     a0, a1 = row[1], row[2]
     w, c, b = attn_w, attn_state, attn_buf
     if ttype == MLA_A:
-        ok = task_a_proj(
-            rt=rt, row=row, task=task, epoch=epoch, stuck_site=stuck_site, budget_ns=budget_ns, trace=hand.trace,
-            x=H if sched.FOLD else outs.x_hat_a, w_a=w.w_a, pr=hand.pr, y_a=b.y_a, n0=a0, R=R, NA=mla.NA, D=dims.D,
-            HC=dims.HC, BN=dims.BN, BK=mla.BK_A, M=dims.M, FOLD=sched.FOLD, TRACE=sched.TRACE, INTERPRET=INTERPRET,
-            POLL=POLL, THREADS=THREADS,
+        task_gemv(
+            x=outs.x_hat_a, w=w.w_a, out=b.y_a, n0=a0, R=R, N=mla.NA, K=dims.D, STRIDE=dims.D, BN=dims.BN, BK=mla.BK_A,
+            INTERPRET=INTERPRET,
         )  # fmt: skip
     elif ttype == MLA_ROW:
         task_mla_row(
@@ -114,59 +110,6 @@ def mla_task(
         )
     elif ttype == WUV:
         task_head_gemv(b.o_lat, w.w_uv, b.o_mla, a0, a1, R, mla.HQ, mla.V, mla.C, mla.BN_UV, mla.BK_C, INTERPRET)
-    return ok
-
-
-@triton.jit(noinline=True)
-def task_a_proj(
-    rt,
-    row,
-    task,
-    epoch,
-    stuck_site,
-    budget_ns,
-    trace,
-    x,
-    w_a,
-    pr,
-    y_a,
-    n0,
-    R,
-    NA: tl.constexpr,
-    D: tl.constexpr,
-    HC: tl.constexpr,
-    BN: tl.constexpr,
-    BK: tl.constexpr,
-    M: tl.constexpr,
-    FOLD: tl.constexpr,
-    TRACE: tl.constexpr,
-    INTERPRET: tl.constexpr,
-    POLL: tl.constexpr,
-    THREADS: tl.constexpr,
-):
-    """MLA_A: rows n0.. of the fused A projection, y_a [R, NA] fp32. x: x̂ [R, D], or (FOLD: knob `norm`) H's
-    R * HC stream rows against w_a ⊙ the attention norm's weight, needing nothing from the gate, so it streams
-    while the gates run: then it waits (late) for its rows' gate chunk 0 and makes y[r] = 1/RMS[r] * sum_j
-    pre[r, j] * acc[r * HC + j], as KDA's folded in-projection. True unless the late wait failed."""
-    XR = R
-    if FOLD:
-        XR = R * HC
-    acc = gemv_tile(x, D, w_a, n0, XR, NA, D, D, BN, BK, INTERPRET, M)
-    ok = task >= 0
-    if FOLD:
-        if TRACE:
-            stamp(trace, task, 4, INTERPRET)
-        ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, True)
-    if ok:
-        o_n = n0 + tl.arange(0, BN)
-        if FOLD:
-            y = _fold_rows(acc, pr, R, HC, M, BN)
-            o_m = tl.arange(0, M // HC)
-        else:
-            y = acc
-            o_m = tl.arange(0, M)
-        tl.store(y_a + o_m[:, None] * NA + o_n[None, :], y, mask=(o_m[:, None] < R) & (o_n[None, :] < NA))
-    return ok
 
 
 @triton.jit(noinline=True)

@@ -130,6 +130,27 @@ def _fold_rows(acc, pr, R, HC: tl.constexpr, M: tl.constexpr, BN: tl.constexpr):
 
 
 @triton.jit(noinline=True)
+def task_gemv(
+    x,
+    w,
+    out,
+    n0,
+    R,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    STRIDE: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    """A GEMV's output rows n0.. over K (x, w already offset to it): out [R, N] fp32 (MLA's fused A projection)."""
+    acc = gemv_tile(x, STRIDE, w, n0, R, N, K, STRIDE, BN, BK, INTERPRET)
+    o_m = tl.arange(0, 16)
+    o_n = n0 + tl.arange(0, BN)
+    tl.store(out + o_m[:, None] * N + o_n[None, :], acc, mask=(o_m[:, None] < R) & (o_n[None, :] < N))
+
+
+@triton.jit(noinline=True)
 def task_partial(
     rt,
     row,

@@ -235,16 +235,11 @@ def add_dense(
     how, words = knobs["handoff"], knobs["box_words"]
     first = bool(knobs.get("weights_first", 0))  # o_proj's and down's waits in their bodies, after their weights
 
-    def add(
-        ttype: int, *args: int, waits: list[int] = (), peers: int | None = None, late: bool = False, then=()
-    ) -> int:
-        """A task and its waits; `peers`: the group of peer words it also waits on (None: no peers); `then`: what
-        it waits on late, at the end of its work, after `waits`."""
+    def add(ttype: int, *args: int, waits: list[int] = (), peers: int | None = None, late: bool = False) -> int:
+        """A task and its waits; `peers`: the group of peer words it also waits on (None: no peers)."""
         task = t.add(ttype, *args)
         if waits:
             t.wait(task, sorted(set(waits)), how, words, late)
-        if then:
-            t.wait(task, sorted(set(then)), how, words, late=True)
         if peers is not None and d.T > 1:
             t.wait_peers(task, peers if push else 0)
         return task
@@ -256,10 +251,11 @@ def add_dense(
     # the Sinkhorn comb: for hc_post in the attention reduces (none in a peer's "attn" launch), not the GEMVs
     combs = [add(COMB_A, r, waits=mix[r]) for r in range(rows)] if mode != "attn" else []
     # a folded INPROJ streams H from the start (once H is there) and waits for its gates at its end
-    fold = folds(knobs["norm"], rows, d.HC)
+    # (never MLA's A projection: the fold's one more bf16 rounding of its weights took sparse's attn.out to 6.8e-2
+    # against the reference at glm53_flash's width, H200; docs/perf/spread.md)
+    fold = folds(knobs["norm"], rows, d.HC) and not d.mla
     if d.mla:
-        a_waits = (list(after), gate_heads) if fold else (gates, [])
-        oproj = _add_mla(t, add, d, rows, a_waits, first)
+        oproj = _add_mla(t, add, d, rows, gates, first)
     else:
         inproj = []
         for n0 in range(0, d.NIN, d.BN):
@@ -360,17 +356,14 @@ def _add_moe(t: TaskTable, add, d: Dims, rows: int, gates_f: list[int], knobs: d
 
 
 def _add_mla(
-    t: TaskTable, add, d: Dims, rows: int, a_waits: tuple[list[int], list[int]], first: bool = False
+    t: TaskTable, add, d: Dims, rows: int, gates: list[int], first: bool = False
 ) -> list[tuple[int, int, int]]:
     """`sparse`'s attention half after the attention gates (kernels/ops/dsa/kernel.py has the steps): the fused A
-    projection's tiles (a_waits: their early and late waits; folded, they stream H from the start and wait for
-    each row's gate chunk 0 at their end, as KDA's in-projection); per row its norms and cache writes; q_b | the
-    indexer's wq_b tiles; per head the absorb; per row the index scores in pool blocks, then its selection over
-    parts of the pools (four passes, then each part's tokens); per row, head group and token block the attention
-    partials, then per row, group and latent column chunk their combine; per head W_UV; o_proj. Returns the o_proj
-    tiles."""
-    early, late = a_waits
-    a_tiles = [(n0, n0 + d.BN, add(MLA_A, n0, waits=early, then=late)) for n0 in range(0, d.NA, d.BN)]
+    projection's tiles; per row q_a's norm, then its cache writes and head weights; q_b | the indexer's wq_b
+    tiles; per head the absorb; per row the index scores in pool blocks, then its selection over parts of the pools
+    (four passes, then each part's tokens); per row, head group and token block the attention partials, then per
+    row, group and latent column chunk their combine; per head W_UV; o_proj. Returns the o_proj tiles."""
+    a_tiles = [(n0, n0 + d.BN, add(MLA_A, n0, waits=gates)) for n0 in range(0, d.NA, d.BN)]
     # per row two parts: q_a's norm (what q_b waits for), then the caches' writes and head weights (the scores')
     q_rows = [add(MLA_ROW, r, 0, waits=_covering(a_tiles, 0, d.QL)) for r in range(rows)]
     row_tasks = [add(MLA_ROW, r, 1, waits=_covering(a_tiles, d.QL, d.NA)) for r in range(rows)]

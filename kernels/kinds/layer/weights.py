@@ -14,10 +14,10 @@ def prepare_weights(
 ) -> dict[str, torch.Tensor]:
     """One rank's layer weights as the kernel reads them (done once per key, like a checkpoint's fused
     layout): the in-projection rows f_a | g_a | b | (q_h | k_h | v_h per head), the conv taps [3P, W] fp32.
-    fold (`gemv.folds` of knob `norm` and the rows): the in-projection (KDA's, or MLA's A projection), gate and
-    up times their gate's norm weight, rounded to bf16 once. ffn "moe": the router and the experts stacked by id,
-    the shared expert after them (expert E), instead of the dense MLP (gate and up not folded: the router and
-    every expert read x̂). attn "mla": `sparse`'s attention half instead of KDA's (`_mla_weights`)."""
+    fold (`gemv.folds` of knob `norm` and the rows): the in-projection, gate and up times their gate's norm
+    weight, rounded to bf16 once. ffn "moe": the router and the experts stacked by id, the shared expert after
+    them (expert E), instead of the dense MLP (gate and up not folded: the router and every expert read x̂).
+    attn "mla": `sparse`'s attention half instead of KDA's (`_mla_weights`)."""
     a_ = "self_attn."
     out = {
         "fn_a": w["hc_attn_fn"].float(),
@@ -30,7 +30,7 @@ def prepare_weights(
         "norm_f": w["post_attention_layernorm.weight"],
     }
     if attn == "mla":
-        out |= _mla_weights(w.sub(a_), spec, tp, w["input_layernorm.weight"] if fold else None)
+        out |= _mla_weights(w.sub(a_), spec, tp)
     else:
         heads, K, D = spec.shards(tp).kda_heads, spec.kda.head_dim, spec.hidden
         qkv = torch.stack([w[f"{a_}{n}_proj.weight"].view(heads, K, D) for n in ("q", "k", "v")], dim=1)
@@ -54,17 +54,17 @@ def _kda_weights(w, a_: str, w_in, fold: bool) -> dict[str, torch.Tensor]:
     }
 
 
-def _mla_weights(a, spec, tp: int, norm=None) -> dict[str, torch.Tensor]:
+def _mla_weights(a, spec, tp: int) -> dict[str, torch.Tensor]:
     """`sparse`'s attention weights as the kernel reads them: the fused A projection (q_a | kv_a | the indexer's
-    wk | its pool gate | its head weights; times the attention norm's weight `norm` where it folds), q_b | the
-    indexer's wq_b, and per head W_UKᵀ [HQ, C, NOPE] and W_UV [HQ, V, C] from kv_b."""
+    wk | its pool gate | its head weights), q_b | the indexer's wq_b, and per head W_UKᵀ [HQ, C, NOPE] and W_UV
+    [HQ, V, C] from kv_b."""
     from glm53ctl.kernels.ops.dsa.kernel import a_weight
 
     m = spec.mla
     kv_b = a["kv_b_proj.weight"].view(spec.shards(tp).mla_heads, m.qk_nope_head_dim + m.v_head_dim, m.kv_lora_rank)
     bf = torch.bfloat16
     return {
-        "w_a": a_weight(a) if norm is None else fold_norm(norm, a_weight(a)),
+        "w_a": a_weight(a),
         "q_norm": a["q_a_layernorm.weight"].to(bf),
         "kv_norm": a["kv_a_layernorm.weight"].to(bf),
         "k_w": a["indexer.k_norm.weight"].to(bf),

@@ -112,11 +112,10 @@ class SparseHarness(KdaHarness):
         self.contexts = rows_contexts(spec, key)
         self.slots = room(spec, max(self.contexts) + steps)
         src = weights.source_layer(self.layer)
-        fold = key.norm_folds  # the A projection times the attention norm's weight
         self.w = [
             weights.prepared(
-                (src, r, tp, str(device), fold, "moe", "mla"),
-                lambda r=r: prepare_weights(weights.layer(self.layer, r, tp), spec, tp, device, fold, "moe", "mla"),
+                (src, r, tp, str(device), False, "moe", "mla"),
+                lambda r=r: prepare_weights(weights.layer(self.layer, r, tp), spec, tp, device, False, "moe", "mla"),
             )
             for r in range(tp)
         ]

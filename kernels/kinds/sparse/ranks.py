@@ -27,8 +27,7 @@ def rank_launches(group, key, inputs: list, mute: list, budget_ns, source=None):
     dev = group.device
     knobs = key.knobs  # resolved where the command started the key (its grid for this device type)
     weights = (source or WeightsSource()).load(spec, dev)
-    layer = weights.layer(layer_for(spec, "sparse", None), rank, tp)
-    w = prepare_weights(layer, spec, tp, dev, key.norm_folds, "moe", "mla")
+    w = prepare_weights(weights.layer(layer_for(spec, "sparse", None), rank, tp), spec, tp, dev, False, "moe", "mla")
     halves = {"ffn": "moe", "attn": "mla", "slots": room(spec, max(rows_contexts(spec, key)) + 1)}
     links = PeerLinks.open(group, "sparse", LayerLaunch.mailbox_shapes(spec, tp, rows, knobs, **halves))
     launch = LayerLaunch(spec, tp, rows, knobs, dev, rank=rank, links=links, **halves)
