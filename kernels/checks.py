@@ -290,24 +290,26 @@ def ranks_key(weights: Weights, key: ResolvedKey, seed: int, launches: int = 3) 
 def run_on_ranks(weights: Weights, key: ResolvedKey, run_key, source) -> dict[str, torch.Tensor]:
     """`run --backend triton --gpus T`: the run's steps (its inputs from `weights`, as a one-device run makes
     them) on T real ranks, each rank's weights from `source` (a WeightsSource: the run's); the tensors to save:
-    the run's inputs, rank 0's outputs of the last step as `outputs.*` (what a one-device run saves) and every
-    rank's as `ranks.<r>.*`. A rank whose launch faults fails the run, named."""
+    what a one-device run saves (its inputs, rank 0's outputs of the last step as `outputs.*`, a layer's state
+    or caches after it as `writes.*`) and every rank's outputs as `ranks.<r>.*` (the harness's `run_ranks`). A
+    rank whose launch faults fails the run, named."""
+    return load_harness(key.kind).run_ranks(weights, run_key, key, source)
+
+
+def steps_on_ranks(key: ResolvedKey, xs: list, source, chain: bool = True) -> list[list[dict]]:
+    """Per rank, per input of `xs`, what its rank function returned (`chain`: each launch after the first
+    reading the state its rank's launch before wrote: a run's steps). A fault fails the run, named."""
     from glm53ctl.errors import CheckFailed
     from glm53ctl.kernels.runtime.ranks import RankLayout, run_ranks
 
     layout = RankLayout(key.tp, key.tp, torch.device(key.device).type)
-    cls = load_harness(key.kind)
-    k = cls(weights, key)
-    xs = k.inputs(run_key.seed, run_key.steps, run_key.tokens)
-    del k
-    out = run_ranks(layout, load_ranks(key.kind), key, [_given(x) for x in xs], [], None, source)
+    chained = (True,) if chain else ()  # the layer kinds' rank functions take it; the stateless ones have none
+    out = run_ranks(layout, load_ranks(key.kind), key, [_given(x) for x in xs], [], None, source, *chained)
     for r, per_step in enumerate(out):
         for i, got in enumerate(per_step):
             if not isinstance(got, dict):
                 raise CheckFailed(f"rank {r} of {key.tp}, step {i + 1}: {got}")
-    saved = cls.run_inputs(weights.spec, run_key, xs)
-    saved |= {f"outputs.{n}": t.clone() for n, t in out[0][-1].items()}
-    return saved | {f"ranks.{r}.{n}": t for r in range(key.tp) for n, t in out[r][-1].items()}
+    return out
 
 
 def ranks_fault_key(weights: Weights, key: ResolvedKey, budget_ns: int, wall_s: float) -> dict:

@@ -319,6 +319,21 @@ class KindHarness:
         return cls.run_inputs(weights.spec, key, xs) | _prefixed("outputs.", {n: t.cpu() for n, t in out.items()})
 
     @classmethod
+    def run_ranks(cls, weights, key: RunKey, resolved: ResolvedKey, source) -> Tensors:
+        """`run --backend triton --gpus T` of a kind with no state: each step's inputs on T real ranks (each
+        rank's weights from `source`); what `run` saves, rank 0's outputs of the last step as `outputs.*`, and
+        every rank's as `ranks.<r>.*`."""
+        from glm53ctl.kernels.checks import steps_on_ranks
+
+        k = cls(weights, resolved)
+        xs = k.inputs(key.seed, key.steps, key.tokens)
+        del k
+        out = steps_on_ranks(resolved, xs, source, chain=False)
+        saved = cls.run_inputs(weights.spec, key, xs)
+        saved |= _prefixed("outputs.", {n: t.clone() for n, t in out[0][-1].items()})
+        return saved | {f"ranks.{r}.{n}": t for r in range(resolved.tp) for n, t in out[r][-1].items()}
+
+    @classmethod
     def run_inputs(cls, spec, key: RunKey, xs: list) -> Tensors:
         """What `run` saves of a stateless kind's inputs: the rows' contexts and the last step's input."""
         saved = {"inputs.contexts": torch.tensor(row_contexts(key.context, key.rows, spec.indexer.kpool))}

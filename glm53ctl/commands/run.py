@@ -153,9 +153,9 @@ def run(
             source = WeightsSource(weights_seed, "cpu", str(weights_file) if weights_file else None)
             o.log(f"on {gpus} real ranks ({device}), one process each")
             tensors = run_on_ranks(weights, resolved, key, source)
-            apart = sorted(
-                n for n, t in tensors.items() if n.startswith("ranks.") and not torch.equal(t, tensors[_as_rank0(n)])
-            )
+            # the outputs every rank has whole (a layer's state slices and caches are the rank's own: not compared)
+            same = [n for n in tensors if n.startswith("ranks.") and _as_rank0(n) in tensors]
+            apart = sorted(n for n in same if not torch.equal(tensors[n], tensors[_as_rank0(n)]))
             if apart:
                 print_warning(f"on real ranks, rank outputs differ from rank 0's: {', '.join(apart)}")
             else:
@@ -231,11 +231,6 @@ def _as_rank0(name: str) -> str:
     return "outputs." + name.split(".", 2)[2]
 
 
-# the kinds whose `run --gpus` is built: the layer kinds run on real ranks under `check` and `fault`, but their
-# runs carry each rank's state (KDA's, the caches) from step to step, which the ranks' processes do not yet
-RUNS_ON_RANKS = ("embed", "tail")
-
-
 def _check_ranks(kind: str, tp: int, gpus: int, backend: Backend) -> None:
     """--gpus T: the kernels (the reference has no ranks), at TP T, of a kind that runs on real ranks."""
     from glm53ctl.kernels.kinds import ranks_kinds
@@ -247,11 +242,10 @@ def _check_ranks(kind: str, tp: int, gpus: int, backend: Backend) -> None:
         raise UsageError(f"--gpus {gpus}: real ranks run the kernels", hint="add --backend triton")
     if gpus != tp:
         raise UsageError(f"--gpus {gpus} runs TP{gpus}, one rank per GPU; --tp is {tp}", hint=f"add --tp {gpus}")
-    runs = [k for k in ranks_kinds() if k in RUNS_ON_RANKS]
+    runs = ranks_kinds()
     if kind not in runs:
-        what = f"{kind}'s run (its state carried from step to step)" if kind in ranks_kinds() else kind
         raise UsageError(
-            f"--gpus {gpus}: {what} does not run on real ranks yet",
+            f"--gpus {gpus}: {kind} does not run on real ranks yet",
             hint=f"the kinds whose runs do: {', '.join(runs)}; --gpus 1 runs {kind} on one device",
         )
 

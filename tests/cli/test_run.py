@@ -121,7 +121,6 @@ def test_run_option_misuse(capsys, tmp_path, args, message):
         (["--kind", "tail", "--tp", "2", "--gpus", "2"], "real ranks run the kernels"),
         (["--kind", "tail", "--tp", "4", "--gpus", "2", "--backend", "triton"], "--gpus 2 runs TP2"),
         (["--kind", "tail", "--tp", "2", "--gpus", "3", "--backend", "triton"], "one rank per GPU at a TP width"),
-        (["--kind", "dense", "--tp", "2", "--gpus", "2", "--backend", "triton"], "dense's run (its state carried"),
         (["--kind", "model", "--tp", "2", "--gpus", "2", "--backend", "triton"], "model does not run on real ranks"),
     ],
 )
@@ -163,6 +162,32 @@ def test_run_on_real_ranks_saves_every_ranks_outputs_bitwise_the_emulations(caps
     assert code == 0, err
     file_run = load_file(str(tmp_path / "file.safetensors"))
     assert torch.equal(file_run["ranks.1.logits"], a["outputs.logits"])
+
+
+@pytest.mark.parametrize(("kind", "tp", "rows"), [("dense", 2, 2), ("sparse", 4, 1)])
+def test_a_layer_run_on_real_ranks_carries_each_ranks_state(capsys, tmp_path, kind, tp, rows):
+    """`run --gpus T` of a layer kind over three steps: each rank carries its own state from step to step (its
+    slices of the KDA state; `sparse`'s caches, which every rank writes, through a pool's completion), and the
+    file saves what the one-device run saves bit for bit: the last step's inputs, rank 0's outputs and the
+    state's writes (joined from the ranks' slices), with every rank's outputs as `ranks.<r>.*`."""
+    one, ranks, first = (tmp_path / f"{n}.safetensors" for n in ("one", "ranks", "first"))
+    args = ["run", "--kind", kind, "--tp", str(tp), "--rows", str(rows), "--context", "9", "--backend", "triton"]
+    code, _, err = invoke(capsys, *args, "--steps", "3", "--out", one)
+    assert code == 0, err
+    code, _, err = invoke(capsys, *args, "--steps", "3", "--gpus", str(tp), "--out", ranks)
+    assert code == 0 and "every rank's outputs bitwise equal to rank 0's" in err, err
+    a, b = load_file(str(one)), load_file(str(ranks))
+    assert {n for n in b if not n.startswith("ranks.")} == set(a)
+    assert any(n.startswith("writes.") for n in a)
+    for n, t in a.items():
+        assert torch.equal(t, b[n]), n
+    outs = [n.removeprefix("outputs.") for n in a if n.startswith("outputs.")]
+    assert all(torch.equal(b[f"ranks.{r}.{n}"], a[f"outputs.{n}"]) for r in range(tp) for n in outs)
+    # the state the last step read is what the step before it wrote, not the prefilled state a first step reads
+    code, _, err = invoke(capsys, *args, "--steps", "1", "--out", first)
+    assert code == 0, err
+    state, prefilled = [n for n in a if n.startswith("inputs.state.")], load_file(str(first))
+    assert state and not all(torch.equal(a[n], prefilled[n]) for n in state)
 
 
 def test_run_refuses_unwritable_outputs_before_running(capsys, tmp_path):

@@ -222,21 +222,54 @@ class DenseHarness(KindHarness):
     def run(cls, weights: Weights, key: RunKey, resolved: ResolvedKey) -> dict[str, torch.Tensor]:
         """`run --backend triton`: run_reference's inputs (the same draws: the layer's state prefilled to each
         row's context, then H per step) through the launch, each step's state writes read by the next."""
-        spec = weights.spec
         k = cls(weights, resolved, layer=key.layer)
-        i = k.layer
+        contexts, xs = cls.step_inputs(weights, key, k.layer)
+        states = [xs[0].state]  # each step's state before it, then the last step's writes
+        for x in xs:
+            out = k(LayerInput(x.H, states[-1]))
+            states.append(KdaState(out.pop("kda.conv").float().cpu(), out.pop("kda.recurrent").cpu()))
+        return cls.run_saved(k.layer, contexts, key, xs[-1].H, states[-2], out, states[-1])
+
+    @classmethod
+    def run_ranks(cls, weights: Weights, key: RunKey, resolved: ResolvedKey, source) -> dict[str, torch.Tensor]:
+        """`run --backend triton --gpus T`: `run`'s steps on T real ranks, each rank carrying its slices of the
+        state from step to step; what `run` saves (the state before the last step and its writes joined from
+        the ranks' slices, rank 0's outputs), and every rank's outputs and state slices as `ranks.<r>.*`."""
+        from glm53ctl.kernels.checks import steps_on_ranks
+
+        i = layer_for(weights.spec, cls.kind, key.layer)
+        contexts, xs = cls.step_inputs(weights, key, i)
+        out = steps_on_ranks(resolved, xs, source)
+
+        def joined(step: int) -> KdaState:
+            parts = [out[r][step] for r in range(resolved.tp)]
+            conv = conv_join([p["kda.conv"] for p in parts]).float()
+            return KdaState(conv, torch.cat([p["kda.recurrent"] for p in parts], dim=1))
+
+        before = joined(-2) if len(xs) > 1 else xs[0].state
+        last = {n: t.clone() for n, t in out[0][-1].items() if not n.startswith("kda.")}
+        saved = cls.run_saved(i, contexts, key, xs[-1].H, before, last, joined(-1))
+        return saved | {f"ranks.{r}.{n}": t for r in range(resolved.tp) for n, t in out[r][-1].items()}
+
+    @classmethod
+    def step_inputs(cls, weights: Weights, key: RunKey, layer: int) -> tuple[list[int], list[LayerInput]]:
+        """A run's rows' contexts and its steps' inputs: H per step, and (every step's, the first's to read) the
+        layer's state prefilled by the reference to each row's context."""
+        spec = weights.spec
         inputs = Inputs(spec, key.seed, FP32)
         contexts = row_contexts(key.context, key.rows, spec.indexer.kpool)
-        state = layer_state(Reference(weights), i, contexts, inputs, room(spec, max(contexts) + key.steps)).kda[i]
-        for _ in range(key.steps):
-            x = LayerInput(inputs.H(key.rows).to(torch.bfloat16), state)
-            out = k(x)
-            state = KdaState(out.pop("kda.conv").float().cpu(), out.pop("kda.recurrent").cpu())
-        pre = f"layers.{i}.kda."
+        slots = room(spec, max(contexts) + key.steps)
+        state = layer_state(Reference(weights), layer, contexts, inputs, slots).kda[layer]
+        return contexts, [LayerInput(inputs.H(key.rows).to(torch.bfloat16), state) for _ in range(key.steps)]
+
+    @staticmethod
+    def run_saved(layer: int, contexts, key: RunKey, H, before: KdaState, out: dict, after: KdaState) -> dict:
+        """What `run` saves: the inputs of the last step (H, the state before it), its outputs and its writes."""
+        pre = f"layers.{layer}.kda."
         return (
-            {"inputs.contexts": torch.tensor(contexts), "inputs.H": x.H, "inputs.layer": torch.tensor(i)}
+            {"inputs.contexts": torch.tensor(contexts), "inputs.H": H, "inputs.layer": torch.tensor(layer)}
             | {"inputs.pos": torch.tensor(contexts) + key.steps - 1}
-            | {f"inputs.state.{pre}conv": x.state.conv, f"inputs.state.{pre}recurrent": x.state.recurrent}
+            | {f"inputs.state.{pre}conv": before.conv, f"inputs.state.{pre}recurrent": before.recurrent}
             | {f"outputs.{n}": t.cpu() for n, t in out.items()}
-            | {f"writes.{pre}conv": state.conv, f"writes.{pre}recurrent": state.recurrent}
+            | {f"writes.{pre}conv": after.conv, f"writes.{pre}recurrent": after.recurrent}
         )

@@ -10,11 +10,12 @@ computed on every rank from the same x̂: the same experts everywhere.
 from __future__ import annotations
 
 
-def rank_launches(group, key, inputs: list, mute: list, budget_ns, source=None):
+def rank_launches(group, key, inputs: list, mute: list, budget_ns, source=None, chain: bool = False):
     """One rank of a TP-`tp` dense or kda layer: its weights, its mailboxes, its launch; one launch per
     LayerInput in `inputs` (H and the whole layer's state: the rank takes its slices). `mute[i]`: the rank that
     never tags its pushes at launch i (-1: none). Per launch its outputs and its slices of the state writes
-    (`rank_view` of the emulation's), or its fault, in words."""
+    (`rank_view` of the emulation's), or its fault, in words. `chain` (a run's steps): a launch after the first
+    reads the state its rank's launch before wrote, not the input's."""
     from glm53ctl.kernels.kinds.dense.harness import rank_state
     from glm53ctl.kernels.kinds.layer.launch import LayerLaunch
     from glm53ctl.kernels.kinds.layer.weights import prepare_weights
@@ -32,10 +33,15 @@ def rank_launches(group, key, inputs: list, mute: list, budget_ns, source=None):
     links = PeerLinks.open(group, key.kind, LayerLaunch.mailbox_shapes(spec, tp, rows, knobs, ffn=ffn))
     launch = LayerLaunch(spec, tp, rows, knobs, dev, rank=rank, ffn=ffn, links=links)
 
+    state = []  # chained: this rank's slices of the state its last launch wrote
+
     def run(x, mute_: bool, budget):
         x = x.to(dev)
         launch.poison()
-        out = launch(x.H, w, *rank_state(x, rank, tp, dev), mute=mute_, budget_ns=budget)
+        conv, rec = state[-1] if state else rank_state(x, rank, tp, dev)
+        out = launch(x.H, w, conv, rec, mute=mute_, budget_ns=budget)
+        if chain:
+            state[:] = [(launch.conv_out.clone(), launch.S_out.clone())]
         return {n: t.cpu().clone() for n, t in out.items()} | {
             "kda.conv": launch.conv_out.cpu().clone(),
             "kda.recurrent": launch.S_out.cpu().clone(),

@@ -80,18 +80,18 @@ def rows_contexts(spec, key: ResolvedKey) -> list[int]:
     return row_contexts(key.context, key.rows, spec.indexer.kpool)
 
 
+# the names of the caches' rows a launch wrote (`written_rows`), outputs beside the launch's own
+WRITTEN = ("dsa.latent", "dsa.index_key", "dsa.index_gate", "dsa.pooled_key")
+
+
 def written_rows(cache: DsaCache, pos: torch.Tensor, kpool: int) -> dict[str, torch.Tensor]:
     """The caches' rows a launch wrote: each row's at its position, the pooled key's at the pool it completes
     (or its last complete one)."""
     rows = torch.arange(pos.shape[0], device=pos.device)
     p = pos.long()
     pool = ((p + 1) // kpool - 1).clamp(min=0)
-    return {
-        "dsa.latent": cache.latent[rows, p],
-        "dsa.index_key": cache.index_key[rows, p],
-        "dsa.index_gate": cache.index_gate[rows, p],
-        "dsa.pooled_key": cache.pooled_key[rows, pool],
-    }
+    at = (cache.latent[rows, p], cache.index_key[rows, p], cache.index_gate[rows, p], cache.pooled_key[rows, pool])
+    return dict(zip(WRITTEN, at, strict=True))
 
 
 class SparseHarness(KdaHarness):
@@ -214,25 +214,63 @@ class SparseHarness(KdaHarness):
         """`run --backend triton`: run_reference's inputs (the same draws: the caches prefilled to each row's
         context by the reference, then H per step) through the launch, each step's cache writes read by the
         next."""
-        spec = weights.spec
         k = cls(weights, replace(resolved, context=key.context), layer=key.layer, steps=key.steps)
-        i = k.layer
-        inputs = Inputs(spec, key.seed, FP32)
-        st = layer_state(Reference(weights), i, k.contexts, inputs, k.slots)
-        cache = DsaCache(*(getattr(st.dsa[i], n).to(torch.bfloat16) for n in CACHE_NAMES))
-        pos = st.pos.clone()
-        for _ in range(key.steps):
-            x = SparseInput(inputs.H(key.rows).to(torch.bfloat16), pos, cache)
-            out = {n: t for n, t in k(x).items() if n in k.launch.out}
-            cache = DsaCache(*(getattr(k.cache_after, n).cpu() for n in CACHE_NAMES))
-            pos = pos + 1
-        pre = f"layers.{i}.dsa."
+        xs = cls.step_inputs(weights, key, k.layer, k.contexts, k.slots)
+        caches, pos = [xs[0].cache], xs[0].pos.clone()  # each step's caches before it, then the last's writes
+        for step, x in enumerate(xs):
+            out = {n: t for n, t in k(SparseInput(x.H, pos + step, caches[-1])).items() if n in k.launch.out}
+            caches.append(DsaCache(*(getattr(k.cache_after, n).cpu() for n in CACHE_NAMES)))
+        return cls.run_saved(k.layer, k.contexts, x.H, pos + len(xs) - 1, caches[-2], out, caches[-1])
+
+    @classmethod
+    def run_ranks(cls, weights: Weights, key: RunKey, resolved: ResolvedKey, source) -> dict[str, torch.Tensor]:
+        """`run --backend triton --gpus T`: `run`'s steps on T real ranks, each rank carrying its caches (every
+        rank computes them) from step to step; what `run` saves (rank 0's caches), and every rank's outputs and
+        caches as `ranks.<r>.*`."""
+        from glm53ctl.kernels.checks import steps_on_ranks
+        from glm53ctl.kernels.run_key import layer_for
+
+        resolved = replace(resolved, context=key.context)
+        spec = weights.spec
+        layer = layer_for(spec, cls.kind, key.layer)
+        contexts = rows_contexts(spec, resolved)
+        xs = cls.step_inputs(weights, key, layer, contexts, room(spec, max(contexts) + key.steps))
+        out = steps_on_ranks(resolved, xs, source)
+
+        def caches(step: int) -> DsaCache:
+            return DsaCache(*(out[0][step][f"cache.{n}"] for n in CACHE_NAMES))
+
+        before = caches(-2) if len(xs) > 1 else xs[0].cache
+        names = cls.launch_outputs(out[0][-1])
+        last = {n: t.clone() for n, t in out[0][-1].items() if n in names}
+        saved = cls.run_saved(layer, contexts, xs[-1].H, xs[0].pos + len(xs) - 1, before, last, caches(-1))
+        return saved | {f"ranks.{r}.{n}": t for r in range(resolved.tp) for n, t in out[r][-1].items()}
+
+    @staticmethod
+    def launch_outputs(got: dict) -> list[str]:
+        """A rank's launch outputs, without the caches' rows and whole caches it also returns."""
+        return [n for n in got if not n.startswith("cache.") and n not in WRITTEN]
+
+    @classmethod
+    def step_inputs(cls, weights: Weights, key: RunKey, layer: int, contexts, slots: int) -> list[SparseInput]:
+        """A run's steps' inputs: H per step, with (the first's to read) the caches prefilled by the reference
+        to each row's context and the rows' positions then."""
+        inputs = Inputs(weights.spec, key.seed, FP32)
+        st = layer_state(Reference(weights), layer, contexts, inputs, slots)
+        cache = DsaCache(*(getattr(st.dsa[layer], n).to(torch.bfloat16) for n in CACHE_NAMES))
+        return [SparseInput(inputs.H(key.rows).to(torch.bfloat16), st.pos.clone(), cache) for _ in range(key.steps)]
+
+    @staticmethod
+    def run_saved(layer: int, contexts, H, pos, before: DsaCache, out: dict, after: DsaCache) -> dict:
+        """What `run` saves: the inputs of the last step (H, the positions, the caches before it), its outputs
+        and the caches after it."""
+        pre = f"layers.{layer}.dsa."
         return (
-            {"inputs.contexts": torch.tensor(k.contexts), "inputs.H": x.H, "inputs.layer": torch.tensor(i)}
-            | {"inputs.pos": x.pos}
-            | {f"inputs.state.{pre}{n}": getattr(x.cache, n).float() for n in CACHE_NAMES}
+            {"inputs.contexts": torch.tensor(contexts), "inputs.H": H, "inputs.layer": torch.tensor(layer)}
+            | {"inputs.pos": pos}
+            | {f"inputs.state.{pre}{n}": getattr(before, n).float() for n in CACHE_NAMES}
             | {f"outputs.{n}": t.cpu() for n, t in out.items()}
-            | {f"writes.{pre}{n}": getattr(cache, n).float() for n in CACHE_NAMES}
+            | {f"writes.{pre}{n}": getattr(after, n).float() for n in CACHE_NAMES}
         )
 
     def _untouched(self, before: DsaCache, after: DsaCache, pos: torch.Tensor) -> bool:

@@ -9,16 +9,17 @@ every rank's are the emulation's bit for bit (what `check --gpus` proves of each
 from __future__ import annotations
 
 
-def rank_launches(group, key, inputs: list, mute: list, budget_ns, source=None):
+def rank_launches(group, key, inputs: list, mute: list, budget_ns, source=None, chain: bool = False):
     """One rank of a TP-`tp` sparse layer: its weights, its mailboxes, its launch; one launch per SparseInput in
     `inputs` (H, the rows' positions and the caches, on a copy of them). `mute[i]`: the rank that never tags its
-    pushes at launch i (-1: none). Per launch its outputs and the caches' rows it wrote, or its fault, in words."""
+    pushes at launch i (-1: none). Per launch its outputs and the caches' rows it wrote, or its fault, in words.
+    `chain` (a run's steps): a launch after the first reads the caches its rank's launch before wrote, one
+    position on, and returns the whole caches (`cache.<name>`) beside its outputs."""
     import torch
 
     from glm53ctl.kernels.kinds.layer.launch import LayerLaunch
     from glm53ctl.kernels.kinds.layer.weights import prepare_weights
-    from glm53ctl.kernels.kinds.sparse.harness import rows_contexts, written_rows
-    from glm53ctl.kernels.reference import room
+    from glm53ctl.kernels.kinds.sparse.harness import CACHE_NAMES, written_rows
     from glm53ctl.kernels.run_key import layer_for
     from glm53ctl.kernels.runtime.ranks import PeerLinks, WeightsSource, launches_on_rank
     from glm53ctl.kernels.spec import load_model
@@ -28,16 +29,24 @@ def rank_launches(group, key, inputs: list, mute: list, budget_ns, source=None):
     knobs = key.knobs  # resolved where the command started the key (its grid for this device type)
     weights = (source or WeightsSource()).load(spec, dev)
     w = prepare_weights(weights.layer(layer_for(spec, "sparse", None), rank, tp), spec, tp, dev, False, "moe", "mla")
-    halves = {"ffn": "moe", "attn": "mla", "slots": room(spec, max(rows_contexts(spec, key)) + 1)}
+    # the caches' capacity (a compile-time constant) as the inputs' caches have it: a check's room for one
+    # launch, a run's for its steps
+    halves = {"ffn": "moe", "attn": "mla", "slots": inputs[0].cache.latent.shape[1]}
     links = PeerLinks.open(group, "sparse", LayerLaunch.mailbox_shapes(spec, tp, rows, knobs, **halves))
     launch = LayerLaunch(spec, tp, rows, knobs, dev, rank=rank, links=links, **halves)
 
+    state = []  # chained: the caches and positions this rank's last launch wrote at and read
+
     def run(x, mute_: bool, budget):
         x = x.to(dev)
-        cache = x.clone_cache()
+        cache, pos = state[-1] if state else (x.clone_cache(), x.pos)
         launch.poison()
-        launch(x.H, w, cache, x.pos.to(torch.int32), mute=mute_, budget_ns=budget)
+        launch(x.H, w, cache, pos.to(torch.int32), mute=mute_, budget_ns=budget)
         out = {n: t.cpu().clone() for n, t in launch.out.items()}
-        return out | {n: t.cpu().clone() for n, t in written_rows(cache, x.pos, spec.indexer.kpool).items()}
+        out |= {n: t.cpu().clone() for n, t in written_rows(cache, pos, spec.indexer.kpool).items()}
+        if chain:
+            state[:] = [(cache, pos + 1)]
+            out |= {f"cache.{n}": getattr(cache, n).cpu().clone() for n in CACHE_NAMES}
+        return out
 
     return launches_on_rank(group, launch, run, inputs, mute, budget_ns)
