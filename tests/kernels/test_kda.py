@@ -20,6 +20,9 @@ LAYER = 4  # tiny's first KDA layer with the MoE
 
 
 pytestmark = pytest.mark.interpreter
+# keys besides the CPU keys (every TP width and row count once there): each TP and each row count once more
+KEYS = [(1, 8), (2, 1), (4, 4), (8, 2)]
+assert not set(KEYS) & set(CPU_KEYS)
 
 
 @pytest.fixture(scope="module")
@@ -27,10 +30,12 @@ def weights():
     return Weights(load_model("tiny"), seed=3)
 
 
-@pytest.mark.parametrize(("tp", "rows"), [(t, r) for t in (1, 2, 4, 8) for r in (1, 2, 4, 8) if (t, r) not in CPU_KEYS])
+# with the main job's CPU keys (`check`, tests/cli/test_check.py) every TP width and row count twice; the whole
+# matrix: `glm53ctl check --kind kda,sparse --all-keys` (docs/perf/check.md), CI's time being the limit
+@pytest.mark.parametrize(("tp", "rows"), KEYS)
 def test_against_the_reference(weights, tp, rows):
     """Every output, state write and routing weight within its bound, and the routing exactly the reference's
-    (its invariants), at every key but the CPU keys: there `glm53ctl check` proves the same and more, bitwise
+    (its invariants), at keys besides the CPU keys: there `glm53ctl check` proves the same and more, bitwise
     equal across grids, schedules and repeated launches (tests/cli/test_check.py runs it for every kind)."""
     k = KdaHarness(weights, resolved("kda", tp, rows, {"grid": 3}))
     x = k.inputs(seed=100 * tp + rows)[0]

@@ -84,12 +84,18 @@ def test_a_layer_kind_on_real_ranks(capsys):
     """`check --gpus 2` for kda: two processes, each running the whole layer on its shard (its KDA heads, its share
     of every expert) and pushing both all-reduces' partials into the other's mailbox, three launches in a row;
     every rank's outputs (the routing replicated) and its slices of the KDA states' writes the emulation's bit for
-    bit. (dense and sparse, TP4 and the faults by hand, docs/perf/ranks.md: CI's time is the limit.)"""
+    bit. `fault --gpus 2` for every layer kind: each rank muted in turn is named by the other at its reduce,
+    nothing hangs, the next launch is clean; each killed in turn mid-launch is reported dead and named. (dense and
+    sparse on real ranks over several steps: tests/cli/test_run.py; TP4 and more by hand, docs/perf/ranks.md.)"""
     from tests.helpers import invoke_json
 
     res = invoke_json(capsys, "check", "--kind", "kda", "--tp", "2", "--rows", "1", "--gpus", "2")
     assert [r["key"] for r in res["keys"]] == ["tiny/kda/tp2/r1"]
     assert res["summary"] == "6 of 6 rank launches bitwise equal to the one-device emulation"
+    key = ("--kind", "dense,kda,sparse", "--tp", "2", "--rows", "1", "--gpus", "2", "--budget-ms", "20")
+    res = invoke_json(capsys, "fault", *key)
+    assert [r["key"] for r in res["keys"]] == [f"tiny/{k}/tp2/r1" for k in ("dense", "kda", "sparse")]
+    assert res["totals"] == {"peers": 6, "named": 6, "hangs": 0, "retries_equal": 6, "killed": 6, "killed_reported": 6}
 
 
 def test_a_peer_that_never_publishes_is_named_and_the_retry_is_clean():
