@@ -263,12 +263,14 @@ def _rank_view(fn, want: dict, rank: int, tp: int) -> dict:
     return view(want, rank, tp) if view else want
 
 
-def ranks_key(weights: Weights, key: ResolvedKey, seed: int, launches: int = 3) -> dict:
+def ranks_key(weights: Weights, key: ResolvedKey, seed: int, launches: int | None = None) -> dict:
     """The key on T real ranks, one process each (a GPU each, or on a CPU a process each under the interpreter),
-    `launches` launches in a row from the key's seeded inputs: every rank's every output bitwise equal to the
-    one-device emulation's (`check --gpus T`)."""
+    `launches` launches in a row (default: the harness's RANK_LAUNCHES, 3; a step's 1, itself two steps) from
+    the key's seeded inputs: every rank's every output bitwise equal to the one-device emulation's
+    (`check --gpus T`)."""
     from glm53ctl.kernels.runtime.ranks import RankLayout, run_ranks
 
+    launches = launches or load_harness(key.kind).RANK_LAUNCHES
     tp = key.tp
     layout = RankLayout(tp, tp, torch.device(key.device).type)
     want, given = _on_ranks(weights, key, seed, launches)

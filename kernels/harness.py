@@ -201,7 +201,8 @@ class KindHarness:
     separate launches of the baseline); for `bench`, `timed(x, peers)` (rank 0's launch as it is timed) and
     `stock(x, peers)` (rank 0's share of the same math as stock PyTorch ops in bf16, the `torch` and `compile`
     baselines). What a command asks of a kind beyond that is a class attribute here, with the default most kinds
-    take: `FOLLOWED`, `POISON_INT`, `CHECK_GRIDS`, `CHECK_REPEATS`, `FAULT_OPTIONS`, `BENCH_OPTIONS`."""
+    take: `FOLLOWED`, `POISON_INT`, `CHECK_GRIDS`, `CHECK_REPEATS`, `FAULT_OPTIONS`,
+    `RANK_LAUNCHES`, `BENCH_OPTIONS`."""
 
     kind: str
     input_name: str  # what run saves as inputs.<name>
@@ -215,6 +216,7 @@ class KindHarness:
     CHECK_GRIDS = (1, 3, 64)  # the other grids `check` proves bitwise equal
     CHECK_REPEATS = 3  # launches in a row `check` proves bitwise equal (no host reset between)
     FAULT_OPTIONS: dict = {}  # what `fault` makes the harness with (a whole step: one step a launch)
+    RANK_LAUNCHES = 3  # launches in a row `check --gpus` proves on real ranks (the mailboxes' halves in turn)
     BENCH_OPTIONS: dict = {}  # what `bench` makes it with (a whole step: timing's weight sharing)
 
     def __init__(self, weights, key: ResolvedKey) -> None:

@@ -110,6 +110,12 @@ def _tail_ranks():
     return rank_launches
 
 
+def _model_ranks():
+    from glm53ctl.kernels.kinds.model.ranks import rank_launches
+
+    return rank_launches
+
+
 IN_TREE = (
     Kind(
         "embed",
@@ -170,6 +176,7 @@ IN_TREE = (
         reads_context=True,
         composite=True,
         parts=("embed", "dense", "kda", "sparse", "tail"),
+        ranks=_model_ranks,
         **facts(model),
     ),
 )

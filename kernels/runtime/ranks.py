@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -286,10 +287,21 @@ class WeightsSource:
         return Weights(spec, seed=self.seed, device=self.draw or device.type)
 
 
+class RankPart(NamedTuple):
+    """One kind's launch on this rank, as a step made of several kinds chains them (`model` on real ranks):
+    `run(x, mute, budget_ns)` launches once and returns its outputs on the CPU; `reset()` forgets the state a
+    chained part carries from launch to launch (its next launch reads its input's)."""
+
+    launch: object
+    run: Callable
+    reset: Callable = lambda: None
+
+
 def launches_on_rank(group: Group, launch, run: Callable, inputs: list, mute: list, budget_ns) -> list:
-    """What every kind's rank function ends with: its launch compiled (on a GPU) before the ranks first meet,
-    then per input a barrier (the ranks start far apart, and after a fault none may drift a launch ahead: it
-    would push into the half of a peer's mailbox the peer still reads) and `run(x, mute, budget_ns)`, which
+    """What every kind's rank function ends with: its launch (a list: a step's launches) compiled (on a GPU)
+    before the ranks first meet, then per input a barrier (the ranks start far apart, and after a fault none may
+    drift a launch ahead: it would push into the half of a peer's mailbox the peer still reads) and
+    `run(x, mute, budget_ns)`, which
     launches once and returns the outputs (on the CPU); a LaunchFault comes back in words. `mute[i]`: the rank
     that never publishes at launch i (-1: none), or (rank, "killed"): that rank's process is killed (SIGKILL)
     `KILL_AFTER_S` into the launch, before it publishes; only those launches wait `budget_ns` (the others, the
@@ -297,8 +309,9 @@ def launches_on_rank(group: Group, launch, run: Callable, inputs: list, mute: li
     from glm53ctl.kernels.runtime.launch import LaunchFault, on_device
 
     if group.device.type == "cuda":  # ranks that compile seconds apart would fault their first launch
-        args = on_device(launch.placeholder_args(), group.device)
-        launch.kernel.warmup(**args, **launch.constexprs(), **launch.options(), grid=(launch.grid,))
+        for la in launch if isinstance(launch, list) else [launch]:
+            args = on_device(la.placeholder_args(), group.device)
+            la.kernel.warmup(**args, **la.constexprs(), **la.options(), grid=(la.grid,))
     out = []
     for i, x in enumerate(inputs):
         group.barrier()

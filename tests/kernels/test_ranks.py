@@ -98,6 +98,18 @@ def test_a_layer_kind_on_real_ranks(capsys):
     assert res["totals"] == {"peers": 6, "named": 6, "hangs": 0, "retries_equal": 6, "killed": 6, "killed_reported": 6}
 
 
+def test_the_whole_step_on_real_ranks(capsys):
+    """`check --gpus 2 --kind model`: each rank runs embed, every layer and tail, each part its own kind's launch
+    on the rank's shards with mailboxes of its own, two steps in a row (each layer's state carried on the rank):
+    every rank's outputs, its slices of every KDA state and the caches' written slots the one-device step's, bit
+    for bit. (`fault --gpus 2 --kind model` by hand: docs/perf/ranks.md.)"""
+    from tests.helpers import invoke_json
+
+    res = invoke_json(capsys, "check", "--kind", "model", "--tp", "2", "--rows", "1", "--gpus", "2")
+    assert [r["key"] for r in res["keys"]] == ["tiny/model/tp2/r1"]
+    assert res["summary"] == "2 of 2 rank launches bitwise equal to the one-device emulation"
+
+
 def test_a_peer_that_never_publishes_is_named_and_the_retry_is_clean():
     """Rank 2 of TP4 never publishes its tag: every other rank's reduce times out naming peer rank 2 alone (its
     other peers did publish) and the site; rank 2, whose peers published, finishes; nobody hangs; the next

@@ -16,23 +16,33 @@ def rank_launches(group, key, inputs: list, mute: list, budget_ns, source=None, 
     never tags its pushes at launch i (-1: none). Per launch its outputs and its slices of the state writes
     (`rank_view` of the emulation's), or its fault, in words. `chain` (a run's steps): a launch after the first
     reads the state its rank's launch before wrote, not the input's."""
+    from glm53ctl.kernels.runtime.ranks import WeightsSource, launches_on_rank
+    from glm53ctl.kernels.spec import load_model
+
+    weights = (source or WeightsSource()).load(load_model(key.model), group.device)
+    launch, run, _ = rank_part(group, key, weights, chain=chain)
+    return launches_on_rank(group, launch, run, inputs, mute, budget_ns)
+
+
+def rank_part(group, key, weights, layer: int | None = None, name: str | None = None, chain: bool = False):
+    """This rank's launch of layer `layer` (None: the kind's own) of a dense or kda key, its shard of `weights`
+    and its mailboxes `name`, as a `RankPart`: run(x) with x a LayerInput; `chain`: each launch after the first
+    (until `reset`) reads the state this rank's launch before wrote."""
     from glm53ctl.kernels.kinds.dense.harness import rank_state
     from glm53ctl.kernels.kinds.layer.launch import LayerLaunch
     from glm53ctl.kernels.kinds.layer.weights import prepare_weights
     from glm53ctl.kernels.run_key import layer_for
-    from glm53ctl.kernels.runtime.ranks import PeerLinks, WeightsSource, launches_on_rank
+    from glm53ctl.kernels.runtime.ranks import PeerLinks, RankPart
     from glm53ctl.kernels.spec import load_model
 
     spec, tp, rows, rank = load_model(key.model), key.tp, key.rows, group.rank
     dev = group.device
     knobs = key.knobs  # resolved where the command started the key (its grid for this device type)
     ffn = "moe" if key.kind == "kda" else "dense"
-    weights = (source or WeightsSource()).load(spec, dev)
-    layer = layer_for(spec, key.kind, None)
+    layer = layer_for(spec, key.kind, layer)
     w = prepare_weights(weights.layer(layer, rank, tp), spec, tp, dev, key.norm_folds, ffn)
-    links = PeerLinks.open(group, key.kind, LayerLaunch.mailbox_shapes(spec, tp, rows, knobs, ffn=ffn))
+    links = PeerLinks.open(group, name or key.kind, LayerLaunch.mailbox_shapes(spec, tp, rows, knobs, ffn=ffn))
     launch = LayerLaunch(spec, tp, rows, knobs, dev, rank=rank, ffn=ffn, links=links)
-
     state = []  # chained: this rank's slices of the state its last launch wrote
 
     def run(x, mute_: bool, budget):
@@ -47,7 +57,7 @@ def rank_launches(group, key, inputs: list, mute: list, budget_ns, source=None, 
             "kda.recurrent": launch.S_out.cpu().clone(),
         }
 
-    return launches_on_rank(group, launch, run, inputs, mute, budget_ns)
+    return RankPart(launch, run, state.clear)
 
 
 def rank_view(out: dict, rank: int, tp: int) -> dict:
@@ -60,3 +70,4 @@ def rank_view(out: dict, rank: int, tp: int) -> dict:
 
 
 rank_launches.rank_view = rank_view
+rank_launches.rank_part = rank_part

@@ -9,25 +9,38 @@ def rank_launches(group, key, tokens: list, mute: list, budget_ns, source=None):
     """One rank of a TP-`tp` embed: its shard of the table, its mailboxes, its launch; one launch per row of
     token ids in `tokens`. `mute[i]`: the rank that never publishes at launch i (fault injection; -1: none). Per
     launch its outputs ({"H": on the CPU}) or its fault, in words."""
+    from glm53ctl.kernels.runtime.ranks import WeightsSource, launches_on_rank
+    from glm53ctl.kernels.spec import load_model
+
+    # `source` (WeightsSource) None: drawn on the rank's device type, as the emulation's (a CPU and a GPU draw
+    # other numbers)
+    weights = (source or WeightsSource()).load(load_model(key.model), group.device)
+    launch, run, _ = rank_part(group, key, weights)
+    return launches_on_rank(group, launch, run, tokens, mute, budget_ns)
+
+
+def rank_part(group, key, weights, name: str = "embed"):
+    """This rank's embed launch (its shard of `weights`' table, its mailboxes `name`) as a `RankPart`: run(ids)
+    with ids a row of token ids (a list or a tensor)."""
     from glm53ctl.kernels.kinds.embed.launch import EmbedLaunch
-    from glm53ctl.kernels.runtime.ranks import PeerLinks, WeightsSource, launches_on_rank
+    from glm53ctl.kernels.runtime.ranks import PeerLinks, RankPart
     from glm53ctl.kernels.spec import load_model
     from glm53ctl.kernels.weights import ROOT
 
     spec, tp, rows = load_model(key.model), key.tp, key.rows
     dev = group.device
     full = key.knobs  # resolved where the command started the key (its grid for this device type)
-    # `source` (WeightsSource) None: drawn on the rank's device type, as the emulation's (a CPU and a GPU draw
-    # other numbers)
-    weights = (source or WeightsSource()).load(spec, dev)
     table = weights.shard(f"{ROOT}embed_tokens.weight", group.rank, tp)
     table = table.to(dev).contiguous()
-    links = PeerLinks.open(group, "embed", EmbedLaunch.mailbox_shapes(spec, tp, rows, full))
+    links = PeerLinks.open(group, name, EmbedLaunch.mailbox_shapes(spec, tp, rows, full))
     launch = EmbedLaunch(spec, tp, rows, full, dev, links=links)
 
     def run(ids, mute_: bool, budget):
         H = torch.full((rows, spec.mhc.streams, spec.hidden), float("nan"), dtype=torch.bfloat16, device=dev)
-        launch(torch.tensor(ids, device=dev), table, out=H, mute=mute_, budget_ns=budget)
+        launch(torch.as_tensor(ids, device=dev), table, out=H, mute=mute_, budget_ns=budget)
         return {"H": H.cpu()}
 
-    return launches_on_rank(group, launch, run, tokens, mute, budget_ns)
+    return RankPart(launch, run)
+
+
+rank_launches.rank_part = rank_part

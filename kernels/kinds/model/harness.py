@@ -51,6 +51,22 @@ class ModelInput:
         return ModelInput(self.tokens.to(device), self.pos.to(device), kda, dsa)
 
 
+def written_at(pos0: torch.Tensor, steps: int, kpool: int) -> list[tuple]:
+    """Per step from the rows' positions pos0, the rows, their cache slot and the pool slot each writes (a pool
+    completing; else the last one)."""
+    rows = torch.arange(pos0.shape[0], device=pos0.device)
+    return [(rows, pos0 + s, ((pos0 + s + 1) // kpool - 1).clamp(min=0)) for s in range(steps)]
+
+
+def cache_writes(layer: int, cache: DsaCache, at: list[tuple]) -> dict[str, torch.Tensor]:
+    """Of DSA layer `layer`'s caches after the steps, the slots they wrote (`written_at`): [R, steps, ...]."""
+    out = {}
+    for n in CACHE_NAMES:
+        t = getattr(cache, n)
+        out[f"layers.{layer}.dsa.{n}"] = torch.stack([t[r, (q if n == "pooled_key" else p)] for r, p, q in at], 1)
+    return out
+
+
 class StepLaunches:
     """A step's launches as `check` and `fault` see one launch: `table.sites` (every part's guarded waits, in
     step order), `runtime.epoch` (the steps in which every part's launch advanced its tag exactly once)."""
@@ -86,6 +102,7 @@ class ModelHarness(KindHarness):
     CHECK_REPEATS = 1
     POISON_INT = {"dsa.idx": -2}  # as `sparse`: -1 is the selection's padding
     FAULT_OPTIONS = {"steps": 1}  # one step a launch (a check runs two; a stuck site is in the first anyway)
+    RANK_LAUNCHES = 1  # `check --gpus`: one call, two steps in a row (the second reads the states the first wrote)
     BENCH_OPTIONS = {"timing": True}  # layers share weights where a step's do not fit
 
     def __init__(self, weights: Weights, key: ResolvedKey, layer=None, steps=STEPS, timing: bool = False) -> None:
@@ -221,10 +238,7 @@ class ModelHarness(KindHarness):
         return out | self._writes(x.pos.long(), after)
 
     def _written_at(self, pos0: torch.Tensor):
-        """Per step, the rows' cache slot and the pool slot it writes (a pool completing; else the last one)."""
-        rows = torch.arange(self.rows, device=pos0.device)
-        kp = self.spec.indexer.kpool
-        return [(rows, pos0 + s, ((pos0 + s + 1) // kp - 1).clamp(min=0)) for s in range(self.steps)]
+        return written_at(pos0, self.steps, self.spec.indexer.kpool)
 
     def _writes(self, pos0: torch.Tensor, state: DecodeState) -> dict[str, torch.Tensor]:
         """What a step writes: every KDA layer's states; of every DSA layer's caches, the slots the steps wrote
@@ -232,9 +246,7 @@ class ModelHarness(KindHarness):
         out = {n: t for n, t in state.tensors().items() if ".kda." in n}
         at = self._written_at(pos0.to(state.pos.device))
         for i, c in state.dsa.items():
-            for n in CACHE_NAMES:
-                t = getattr(c, n)
-                out[f"layers.{i}.dsa.{n}"] = torch.stack([t[r, (q if n == "pooled_key" else p)] for r, p, q in at], 1)
+            out |= cache_writes(i, c, at)
         return out
 
     def _only_written(self, before: DsaCache, after: DsaCache, pos0: torch.Tensor) -> bool:

@@ -15,26 +15,37 @@ def rank_launches(group, key, inputs: list, mute: list, budget_ns, source=None, 
     pushes at launch i (-1: none). Per launch its outputs and the caches' rows it wrote, or its fault, in words.
     `chain` (a run's steps): a launch after the first reads the caches its rank's launch before wrote, one
     position on, and returns the whole caches (`cache.<name>`) beside its outputs."""
+    from glm53ctl.kernels.runtime.ranks import WeightsSource, launches_on_rank
+    from glm53ctl.kernels.spec import load_model
+
+    weights = (source or WeightsSource()).load(load_model(key.model), group.device)
+    # the caches' capacity (a compile-time constant) as the inputs' caches have it: a check's room for one
+    # launch, a run's for its steps
+    launch, run, _ = rank_part(group, key, weights, inputs[0].cache.latent.shape[1], chain=chain)
+    return launches_on_rank(group, launch, run, inputs, mute, budget_ns)
+
+
+def rank_part(group, key, weights, slots: int, layer: int | None = None, name: str | None = None, chain=False):
+    """This rank's launch of DSA layer `layer` (None: the kind's own) of a sparse key, its shard of `weights`,
+    caches of `slots` tokens and its mailboxes `name`, as a `RankPart`: run(x) with x a SparseInput; `chain`:
+    each launch after the first (until `reset`) reads the caches this rank's launch before wrote, one position
+    on."""
     import torch
 
     from glm53ctl.kernels.kinds.layer.launch import LayerLaunch
     from glm53ctl.kernels.kinds.layer.weights import prepare_weights
     from glm53ctl.kernels.kinds.sparse.harness import CACHE_NAMES, written_rows
     from glm53ctl.kernels.run_key import layer_for
-    from glm53ctl.kernels.runtime.ranks import PeerLinks, WeightsSource, launches_on_rank
+    from glm53ctl.kernels.runtime.ranks import PeerLinks, RankPart
     from glm53ctl.kernels.spec import load_model
 
     spec, tp, rows, rank = load_model(key.model), key.tp, key.rows, group.rank
     dev = group.device
     knobs = key.knobs  # resolved where the command started the key (its grid for this device type)
-    weights = (source or WeightsSource()).load(spec, dev)
-    w = prepare_weights(weights.layer(layer_for(spec, "sparse", None), rank, tp), spec, tp, dev, False, "moe", "mla")
-    # the caches' capacity (a compile-time constant) as the inputs' caches have it: a check's room for one
-    # launch, a run's for its steps
-    halves = {"ffn": "moe", "attn": "mla", "slots": inputs[0].cache.latent.shape[1]}
-    links = PeerLinks.open(group, "sparse", LayerLaunch.mailbox_shapes(spec, tp, rows, knobs, **halves))
+    w = prepare_weights(weights.layer(layer_for(spec, "sparse", layer), rank, tp), spec, tp, dev, False, "moe", "mla")
+    halves = {"ffn": "moe", "attn": "mla", "slots": slots}
+    links = PeerLinks.open(group, name or "sparse", LayerLaunch.mailbox_shapes(spec, tp, rows, knobs, **halves))
     launch = LayerLaunch(spec, tp, rows, knobs, dev, rank=rank, links=links, **halves)
-
     state = []  # chained: the caches and positions this rank's last launch wrote at and read
 
     def run(x, mute_: bool, budget):
@@ -49,4 +60,7 @@ def rank_launches(group, key, inputs: list, mute: list, budget_ns, source=None, 
             out |= {f"cache.{n}": getattr(cache, n).cpu().clone() for n in CACHE_NAMES}
         return out
 
-    return launches_on_rank(group, launch, run, inputs, mute, budget_ns)
+    return RankPart(launch, run, state.clear)
+
+
+rank_launches.rank_part = rank_part
