@@ -31,7 +31,7 @@ def weights():
 
 
 # with the main job's CPU keys (`check`, tests/cli/test_check.py) every TP width and row count twice; the whole
-# matrix: `glm53ctl check --kind kda,sparse --all-keys` (docs/perf/check.md), CI's time being the limit
+# matrix is `glm53ctl check --kind kda,sparse --all-keys`, run by hand (CHANGELOG), CI's time being the limit
 @pytest.mark.parametrize(("tp", "rows"), KEYS)
 def test_against_the_reference(weights, tp, rows):
     """Every output, state write and routing weight within its bound, and the routing exactly the reference's
