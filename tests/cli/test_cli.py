@@ -60,7 +60,6 @@ def test_timing_commands_need_a_gpu(capsys, name, monkeypatch):
         (["tune", "--tp", "4", "--rows", "2", "--kind", "kda", "--context", "8"], "not to kda"),
         (["bench", "--kind", "model", "--baseline", "separate"], "--baseline separate: not for model"),
         (["tune", "--tp", "4", "--rows", "1", "--kind", "model"], "a whole step is not tuned"),
-        (["check", "--kind", "model", "--tp", "2", "--gpus", "2"], "model runs on one device only so far"),
         (["check", "--kind", "embed", "--tp", "4", "--gpus", "2"], "--gpus 2 runs TP2 keys"),
         (["check", "--kind", "embed", "--gpus", "2"], "say the TP width too"),
         (["fault", "--kind", "embed", "--tp", "2", "--gpus", "2", "--site", "1"], "--gpus sticks a peer's publish"),

@@ -81,60 +81,29 @@ def mla_row(
         a = _rms_row(a, m_q, tl.load(q_norm + o_q, mask=m_q, other=0.0), QL, eps)
         tl.store(qr + r * QL + o_q, to_bf16(a, INTERPRET), mask=m_q)
     if PART != 0:
-        _mla_row_caches(
-            base, wi, latent, index_key, index_gate, pooled, kv_norm, k_w, k_b, ape, r, pos, eps, ln_eps, QL, C, IH,
-            HI, KP, LMAX, INTERPRET,
-        )  # fmt: skip
-
-
-@triton.jit
-def _mla_row_caches(
-    base,
-    wi,
-    latent,
-    index_key,
-    index_gate,
-    pooled,
-    kv_norm,
-    k_w,
-    k_b,
-    ape,
-    r,
-    pos,
-    eps,
-    ln_eps,
-    QL: tl.constexpr,
-    C: tl.constexpr,
-    IH: tl.constexpr,
-    HI: tl.constexpr,
-    KP: tl.constexpr,
-    LMAX: tl.constexpr,
-    INTERPRET: tl.constexpr,
-):
-    """`mla_row`'s part 1: row r's head weights and cache writes from its A projection at `base`."""
-    row = r.to(tl.int64) * LMAX + pos
-    o_c = tl.arange(0, C)
-    c = tl.load(base + QL + o_c)
-    tl.store(latent + row * C + o_c, to_bf16(_rms_row(c, o_c < C, tl.load(kv_norm + o_c), C, eps), INTERPRET))
-    o_i = tl.arange(0, IH)
-    ki = layer_norm_row(tl.load(base + QL + C + o_i), k_w, k_b, ln_eps, IH)
-    tl.store(index_key + row * IH + o_i, to_bf16(ki, INTERPRET))
-    tl.store(index_gate + row * IH + o_i, to_bf16(tl.load(base + QL + C + IH + o_i), INTERPRET))
-    o_h = tl.arange(0, HI)
-    tl.store(wi + r * HI + o_h, tl.load(base + QL + C + 2 * IH + o_h) * (HI**-0.5))
-    if (pos + 1) % KP == 0:  # this step completes pool p: its key from its tokens' stored keys and gates
-        tl.debug_barrier()  # this row's key and gate stored (by every thread) before they are read back
-        first = row - (KP - 1)
-        p = (pos + 1) // KP - 1
-        pool_key_row(
-            index_key + first * IH,
-            index_gate + first * IH,
-            ape,
-            pooled + (r.to(tl.int64) * (LMAX // KP) + p) * IH,
-            KP,
-            IH,
-            INTERPRET,
-        )
+        row = r.to(tl.int64) * LMAX + pos
+        o_c = tl.arange(0, C)
+        c = tl.load(base + QL + o_c)
+        tl.store(latent + row * C + o_c, to_bf16(_rms_row(c, o_c < C, tl.load(kv_norm + o_c), C, eps), INTERPRET))
+        o_i = tl.arange(0, IH)
+        ki = layer_norm_row(tl.load(base + QL + C + o_i), k_w, k_b, ln_eps, IH)
+        tl.store(index_key + row * IH + o_i, to_bf16(ki, INTERPRET))
+        tl.store(index_gate + row * IH + o_i, to_bf16(tl.load(base + QL + C + IH + o_i), INTERPRET))
+        o_h = tl.arange(0, HI)
+        tl.store(wi + r * HI + o_h, tl.load(base + QL + C + 2 * IH + o_h) * (HI**-0.5))
+        if (pos + 1) % KP == 0:  # this step completes pool p: its key from its tokens' stored keys and gates
+            tl.debug_barrier()  # this row's key and gate stored (by every thread) before they are read back
+            first = row - (KP - 1)
+            p = (pos + 1) // KP - 1
+            pool_key_row(
+                index_key + first * IH,
+                index_gate + first * IH,
+                ape,
+                pooled + (r.to(tl.int64) * (LMAX // KP) + p) * IH,
+                KP,
+                IH,
+                INTERPRET,
+            )
 
 
 @triton.jit
