@@ -49,6 +49,13 @@ def test_check_and_fault_take_it_in_their_worker_processes():
     assert json.loads(p.stdout)["totals"] == {"sites": 5, "named": 5, "hangs": 0, "retries_equal": 5}
 
 
+def test_a_kind_without_ranks_is_refused_on_real_ranks():
+    """Every in-tree kind runs on real ranks; a kind whose registry line names no rank function is refused with
+    --gpus, before any launch (exit 2)."""
+    p = glm53ctl("check", "--kind", "toy", "--tp", "2", "--gpus", "2")
+    assert p.returncode == 2 and "toy runs on one device only so far" in p.stderr, p.stderr
+
+
 def test_build_compiles_it(tmp_path):
     p = glm53ctl("build", "-m", "tiny", "--kind", "toy", "--tp", "1", "--rows", "1,4", "-j", "2", "--out", tmp_path)
     assert p.returncode == 0, p.stderr

@@ -237,14 +237,11 @@ class ModelHarness(KindHarness):
         self.untouched = all(self._only_written(x.dsa[i], after.dsa[i], x.pos.long()) for i in dsa)
         return out | self._writes(x.pos.long(), after)
 
-    def _written_at(self, pos0: torch.Tensor):
-        return written_at(pos0, self.steps, self.spec.indexer.kpool)
-
     def _writes(self, pos0: torch.Tensor, state: DecodeState) -> dict[str, torch.Tensor]:
         """What a step writes: every KDA layer's states; of every DSA layer's caches, the slots the steps wrote
         ([R, steps, ...]: a cache's other slots are the input's, `untouched`)."""
         out = {n: t for n, t in state.tensors().items() if ".kda." in n}
-        at = self._written_at(pos0.to(state.pos.device))
+        at = written_at(pos0.to(state.pos.device), self.steps, self.spec.indexer.kpool)
         for i, c in state.dsa.items():
             out |= cache_writes(i, c, at)
         return out
@@ -255,7 +252,7 @@ class ModelHarness(KindHarness):
         for n in CACHE_NAMES:
             want = getattr(before, n).clone()
             got = getattr(after, n)
-            for r, p, q in self._written_at(pos0):
+            for r, p, q in written_at(pos0, self.steps, self.spec.indexer.kpool):
                 slot = q if n == "pooled_key" else p
                 want[r, slot] = got[r, slot]
             ok &= torch.equal(want, got)
