@@ -135,10 +135,13 @@ def time_key(
     seed: int = 0,
     copy_tb_s: float | None = None,
     trace: bool = False,
+    on_ranks: bool = False,
 ) -> dict:
     """One key's launch: µs (median of `rounds` graph replays), bytes, floor and % of the copy bandwidth, and
     each baseline timed in alternating rounds with it (ratio baseline / launch: above 1, the launch is faster).
-    The separate launches are checked bit for bit against the launch first."""
+    The separate launches are checked bit for bit against the launch first. `on_ranks` (`bench --gpus T`): then
+    the key on T real ranks from the same input, its µs per launch beside the emulation's (tuning/bench_ranks.py),
+    once this process has let go of what it timed."""
     from glm53ctl.tuning.knobs import defaults
 
     kind, tp, rows, context = key.kind, key.tp, key.rows, key.context
@@ -204,6 +207,14 @@ def time_key(
         row["trace"] = trace_key(k, x, peers)
     del keep
     torch.cuda.synchronize()
+    if on_ranks:
+        from glm53ctl.tuning.bench_ranks import time_on_ranks
+
+        x = x.to("cpu") if hasattr(x, "to") else x
+        del k, main, launch_timer, peers, out
+        torch.cuda.empty_cache()  # rank 0 shares this GPU
+        r = time_on_ranks(key, x, rounds)
+        row["ranks"] = r | {"ratio": r["us"] / us}
     return row
 
 

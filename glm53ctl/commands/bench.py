@@ -72,6 +72,15 @@ def bench(
     jobs_: Annotated[
         int, typer.Option("--jobs", "-j", help="Processes compiling the keys first (default: the cores but two).")
     ] = 0,
+    gpus: Annotated[
+        int,
+        typer.Option(
+            "--gpus",
+            min=1,
+            help="Real ranks: T times each key at TP T on T GPUs, one process per rank, beside the one-device "
+            "emulation (1, the default: the emulation alone).",
+        ),
+    ] = 1,
     compile_only: Annotated[bool, typer.Option("--compile-only", hidden=True)] = False,
     markdown: Annotated[
         bool, typer.Option("--markdown", help="A markdown table on stdout (for a pull request).")
@@ -86,6 +95,8 @@ def bench(
 
     if as_json and markdown:
         raise UsageError("--json and --markdown: choose one")
+    if gpus > 1:
+        tp = _real_ranks(gpus, kind, tp, against, trace)
     kinds = parse_list("--kind", kind, selectable_kinds(), default=kernel_kinds())
     tps = parse_list("--tp", tp, TP_WIDTHS, int)
     rowss = parse_list("--rows", rows, ROWS, int)
@@ -108,6 +119,10 @@ def bench(
     from glm53ctl.tuning.bench import environment_ok
 
     environment_ok()  # exit 2 without a GPU, before anything is built
+    if gpus > 1:
+        from glm53ctl.kernels.runtime.ranks import RankLayout
+
+        RankLayout(gpus, gpus, "cuda")  # exit 2 with fewer GPUs than ranks
     context_fits(spec, list(contexts), rowss, readers, "cuda")  # memory, before a cache is made
     from glm53ctl.kernels.weights import Weights
     from glm53ctl.tuning import measure
@@ -140,7 +155,7 @@ def bench(
     results = []
     for key in keys:
         k, t, r, c = key.kind, key.tp, key.rows, key.context
-        row = time_key(weights, key, baselines, rounds, seed, bw, trace)
+        row = time_key(weights, key, baselines, rounds, seed, bw, trace, on_ranks=gpus > 1)
         if ref_tree is not None:
             from glm53ctl.kernels.checks import key_seed
             from glm53ctl.worktree import this_tree
@@ -183,6 +198,23 @@ def bench(
         names = ", ".join(key_label(r) for r in slower)
         of = plural(len(results), "keys")
         raise CheckFailed(f"{against} is faster beyond the noise at {len(slower)} of {of}: {names}")
+
+
+def _real_ranks(gpus: int, kind: str | None, tp: str | None, against: str | None, trace: bool) -> str:
+    """--gpus T: the TP width (T; --tp, if given, must say it), and every kind one that runs on real ranks."""
+    from glm53ctl.kernels.kinds import load_ranks, selectable_kinds
+    from glm53ctl.kernels.spec import TP_WIDTHS
+
+    if gpus not in TP_WIDTHS:
+        raise UsageError(f"--gpus {gpus}: one rank per GPU at a TP width ({', '.join(map(str, TP_WIDTHS))})")
+    wrong = [t for t in parse_list("--tp", tp, TP_WIDTHS, int) if t != gpus] if tp is not None else []
+    if wrong:
+        raise UsageError(f"--gpus {gpus} times TP{gpus} keys, one rank per GPU; --tp asks for TP{wrong[0]}")
+    if against is not None or trace:
+        raise UsageError("--gpus times the launch on real ranks beside the emulation: no --against or --trace with it")
+    for k in parse_list("--kind", kind, selectable_kinds(), default=()) if kind else []:
+        load_ranks(k)  # a kind without rank functions: a usage error
+    return str(gpus)
 
 
 def _contexts(context: str | None, kinds: list[str]) -> dict[str, list[int]]:
@@ -242,6 +274,8 @@ def _summary_line(r: dict) -> str:
     if "against" in r:
         a = r["against"]
         line += f"; ref {a['ref_us']:.1f} us, this/ref {a['ratio']:.4f} ({a['verdict']})"
+    if "ranks" in r:
+        line += f"; on {r['tp']} real ranks {r['ranks']['us']:.1f} us ({r['ranks']['ratio']:.2f}x the emulation)"
     return line
 
 
@@ -250,6 +284,9 @@ def _table(results: list[dict], against: str | None):
     cols = ["key", "µs", "floor µs", "% copy", "MB"] + [f"{b} µs (×)" for b in baselines]
     if against:
         cols += [f"{against} µs", "this/ref [95% CI]", "δ", "verdict"]
+    ranks = any("ranks" in r for r in results)
+    if ranks:
+        cols += ["real ranks µs (× emulation)", "slowest rank µs"]
     rows = []
     for r in results:
         row = [key_label(r), f"{r['us']:.1f}", f"{r.get('floor_us', 0):.1f}"]
@@ -265,6 +302,9 @@ def _table(results: list[dict], against: str | None):
             a = r["against"]
             lo, hi = a["ratio_ci"]
             row += [f"{a['ref_us']:.1f}", f"{a['ratio']:.4f} [{lo:.4f}, {hi:.4f}]", f"{a['delta']:.3f}", a["verdict"]]
+        if ranks:
+            rk = r.get("ranks")
+            row += [f"{rk['us']:.1f} ({rk['ratio']:.2f}×)", f"{max(rk['per_rank_us']):.1f}"] if rk else ["—", "—"]
         rows.append(row)
     return cols, rows
 

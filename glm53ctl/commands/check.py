@@ -149,6 +149,15 @@ def check(
     ] = 0,
     all_keys: AllKeysOpt = False,
     gpus: GpusOpt = 1,
+    launch: Annotated[
+        str | None,
+        typer.Option(
+            "--launch",
+            metavar="SCHEDULE",
+            help="persistent or stages: the keys in this schedule (default: each key's own, knob launch; the "
+            "other one is proven bitwise equal to it on one device); with --gpus, the ranks run this one.",
+        ),
+    ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Every output's error in the table.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -165,8 +174,10 @@ def check(
             raise UsageError("--gpus takes no --against, --context or --save yet")
         _real_ranks(gpus, kind, tp, rows)
         kind = kind or _ranks_kinds()
+    _schedule_ok(launch)
     # first: it may select the interpreter
     device, weights, keys = _setup(model, kind, tp, rows, all_keys, context, context_warned=True)
+    keys = _in_schedule(keys, launch)
     if gpus > 1:
         _check_ranks(o, weights, keys, seed, device)
         return
@@ -339,6 +350,20 @@ def _margin(errors: dict, bounds: dict) -> str:
 # output's error: -v
 TABLE_COLUMNS = ["key", "worst output (bound)", "margin", "bits, writes"]
 SCHEDULES = ("persistent", "stages")  # the values of knob `launch` (kernels/kinds/base.py LAUNCH)
+
+
+def _schedule_ok(launch: str | None) -> None:
+    if launch is not None and launch not in SCHEDULES:
+        raise UsageError(f"--launch {launch!r}: expected one of {', '.join(SCHEDULES)}")
+
+
+def _in_schedule(keys: list, launch: str | None) -> list:
+    """--launch: every key that has the knob in that schedule (a step's handed to every part)."""
+    if launch is None:
+        return keys
+    return [key.with_knobs({"launch": launch}) if "launch" in key.knobs else key for key in keys]
+
+
 TABLE_WIDTH = 100
 
 
@@ -552,12 +577,10 @@ def fault(
             raise UsageError("--gpus sticks a peer's publish, not a site: no --site or --list with it")
         _real_ranks(gpus, kind, tp, rows)
         kind = kind or _ranks_kinds()
-    if launch is not None and launch not in SCHEDULES:
-        raise UsageError(f"--launch {launch!r}: expected one of {', '.join(SCHEDULES)}")
+    _schedule_ok(launch)
     o = Output(as_json)
     device, weights, keys = _setup(model, kind, tp, rows, all_keys)  # first: it may select the interpreter
-    if launch is not None:
-        keys = [key.with_knobs({"launch": launch}) if "launch" in key.knobs else key for key in keys]
+    keys = _in_schedule(keys, launch)
     if gpus > 1:
         _fault_ranks(o, weights, keys, device, int(budget_ms * 1e6), wall_s)
         return

@@ -82,10 +82,10 @@ class Runtime:
         # tasks' flag words, then one word per peer: a peer's partial is in place before the launch,
         # so its word holds the epoch the next launch expects (the last program keeps it so)
         if self.flags is None:
-            self.flags = torch.zeros(t.n_tasks + t.peers, dtype=torch.int32, device=dev)
-            self.flags[t.n_tasks :] = 1
+            self.flags = torch.zeros(t.peer_words + t.peers, dtype=torch.int32, device=dev)
+            self.flags[t.peer_words :] = 1
         else:
-            assert self.flags.shape == (t.n_tasks + t.peers,) and self.flags.dtype == torch.int32
+            assert self.flags.shape == (t.peer_words + t.peers,) and self.flags.dtype == torch.int32
         self.boxes = torch.zeros(max(t.box_lines, 1) * BOX_WORDS, dtype=torch.int32, device=dev)
         self.errs = torch.zeros(self.max_programs, 5, dtype=torch.int32, device=dev)
 
@@ -137,7 +137,7 @@ class Runtime:
         s = self.table.sites[site] if site >= 0 else None
         producers = s.producers if s else []
         if producers and all(p < 0 for p in producers):  # the peers whose words never came: those named
-            words = self.flags[self.table.n_tasks :].cpu().tolist()
+            words = self.flags[self.table.peer_words :].cpu().tolist()
             late = [p for p in producers if words[-p - 1] not in (epoch, epoch + 1)]
             producers = late or producers
         producer = ", ".join(self.table.describe_task(p) for p in producers) if s else "?"

@@ -290,11 +290,28 @@ class WeightsSource:
 class RankPart(NamedTuple):
     """One kind's launch on this rank, as a step made of several kinds chains them (`model` on real ranks):
     `run(x, mute, budget_ns)` launches once and returns its outputs on the CPU; `reset()` forgets the state a
-    chained part carries from launch to launch (its next launch reads its input's)."""
+    chained part carries from launch to launch (its next launch reads its input's); `timed(x)` (bench): the
+    launch on x's tensors moved to the device once, as (call, out): call() launches once, unchecked and with
+    nothing copied back (what `bench --gpus` times), out is the buffer of its main output (H, the logits) that
+    the next part of a step reads."""
 
     launch: object
     run: Callable
     reset: Callable = lambda: None
+    timed: Callable | None = None
+
+
+def compile_on_rank(group: Group, launch) -> None:
+    """On a GPU, compile a rank's launch (a list: a step's; a stage schedule: each stage's) before the ranks
+    meet: ranks that compile seconds apart would fault their first launch on a peer's wait."""
+    from glm53ctl.kernels.runtime.launch import on_device
+
+    if group.device.type != "cuda":
+        return
+    for whole in launch if isinstance(launch, list) else [launch]:
+        for la in getattr(whole, "stages", [whole]):
+            args = on_device(la.placeholder_args(), group.device)
+            la.kernel.warmup(**args, **la.constexprs(), **la.options(), grid=(la.grid,))
 
 
 def launches_on_rank(group: Group, launch, run: Callable, inputs: list, mute: list, budget_ns) -> list:
@@ -306,12 +323,9 @@ def launches_on_rank(group: Group, launch, run: Callable, inputs: list, mute: li
     that never publishes at launch i (-1: none), or (rank, "killed"): that rank's process is killed (SIGKILL)
     `KILL_AFTER_S` into the launch, before it publishes; only those launches wait `budget_ns` (the others, the
     default)."""
-    from glm53ctl.kernels.runtime.launch import LaunchFault, on_device
+    from glm53ctl.kernels.runtime.launch import LaunchFault
 
-    if group.device.type == "cuda":  # ranks that compile seconds apart would fault their first launch
-        for la in launch if isinstance(launch, list) else [launch]:
-            args = on_device(la.placeholder_args(), group.device)
-            la.kernel.warmup(**args, **la.constexprs(), **la.options(), grid=(la.grid,))
+    compile_on_rank(group, launch)
     out = []
     for i, x in enumerate(inputs):
         group.barrier()

@@ -32,7 +32,7 @@ def stage_table(full: TaskTable, ttypes) -> TaskTable:
     of other stages are dropped: those producers are done before the stage's launch). Its `ids` are the tasks'
     ids in `full`."""
     types = {int(getattr(t, "value", t)) for t in ttypes}
-    t = TaskTable(full.kind, peers=full.peers, peer_ranks=full.peer_ranks, ids=[])
+    t = TaskTable(full.kind, peers=full.peers, peer_ranks=full.peer_ranks, peer_group=full.peer_group, ids=[])
     new = {}
     for i, task in enumerate(full.tasks):
         if task[0] not in types:
@@ -50,10 +50,14 @@ def stage_table(full: TaskTable, ttypes) -> TaskTable:
     return t
 
 
-def stage_launch(whole, ttypes, one_task: bool = False):
+def stage_launch(whole, ttypes, one_task: bool = False, mailbox=None):
     """A copy of the launch `whole` that runs one stage: the same buffers (shared, not copied), the stage's
     table, a runtime of its own (its tag moves with its own launches), and at most one program per task
-    (`one_task`: exactly one, with no claim loop)."""
+    (`one_task`: exactly one, with no claim loop).
+
+    `mailbox` (real ranks): (this rank's flag words, where its own words may start). A stage that waits on the
+    peers reads their words where they write them, after the whole table's words; its own words go at the
+    place given (every such stage its own place, so no stage reads another's words as its own)."""
     from glm53ctl.kernels.runtime.launch import Runtime
 
     stage = copy.copy(whole)
@@ -61,7 +65,13 @@ def stage_launch(whole, ttypes, one_task: bool = False):
     assert stage.table.n_tasks, f"no task of types {ttypes} in the table"
     stage.grid = stage.table.n_tasks if one_task else min(whole.grid, stage.table.n_tasks)
     stage.one_task = one_task
-    stage.runtime = Runtime(stage.table, whole.runtime.device, max_programs=stage.grid)
+    flags = None
+    if mailbox is not None and any(s.kind == PEER for s in stage.table.sites):
+        words, at = mailbox
+        assert at + stage.table.n_tasks <= whole.table.n_tasks, "a stage's words fit among the whole table's"
+        stage.table.peer_base = whole.table.n_tasks - at
+        flags = words[at:]
+    stage.runtime = Runtime(stage.table, whole.runtime.device, max_programs=stage.grid, flags=flags)
     return stage
 
 

@@ -52,6 +52,9 @@ class TaskTable:
     box_pubs: dict[int, list[int]] = field(default_factory=dict)
     # a stage's table (runtime/stages.py): each task's id in the whole launch's table, the id a fault names
     ids: list[int] | None = None
+    # where the peer words start among the flag words (None: right after the tasks' words). A stage on real ranks
+    # reads the words its peers write at the whole launch's place in its mailbox, its own words elsewhere
+    peer_base: int | None = None
 
     def add(self, ttype, *args: int) -> int:
         """Append a task of type `ttype` (kinds/task_types.py) with up to 3 arguments; its id."""
@@ -103,6 +106,11 @@ class TaskTable:
     def n_tasks(self) -> int:
         return len(self.tasks)
 
+    @property
+    def peer_words(self) -> int:
+        """The flag word of the first peer: the tasks' words come first (a stage on real ranks: `peer_base`)."""
+        return self.n_tasks if self.peer_base is None else self.peer_base
+
     def describe_task(self, t: int) -> str:
         if t < 0:
             i = (-t - 1) % (self.peer_group or self.peers or 1)  # the peer's place in its group
@@ -120,8 +128,8 @@ class TaskTable:
     def build(self, device: torch.device | str) -> dict[str, torch.Tensor]:
         n = self.n_tasks
         counts = [(self.first_site[i + 1] if i + 1 < n else len(self.sites)) - self.first_site[i] for i in range(n)]
-        # peer words sit after the tasks' flag words
-        index = [s.index if s.index >= 0 or s.kind == BOX else n + (-s.index) - 1 for s in self.sites]
+        # peer words sit after the tasks' flag words (or at `peer_base`)
+        index = [s.index if s.index >= 0 or s.kind == BOX else self.peer_words + (-s.index) - 1 for s in self.sites]
         # a task's flag word is written only if some site waits on it (or the host may name it)
         flagged = {s.index for s in self.sites if s.kind == FLAG and s.index >= 0}
         pub_first, pub_slot = [], []

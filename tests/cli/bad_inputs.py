@@ -74,6 +74,7 @@ CASES: list[tuple[str, str]] = [
     ("check --kind embed --tp 1 --rows 1 --against no-such-ref-xyz", "no-such-ref-xyz"),
     ("check --gpus 3", "--gpus 3"),
     ("check --gpus 2 --against main", "--gpus takes no --against"),
+    ("check --kind embed --launch nope", "--launch 'nope'"),
     ("check --model nope", "unknown model 'nope'"),
     ("check --kind embed --against HEAD --cache {here}/afile", "afile"),
     # fault
@@ -86,6 +87,12 @@ CASES: list[tuple[str, str]] = [
     # bench (a GPU's)
     ("bench --kind dense", "GPU"),
     ("bench --kind dense --json --markdown", "--json and --markdown"),
+    # bench --gpus: on a CPU the GPU is what is missing; the options are checked first
+    ("bench --kind dense --gpus 2", "timing needs a CUDA GPU"),
+    ("bench --kind dense --gpus 3", "--gpus 3: one rank per GPU at a TP width"),
+    ("bench --kind dense --gpus 2 --tp 4", "--gpus 2 times TP2 keys"),
+    ("bench --kind dense --gpus 2 --against main", "no --against or --trace with it"),
+    ("bench --kind dense --gpus 2 --trace", "no --against or --trace with it"),
     ("bench --kind dense --baseline nope", "--baseline 'nope'"),
     ("bench --kind model --baseline separate", "--baseline separate: not for model"),
     ("bench --kind sparse --context x", "--context 'x'"),

@@ -98,6 +98,38 @@ def test_a_layer_kind_on_real_ranks(capsys):
     assert res["totals"] == {"peers": 6, "named": 6, "hangs": 0, "retries_equal": 6, "killed": 6, "killed_reported": 6}
 
 
+def test_the_layer_kinds_on_real_ranks_in_the_stage_schedule(capsys):
+    """`check --gpus 2 --launch stages`: each rank runs its layer as the kind's stage launches, the pushes in the
+    stage of the tiles they push, the reduces' stages reading their peers' words where the peers write them (the
+    whole table's place in the mailbox) and their own words apart: every rank the emulation's bits. `fault`:
+    each rank muted in turn is named by the other's reduce stage, nothing hangs, the retry is clean."""
+    from tests.helpers import invoke_json
+
+    res = invoke_json(capsys, "check", "--kind", "dense,sparse", "--tp", "2", "--rows", "1", "--gpus", "2",
+                      "--launch", "stages")  # fmt: skip
+    assert [r["key"] for r in res["keys"]] == ["tiny/dense/tp2/r1", "tiny/sparse/tp2/r1"]
+    assert res["summary"] == "12 of 12 rank launches bitwise equal to the one-device emulation"
+    key = ("--kind", "kda", "--tp", "2", "--rows", "1", "--gpus", "2", "--budget-ms", "20", "--launch", "stages")
+    res = invoke_json(capsys, "fault", *key)
+    assert res["totals"] == {"peers": 2, "named": 2, "hangs": 0, "retries_equal": 2, "killed": 2, "killed_reported": 2}
+
+
+def test_a_launch_timed_on_real_ranks():
+    """`bench --gpus T`'s timing (tuning/bench_ranks.py), the same code on a CPU under the interpreter with the
+    host's clock: every rank builds its part, compiles, meets the others, times its rounds and checks its guards;
+    the figure is the median of each round's slowest rank. (On a CPU the command itself refuses: exit 2.)"""
+    from glm53ctl.kernels.checks import key_seed, make_harness
+    from glm53ctl.kernels.spec import load_model
+    from glm53ctl.kernels.weights import Weights
+    from glm53ctl.tuning.bench_ranks import time_on_ranks
+
+    key = resolved("dense", 2, 1, {"launch": "stages"})
+    x = make_harness(Weights(load_model("tiny"), seed=0), key).inputs(key_seed(0, key.name))[0]
+    r = time_on_ranks(key, x, rounds=3, launches=1)
+    assert len(r["per_rank_us"]) == 2 and len(r["rounds_us"]) == 3 and min(r["rounds_us"]) > 0
+    assert r["us"] == sorted(r["rounds_us"])[1] and r["us"] >= min(r["per_rank_us"])
+
+
 def test_the_whole_step_on_real_ranks(capsys):
     """`check --gpus 2 --kind model`: each rank runs embed, every layer and tail, each part its own kind's launch
     on the rank's shards with mailboxes of its own, two steps in a row (each layer's state carried on the rank):

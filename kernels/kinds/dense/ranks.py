@@ -20,7 +20,7 @@ def rank_launches(group, key, inputs: list, mute: list, budget_ns, source=None, 
     from glm53ctl.kernels.spec import load_model
 
     weights = (source or WeightsSource()).load(load_model(key.model), group.device)
-    launch, run, _ = rank_part(group, key, weights, chain=chain)
+    launch, run, *_ = rank_part(group, key, weights, chain=chain)
     return launches_on_rank(group, launch, run, inputs, mute, budget_ns)
 
 
@@ -28,8 +28,9 @@ def rank_part(group, key, weights, layer: int | None = None, name: str | None = 
     """This rank's launch of layer `layer` (None: the kind's own) of a dense or kda key, its shard of `weights`
     and its mailboxes `name`, as a `RankPart`: run(x) with x a LayerInput; `chain`: each launch after the first
     (until `reset`) reads the state this rank's launch before wrote."""
+    from glm53ctl.kernels.kinds import load_harness
     from glm53ctl.kernels.kinds.dense.harness import rank_state
-    from glm53ctl.kernels.kinds.layer.launch import LayerLaunch
+    from glm53ctl.kernels.kinds.layer.launch import LayerLaunch, on_rank
     from glm53ctl.kernels.kinds.layer.weights import prepare_weights
     from glm53ctl.kernels.run_key import layer_for
     from glm53ctl.kernels.runtime.ranks import PeerLinks, RankPart
@@ -42,7 +43,9 @@ def rank_part(group, key, weights, layer: int | None = None, name: str | None = 
     layer = layer_for(spec, key.kind, layer)
     w = prepare_weights(weights.layer(layer, rank, tp), spec, tp, dev, key.norm_folds, ffn)
     links = PeerLinks.open(group, name or key.kind, LayerLaunch.mailbox_shapes(spec, tp, rows, knobs, ffn=ffn))
-    launch = LayerLaunch(spec, tp, rows, knobs, dev, rank=rank, ffn=ffn, links=links)
+    launch = on_rank(
+        LayerLaunch(spec, tp, rows, knobs, dev, rank=rank, ffn=ffn, links=links), load_harness(key.kind).STAGES
+    )
     state = []  # chained: this rank's slices of the state its last launch wrote
 
     def run(x, mute_: bool, budget):
@@ -57,7 +60,12 @@ def rank_part(group, key, weights, layer: int | None = None, name: str | None = 
             "kda.recurrent": launch.S_out.cpu().clone(),
         }
 
-    return RankPart(launch, run, state.clear)
+    def timed(x):
+        x = x.to(dev)
+        conv, rec = rank_state(x, rank, tp, dev)
+        return (lambda: launch(x.H, w, conv, rec, check=False)), launch.out["H"]
+
+    return RankPart(launch, run, state.clear, timed)
 
 
 def rank_view(out: dict, rank: int, tp: int) -> dict:

@@ -155,6 +155,7 @@ class Peers(NamedTuple):
     slot_bases: T
     flag_bases: T
     arrive: T
+    words: int  # where the peers' words start in every rank's flag words (a stage's pushes tag the whole's place)
 
 
 class Outputs(NamedTuple):

@@ -227,13 +227,13 @@ def _run_task(
     elif (ttype == OWN_A) & REMOTE:
         task_push(
             src=(hand.kpart_a,), slot_bases=peers.slot_bases, flag_bases=peers.flag_bases, arrive=peers.arrive,
-            epoch=epoch, c=a0, r=a1, R=R, RANK=RANK, n_tasks=n_tasks, n_pushers=n_pushers, mute=mute, GROUP=0, D=D,
+            epoch=epoch, c=a0, r=a1, R=R, RANK=RANK, n_tasks=peers.words, n_pushers=n_pushers, mute=mute, GROUP=0, D=D,
             CH=dims.CH, KS=dims.KS_O, T=dims.T, MOE=False, TOPK=TOPK, NSLOT=NSLOT, INTERPRET=INTERPRET,
         )  # fmt: skip
     elif (ttype == OWN_F) & REMOTE:
         task_push(
             src=ffn_src, slot_bases=peers.slot_bases, flag_bases=peers.flag_bases, arrive=peers.arrive, epoch=epoch,
-            c=a0, r=a1, R=R, RANK=RANK, n_tasks=n_tasks, n_pushers=n_pushers, mute=mute, GROUP=1, D=D, CH=dims.CH,
+            c=a0, r=a1, R=R, RANK=RANK, n_tasks=peers.words, n_pushers=n_pushers, mute=mute, GROUP=1, D=D, CH=dims.CH,
             KS=dims.KS_F, T=dims.T, MOE=MOE, TOPK=TOPK, NSLOT=NSLOT, INTERPRET=INTERPRET,
         )  # fmt: skip
     elif ttype == OWN_A:

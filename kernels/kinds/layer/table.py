@@ -94,6 +94,21 @@ STAGES += ((DOWN,), (RED_F,))
 MOE_STAGES = STAGES[:7] + ((ROUTER,), (ROUTE,), (EXP_GU,), (EXP_DOWN,), (RED_F,))
 
 
+def push_stages(stages: tuple) -> tuple:
+    """A stage schedule on real ranks: each all-reduce's pushes (OWN_A, OWN_F) in the stage of the tiles they
+    push (o_proj's; the down projections', the experts' included), so the peers' words are out before the
+    stage of the reduces that wait on them."""
+    out = []
+    for stage in stages:
+        stage = tuple(stage)
+        if OPROJ in stage:
+            stage += (OWN_A,)
+        if DOWN in stage or EXP_DOWN in stage:
+            stage += (OWN_F,)
+        out.append(stage)
+    return tuple(out)
+
+
 def _covering(tiles: list[tuple[int, int, int]], lo: int, hi: int) -> list[int]:
     """The tasks of tiles (lo, hi, task) that overlap [lo, hi)."""
     return [t for a, b, t in tiles if a < hi and lo < b]

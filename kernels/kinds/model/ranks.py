@@ -19,6 +19,20 @@ def rank_launches(group, key, inputs: list, mute: list, budget_ns, source=None):
     first part's fault, in words. `mute[i]`: the rank whose embed never publishes in input i's first step. A part
     that faults does not stop the step: every later part still launches (on NaN rows), so every part's launch tag
     advances alike on every rank and the next input's step is clean."""
+    from glm53ctl.kernels.runtime.ranks import WeightsSource, launches_on_rank
+    from glm53ctl.kernels.spec import load_model
+
+    weights = (source or WeightsSource()).load(load_model(key.model), group.device)
+    x0 = inputs[0]
+    slots = next(iter(x0.dsa.values())).latent.shape[1] if x0.dsa else 0
+    launches, run, _, _ = rank_part(group, key, weights, slots)
+    return launches_on_rank(group, launches, run, inputs, mute, budget_ns)
+
+
+def rank_part(group, key, weights, slots: int):
+    """This rank's step (every part's launch on its shards, caches of `slots` tokens) as a `RankPart`: its
+    launches in step order; run(x) with x a ModelInput, its steps from x's states (rank_launches says what
+    comes back); timed(x) the step's first step, each part reading the one before's output buffer."""
     import torch
 
     from glm53ctl.kernels.kinds import get_kind, load_ranks
@@ -26,14 +40,11 @@ def rank_launches(group, key, inputs: list, mute: list, budget_ns, source=None):
     from glm53ctl.kernels.kinds.model.harness import SHAPE_KIND, cache_writes, written_at
     from glm53ctl.kernels.kinds.sparse.harness import CACHE_NAMES, SparseInput
     from glm53ctl.kernels.runtime import LaunchFault
-    from glm53ctl.kernels.runtime.ranks import WeightsSource, launches_on_rank
+    from glm53ctl.kernels.runtime.ranks import RankPart
     from glm53ctl.kernels.spec import load_model
     from glm53ctl.kernels.state import DsaCache
 
     spec = load_model(key.model)
-    weights = (source or WeightsSource()).load(spec, group.device)
-    x0 = inputs[0]
-    slots = next(iter(x0.dsa.values())).latent.shape[1] if x0.dsa else 0
     part = lambda kind: load_ranks(kind).rank_part  # noqa: E731
     parts = [("embed", part("embed")(group, key.part("embed"), weights, name="embed"))]
     for i, shape in enumerate(spec.layers):
@@ -84,7 +95,29 @@ def rank_launches(group, key, inputs: list, mute: list, budget_ns, source=None):
             out |= cache_writes(i, caches, at)
         return {n: t.clone() if isinstance(t, torch.Tensor) else t for n, t in out.items()}
 
-    return launches_on_rank(group, [p.launch for _, p in parts], run, inputs, mute, budget_ns)
+    def reset() -> None:
+        for _, p in parts:
+            p.reset()
+
+    def timed(x):
+        calls = []
+        call, H = parts[0][1].timed(x.tokens[0])
+        calls.append(call)
+        for name, p in parts[1:-1]:
+            i = int(name.split(".")[1])
+            xin = SparseInput(H, x.pos, x.dsa[i]) if i in x.dsa else LayerInput(H, x.kda[i])
+            call, H = p.timed(xin)
+            calls.append(call)
+        call, logits = parts[-1][1].timed(H)
+        calls.append(call)
+
+        def step() -> None:
+            for c in calls:
+                c()
+
+        return step, logits
+
+    return RankPart([p.launch for _, p in parts], run, reset, timed)
 
 
 def rank_view(out: dict, rank: int, tp: int) -> dict:
@@ -102,3 +135,4 @@ def rank_view(out: dict, rank: int, tp: int) -> dict:
 
 
 rank_launches.rank_view = rank_view
+rank_launches.rank_part = rank_part

@@ -21,7 +21,7 @@ def rank_launches(group, key, inputs: list, mute: list, budget_ns, source=None, 
     weights = (source or WeightsSource()).load(load_model(key.model), group.device)
     # the caches' capacity (a compile-time constant) as the inputs' caches have it: a check's room for one
     # launch, a run's for its steps
-    launch, run, _ = rank_part(group, key, weights, inputs[0].cache.latent.shape[1], chain=chain)
+    launch, run, *_ = rank_part(group, key, weights, inputs[0].cache.latent.shape[1], chain=chain)
     return launches_on_rank(group, launch, run, inputs, mute, budget_ns)
 
 
@@ -32,7 +32,8 @@ def rank_part(group, key, weights, slots: int, layer: int | None = None, name: s
     on."""
     import torch
 
-    from glm53ctl.kernels.kinds.layer.launch import LayerLaunch
+    from glm53ctl.kernels.kinds import load_harness
+    from glm53ctl.kernels.kinds.layer.launch import LayerLaunch, on_rank
     from glm53ctl.kernels.kinds.layer.weights import prepare_weights
     from glm53ctl.kernels.kinds.sparse.harness import CACHE_NAMES, written_rows
     from glm53ctl.kernels.run_key import layer_for
@@ -45,7 +46,9 @@ def rank_part(group, key, weights, slots: int, layer: int | None = None, name: s
     w = prepare_weights(weights.layer(layer_for(spec, "sparse", layer), rank, tp), spec, tp, dev, False, "moe", "mla")
     halves = {"ffn": "moe", "attn": "mla", "slots": slots}
     links = PeerLinks.open(group, name or "sparse", LayerLaunch.mailbox_shapes(spec, tp, rows, knobs, **halves))
-    launch = LayerLaunch(spec, tp, rows, knobs, dev, rank=rank, links=links, **halves)
+    launch = on_rank(
+        LayerLaunch(spec, tp, rows, knobs, dev, rank=rank, links=links, **halves), load_harness(key.kind).STAGES
+    )
     state = []  # chained: the caches and positions this rank's last launch wrote at and read
 
     def run(x, mute_: bool, budget):
@@ -60,7 +63,12 @@ def rank_part(group, key, weights, slots: int, layer: int | None = None, name: s
             out |= {f"cache.{n}": getattr(cache, n).cpu().clone() for n in CACHE_NAMES}
         return out
 
-    return RankPart(launch, run, state.clear)
+    def timed(x):
+        x = x.to(dev)
+        cache, pos = x.clone_cache(), x.pos.to(torch.int32)  # each launch writes the same slots
+        return (lambda: launch(x.H, w, cache, pos, check=False)), launch.out["H"]
+
+    return RankPart(launch, run, state.clear, timed)
 
 
 rank_launches.rank_part = rank_part
