@@ -249,40 +249,52 @@ def step_breakdown(k, step_us: float, rounds: int, copy_tb_s: float | None) -> d
     }
 
 
-def trace_key(k, x, peers) -> dict:
+def trace_key(k, x, peers) -> dict | None:
     """Where one launch's time goes (runtime/trace.py): per task type and per stage (the separate launches'
     grouping) the first claim, last publish, mean wait and work, and the critical path. Needs a launch with a
-    traced build (`tracing`)."""
+    traced build (`tracing`). A step (`model`): every part traced in one replay of the step (`step_trace`)."""
     from glm53ctl.kernels.runtime.trace import summarize
 
+    if hasattr(k.launch, "parts"):
+        return step_trace(k, x, peers)
     launch = k.launch
     if not hasattr(launch, "tracing"):
         return None  # no traced build of this kind yet (bench says so)
     launch.tracing = True
     try:
         k(x, peers)  # the first traced launch compiles
-        # replayed from a CUDA graph, as bench times it: a stage schedule's launches queued back to back, not
-        # each after the host's Python (about 100 µs a launch)
-        t = k.timed(x, peers)
-        w = t.copies(1)[0]
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            t.call(w)
-        graph.replay()
-        graph.replay()
-        torch.cuda.synchronize()
+        _replay(k, x, peers)
         s = summarize(*launch.trace_record())
-        del graph
     finally:
         launch.tracing = False
+    return s | {"stages": stage_rows(s, k.STAGES)}
+
+
+def _replay(k, x, peers) -> None:
+    """The timed call replayed from a CUDA graph, as bench times it: a stage schedule's launches (a step's
+    parts) queued back to back, not each after the host's Python (about 100 µs a launch)."""
+    t = k.timed(x, peers)
+    w = t.copies(1)[0]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        t.call(w)
+    graph.replay()
+    graph.replay()
+    torch.cuda.synchronize()
+    del graph
+
+
+def stage_rows(s: dict, stages) -> list[dict]:
+    """A traced launch's task types grouped as its kind's stages: each stage's tasks, first claim, last publish,
+    mean wait and work."""
     from glm53ctl.kernels.kinds.task_types import TYPE_NAMES
 
-    stages = []
-    for group in k.STAGES:
+    out = []
+    for group in stages:
         names = [TYPE_NAMES[int(t)] for t in group]
         parts = [s["types"][n] for n in names if n in s["types"]]
         if parts:
-            stages.append(
+            out.append(
                 {
                     "stage": "+".join(names),
                     "tasks": sum(p["n"] for p in parts),
@@ -292,7 +304,67 @@ def trace_key(k, x, peers) -> dict:
                     "work": sum(p["work"] * p["n"] for p in parts) / sum(p["n"] for p in parts),
                 }
             )
-    return s | {"stages": stages}
+    return out
+
+
+def path_by_stage(s: dict, stages) -> dict[str, float]:
+    """µs of a traced launch's critical path in each of its kind's stages: each step's work (ready to publish)
+    and the hand-off before it, to the stage of its task type ("other" for a type in none)."""
+    from glm53ctl.kernels.kinds.task_types import TYPE_NAMES
+
+    stage_of = {TYPE_NAMES[int(t)]: "+".join(TYPE_NAMES[int(u)] for u in g) for g in stages for t in g}
+    out: dict[str, float] = {}
+    for step in s["critical_path"]:
+        us = step["done"] - step["ready"] + max(step.get("handoff", 0.0), 0.0)
+        name = stage_of.get(step["type"], "other")
+        out[name] = out.get(name, 0.0) + us
+    return out
+
+
+def step_trace(k, x, peers) -> dict:
+    """Where a step's time goes, launch by launch: every part with a traced build traced in one graph replay of
+    the step; per part its traced µs (first claim to last publish) and the stage that holds its critical path
+    (`path_by_stage`); per kind the mean of its parts and the stage that holds the most of their paths: which
+    layer kind and which stage a missed target waits on."""
+    from glm53ctl.kernels.runtime.trace import summarize
+
+    traced = [(n, h) for n, h in k.launch.parts if hasattr(h.launch, "tracing")]
+    for _, h in traced:
+        h.launch.tracing = True
+    try:
+        k(x, peers)  # the traced builds compile
+        _replay(k, x, peers)
+        parts = []
+        for name, h in traced:
+            s = summarize(*h.launch.trace_record())
+            path = path_by_stage(s, h.STAGES)
+            holds = max(path, key=path.get)
+            parts.append({"part": name, "kind": h.kind, "us": s["end_us"], "path": path, "holds": holds})
+    finally:
+        for _, h in traced:
+            h.launch.tracing = False
+    return {"parts": parts, "by_kind": step_kinds(parts)}
+
+
+def step_kinds(parts: list[dict]) -> dict[str, dict]:
+    """A step trace's parts summed per kind: parts, mean traced µs, and the stage holding the most of their
+    critical paths with its mean µs there and its share of the kind's mean path."""
+    out = {}
+    for kind in dict.fromkeys(p["kind"] for p in parts):
+        mine = [p for p in parts if p["kind"] == kind]
+        path: dict[str, float] = {}
+        for p in mine:
+            for stage, us in p["path"].items():
+                path[stage] = path.get(stage, 0.0) + us / len(mine)
+        holds = max(path, key=path.get)
+        out[kind] = {
+            "parts": len(mine),
+            "us": sum(p["us"] for p in mine) / len(mine),
+            "holds": holds,
+            "holds_us": path[holds],
+            "holds_share": path[holds] / sum(path.values()),
+        }
+    return out
 
 
 def _compile(job: tuple) -> str:

@@ -17,6 +17,7 @@ from glm53ctl.commands.build import parse_list
 from glm53ctl.commands.keys import context_applies, context_fits, refuse_step_baselines
 from glm53ctl.errors import CheckFailed, UsageError
 from glm53ctl.output import Output, Progress, err_console, plural, print_warning
+from glm53ctl.pictures import key_label, matrix_picture, saved_steps, step_picture
 
 BASELINES = ("separate", "separate-pdl", "torch", "compile", "defaults", "persistent", "stages")
 
@@ -192,6 +193,9 @@ def bench(
             if r["trace"] is None:
                 sys.stdout.write(f"\n{r['kind']}: no traced build of this kind yet\n")
                 continue
+            if "by_kind" in r["trace"]:  # a step: which kind and which stage hold it
+                sys.stdout.write(f"\n{key_label(r)}: traced step\n" + format_step_trace(r["trace"]) + "\n")
+                continue
             sys.stdout.write(f"\n{key_label(r)}: traced launch\n" + format_trace(r["trace"]) + "\n")
     slower = [r for r in results if r.get("against", {}).get("verdict") == "slower"]
     if slower:
@@ -253,16 +257,6 @@ def _against(this: Path, ref: Path, model, kind, tp, rows, knobs, seed, rounds, 
     from glm53ctl.tuning.ab import against
 
     return against(this, ref, model, kind, tp, rows, knobs, seed, rounds, context)
-
-
-def key_label(r: dict) -> str:
-    """A benched key in words: 'sparse TP4 r1 32K' (the context, for the kinds that read caches)."""
-    c = r.get("context")
-    return f"{r['kind']} TP{r['tp']} r{r['rows']}" + ("" if c is None else f" {_tokens(c)}")
-
-
-def _tokens(n: int) -> str:
-    return f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else str(n)
 
 
 def _summary_line(r: dict) -> str:
@@ -352,6 +346,23 @@ def format_step(r: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def format_step_trace(t: dict) -> str:
+    """A traced step: per kind its parts, their mean traced µs and the stage that holds most of their critical
+    paths; then the parts whose traced launch is longest, each with its stage."""
+    lines = [
+        "| kind | parts | traced µs per launch | stage holding its path | µs on the path there (share) |",
+        "|---|---|---|---|---|",
+    ]
+    for kind, s in t["by_kind"].items():
+        lines.append(
+            f"| {kind} | {s['parts']} | {s['us']:.1f} | {s['holds']} | {s['holds_us']:.1f} "
+            f"({100 * s['holds_share']:.0f}%) |"
+        )
+    slow = sorted(t["parts"], key=lambda p: -p["us"])[:5]
+    lines.append("longest: " + ", ".join(f"{p['part']} ({p['kind']}) {p['us']:.1f} µs, {p['holds']}" for p in slow))
+    return "\n".join(lines) + "\n"
+
+
 def format_trace(t: dict) -> str:
     """A traced launch: per stage, then per task type and the critical path (runtime/trace.py)."""
     from glm53ctl.kernels.runtime.trace import format_summary
@@ -386,52 +397,14 @@ def _save(folder: Path, doc: dict) -> None:
             picture = path.with_name(f"{path.stem}-{label}.svg")
             write_atomic_with(picture, lambda tmp, r=r: tmp.write_text(step_picture(r)))
             err_console.print(f"saved {picture}")
+    if any(r["kind"] == "model" for r in doc["keys"]):  # the step over every key timed into this folder
+        steps, skipped = saved_steps(folder, doc["model"])
+        for name in skipped:
+            print_warning(f"{folder / name}: not a bench JSON this version reads; left out of the matrix picture")
+        picture = folder / f"bench-{doc['model']}-model-matrix.svg"
+        title = f"{doc['model']} step on {doc['environment'].get('gpu_name', 'the GPU')}"
+        from glm53ctl.kernels.spec import ROWS, TP_WIDTHS
 
-
-def _colour(kind: str) -> str:
-    """A part's colour in a step's picture: its kind's (the registry's); the gaps' yellow for what is no kind."""
-    from glm53ctl.kernels.kinds import KINDS
-
-    return KINDS[kind].colour if kind in KINDS else "#f0e442"
-
-
-def step_picture(r: dict) -> str:
-    """Where a step's time goes, as an SVG: the step as one bar, each part's launch (timed alone) a segment in
-    step order coloured by its kind, then the gaps; below it the floor (every byte at the copy bandwidth) on the
-    same scale; a legend with each kind's sum and share."""
-    width, left, bar = 900, 10, 28
-    scale = (width - 2 * left) / max(r["us"], r["parts_us"], r.get("floor_us", 0))
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{130 + 18 * len(r["by_kind"])}" '
-        'font-family="sans-serif" font-size="12">',
-        f'<text x="{left}" y="16">{key_label(r)}: {r["us"]:.0f} µs per step ({r["tokens_per_s"]:.0f} tokens/s per '
-        f"rank), {r.get('pct_copy', 0):.1f}% of the copy bandwidth</text>",
-    ]
-    x = left
-    for p in r["parts"]:
-        w = p["us"] * scale
-        colour = _colour(p["kind"])
-        out.append(
-            f'<rect x="{x:.2f}" y="26" width="{w:.2f}" height="{bar}" fill="{colour}" stroke="white" '
-            f'stroke-width="0.3"><title>{p["part"]} ({p["kind"]}): {p["us"]:.1f} µs</title></rect>'
-        )
-        x += w
-    if r["gaps_us"] > 0:
-        out.append(
-            f'<rect x="{x:.2f}" y="26" width="{r["gaps_us"] * scale:.2f}" height="{bar}" fill="#f0e442">'
-            f"<title>gaps: {r['gaps_us']:.1f} µs</title></rect>"
-        )
-    if "floor_us" in r:
-        out.append(f'<rect x="{left}" y="{34 + bar}" width="{r["floor_us"] * scale:.2f}" height="10" fill="#333"/>')
-        out.append(
-            f'<text x="{left}" y="{60 + bar}">floor: {r["floor_us"]:.0f} µs (the step\'s bytes at the copy '
-            "bandwidth)</text>"
-        )
-    y = 84 + bar
-    for kind, s in list(r["by_kind"].items()) + [("gaps", {"us": r["gaps_us"], "share": r["gaps_us"] / r["us"]})]:
-        colour = _colour(kind)
-        n = f"{s['parts']} × " if "parts" in s else ""
-        out.append(f'<rect x="{left}" y="{y - 10}" width="10" height="10" fill="{colour}"/>')
-        out.append(f'<text x="{left + 16}" y="{y}">{n}{kind}: {s["us"]:.0f} µs ({100 * s["share"]:.1f}%)</text>')
-        y += 18
-    return "\n".join(out + ["</svg>"]) + "\n"
+        drawn = matrix_picture(steps, title, TP_WIDTHS, ROWS)  # every key of the matrix: the missing ones say so
+        write_atomic_with(picture, lambda tmp: tmp.write_text(drawn))
+        err_console.print(f"saved {picture} ({plural(len(steps), 'step keys')})")

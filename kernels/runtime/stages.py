@@ -50,28 +50,33 @@ def stage_table(full: TaskTable, ttypes) -> TaskTable:
     return t
 
 
-def stage_launch(whole, ttypes, one_task: bool = False, mailbox=None):
+def stage_launch(whole, ttypes, one_task: bool = False):
     """A copy of the launch `whole` that runs one stage: the same buffers (shared, not copied), the stage's
     table, a runtime of its own (its tag moves with its own launches), and at most one program per task
     (`one_task`: exactly one, with no claim loop).
 
-    `mailbox` (real ranks): (this rank's flag words, where its own words may start). A stage that waits on the
-    peers reads their words where they write them, after the whole table's words; its own words go at the
-    place given (every such stage its own place, so no stage reads another's words as its own)."""
+    On real ranks (`whole.links`) a stage that waits on the peers reads their words where they write them, after
+    the whole table's words in this rank's flag mailbox (every stage's pushes tag that place: the launch's
+    `peer_words`), and keeps its own words in a place of its own below them, so that no stage reads another
+    stage's words as its own (their tags move in step)."""
     from glm53ctl.kernels.runtime.launch import Runtime
 
     stage = copy.copy(whole)
-    stage.table = stage_table(whole.table, ttypes)
-    assert stage.table.n_tasks, f"no task of types {ttypes} in the table"
-    stage.grid = stage.table.n_tasks if one_task else min(whole.grid, stage.table.n_tasks)
+    stage.table = t = stage_table(whole.table, ttypes)
+    assert t.n_tasks, f"no task of types {ttypes} in the table"
+    stage.grid = t.n_tasks if one_task else min(whole.grid, t.n_tasks)
     stage.one_task = one_task
     flags = None
-    if mailbox is not None and any(s.kind == PEER for s in stage.table.sites):
-        words, at = mailbox
-        assert at + stage.table.n_tasks <= whole.table.n_tasks, "a stage's words fit among the whole table's"
-        stage.table.peer_base = whole.table.n_tasks - at
-        flags = words[at:]
-    stage.runtime = Runtime(stage.table, whole.runtime.device, max_programs=stage.grid, flags=flags)
+    links = getattr(whole, "links", None)
+    if links is not None and any(s.kind == PEER for s in t.sites):
+        places = whole.__dict__.setdefault("_stage_words", {})  # stage types -> (first word, words)
+        name = tuple(sorted(int(getattr(x, "value", x)) for x in ttypes))
+        at = places[name][0] if name in places else max((a + n for a, n in places.values()), default=0)
+        places[name] = (at, t.n_tasks)
+        assert at + t.n_tasks <= whole.table.n_tasks, "the stages' own words fit below the peers' words"
+        t.peer_base = whole.table.n_tasks - at
+        flags = links.flags.local[at:]
+    stage.runtime = Runtime(t, whole.runtime.device, max_programs=stage.grid, flags=flags)
     return stage
 
 
@@ -157,3 +162,12 @@ class SeparateLaunches:
     def __getattr__(self, name: str):
         # the whole launch's buffers and facts (outputs, grid, knobs) stand for the stages'
         return getattr(self.whole, name)
+
+
+def on_rank(launch, stages):
+    """A rank's launch on real ranks in its key's schedule (knob `launch`): as it is, or as the given stages
+    (which hold the tasks that push: a layer's `push_stages`), one program per task, chained by programmatic
+    dependent launch, the stages that wait on the peers reading their words in the rank's mailbox."""
+    if launch.knobs.get("launch", "persistent") != "stages":
+        return launch
+    return SeparateLaunches(launch, stages, pdl=True, one_task=True)

@@ -381,3 +381,72 @@ def test_a_ref_whose_worker_speaks_no_version_of_ours_is_refused(tmp_path, first
     assert "\n" not in str(e.value) and hint in e.value.hint and f"--against {this_tree()}" in e.value.hint
     assert not (tmp_path / "this-started").exists()
     assert (tmp_path / "exited").exists() == (first is not None)
+
+
+def test_the_step_over_the_matrix_in_one_picture(tmp_path):
+    """`bench --save` of `model` keys: the step over TP x rows, a panel per context, each cell its µs per step, %
+    of the copy bandwidth and the compiled step where timed; a key not timed is a cell that says so. The keys come
+    from every bench JSON in the folder, the newest per key, an unreadable file skipped and named."""
+    import json
+    import xml.dom.minidom
+
+    from glm53ctl.pictures import matrix_picture, saved_steps
+
+    def step(tp, rows, us, compile_us=None, context=4096):
+        r = {"kind": "model", "tp": tp, "rows": rows, "context": context, "us": us, "pct_copy": 20.0,
+             "floor_us": 0.2 * us, "tokens_per_s": rows * 1e6 / us, "baselines": {}}  # fmt: skip
+        if compile_us:
+            r["baselines"]["compile"] = {"us": compile_us, "ratio": compile_us / us}
+        return r
+
+    def save(stamp, keys):
+        (tmp_path / f"bench-glm53_flash-{stamp}.json").write_text(json.dumps({"keys": keys}))
+
+    save("2026-12-01T000000", [step(8, 1, 6000.0), step(8, 8, 10400.0)])
+    save("2026-12-02T000000", [step(8, 1, 5850.0, 15594.0), step(4, 1, 9000.0, context=32768)])
+    (tmp_path / "bench-glm53_flash-2026-12-03T000000.json").write_text("{not json")
+    rows, skipped = saved_steps(tmp_path, "glm53_flash")
+    assert skipped == ["bench-glm53_flash-2026-12-03T000000.json"]
+    assert sorted((r["tp"], r["rows"], r["context"], r["us"]) for r in rows) == [
+        (4, 1, 32768, 9000.0), (8, 1, 4096, 5850.0), (8, 8, 4096, 10400.0)]  # fmt: skip
+    svg = matrix_picture(rows, "glm53_flash step", (1, 2, 4, 8), (1, 2, 4, 8))
+    xml.dom.minidom.parseString(svg)
+    assert "context 4K" in svg and "context 32K" in svg
+    assert svg.count("not timed") == 2 * 16 - 3  # two panels of TP 1/2/4/8 x rows 1/2/4/8, three keys timed
+    assert "5.85 ms · 20.0%" in svg and "compiled 15.6 ms: 2.67×" in svg and "10.4 ms · 20.0%" in svg
+    from glm53ctl.commands.bench import _save
+
+    _save(tmp_path, {"model": "glm53_flash", "environment": {"gpu_name": "NVIDIA H200"}, "keys": [step(2, 2, 20000.0)]})
+    svg = (tmp_path / "bench-glm53_flash-model-matrix.svg").read_text()
+    assert "glm53_flash step on NVIDIA H200" in svg and "20 ms · 20.0%" in svg and "5.85 ms" in svg
+
+
+def test_a_traced_step_says_which_kind_and_stage_hold_it():
+    """`bench --trace --kind model`: each part's critical path split by its kind's stages (a step's work and the
+    hand-off before it, to its type's stage), per kind the mean traced launch and the stage holding the most of
+    its parts' paths, printed with the longest parts."""
+    from glm53ctl.commands.bench import format_step_trace
+    from glm53ctl.kernels.kinds.task_types import TYPE_NAMES
+    from glm53ctl.tuning.bench import path_by_stage, step_kinds
+
+    def step(t, ready, done, handoff=None):
+        s = {"type": t, "ready": ready, "done": done}
+        return s | ({"handoff": handoff} if handoff is not None else {})
+
+    names = {n: next(i for i, m in TYPE_NAMES.items() if m == n) for n in ("index select", "mla attention", "o_proj")}
+    stages = ((names["index select"],), (names["mla attention"], names["o_proj"]))
+    traced = {"critical_path": [step("index select", 0.0, 30.0), step("mla attention", 32.0, 40.0, 2.0),
+                                step("o_proj", 40.5, 50.0, -1.0), step("embed gather", 50.0, 51.0, 0.0)]}  # fmt: skip
+    path = path_by_stage(traced, stages)
+    assert path == {"index select": 30.0, "mla attention+o_proj": 8.0 + 2.0 + 9.5, "other": 1.0}
+    parts = [
+        {"part": "layers.3", "kind": "sparse", "us": 170.0, "path": {"index select": 60.0, "attn": 20.0}, "holds": ""},
+        {"part": "layers.7", "kind": "sparse", "us": 160.0, "path": {"index select": 40.0, "attn": 40.0}, "holds": ""},
+        {"part": "layers.4", "kind": "kda", "us": 85.0, "path": {"gates": 30.0, "experts": 20.0}, "holds": "gates"},
+    ]
+    kinds = step_kinds(parts)
+    assert kinds["sparse"] == {"parts": 2, "us": 165.0, "holds": "index select", "holds_us": 50.0, "holds_share": 0.625}
+    assert kinds["kda"]["holds"] == "gates" and kinds["kda"]["holds_share"] == 0.6
+    text = format_step_trace({"parts": parts, "by_kind": kinds})
+    assert "| sparse | 2 | 165.0 | index select | 50.0 (62%) |" in text
+    assert text.splitlines()[-1].startswith("longest: layers.3 (sparse) 170.0 µs")

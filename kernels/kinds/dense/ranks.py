@@ -30,10 +30,12 @@ def rank_part(group, key, weights, layer: int | None = None, name: str | None = 
     (until `reset`) reads the state this rank's launch before wrote."""
     from glm53ctl.kernels.kinds import load_harness
     from glm53ctl.kernels.kinds.dense.harness import rank_state
-    from glm53ctl.kernels.kinds.layer.launch import LayerLaunch, on_rank
+    from glm53ctl.kernels.kinds.layer.launch import LayerLaunch
+    from glm53ctl.kernels.kinds.layer.table import push_stages
     from glm53ctl.kernels.kinds.layer.weights import prepare_weights
     from glm53ctl.kernels.run_key import layer_for
     from glm53ctl.kernels.runtime.ranks import PeerLinks, RankPart
+    from glm53ctl.kernels.runtime.stages import on_rank
     from glm53ctl.kernels.spec import load_model
 
     spec, tp, rows, rank = load_model(key.model), key.tp, key.rows, group.rank
@@ -44,7 +46,8 @@ def rank_part(group, key, weights, layer: int | None = None, name: str | None = 
     w = prepare_weights(weights.layer(layer, rank, tp), spec, tp, dev, key.norm_folds, ffn)
     links = PeerLinks.open(group, name or key.kind, LayerLaunch.mailbox_shapes(spec, tp, rows, knobs, ffn=ffn))
     launch = on_rank(
-        LayerLaunch(spec, tp, rows, knobs, dev, rank=rank, ffn=ffn, links=links), load_harness(key.kind).STAGES
+        LayerLaunch(spec, tp, rows, knobs, dev, rank=rank, ffn=ffn, links=links),
+        push_stages(load_harness(key.kind).STAGES),
     )
     state = []  # chained: this rank's slices of the state its last launch wrote
 

@@ -22,7 +22,7 @@ from glm53ctl.kernels.runtime.device import (
 )
 
 
-@triton.jit(do_not_specialize=["stuck_site", "budget_ns", "rank", "mute"])
+@triton.jit(do_not_specialize=["stuck_site", "budget_ns", "rank", "mute", "peer_words"])
 def embed_kernel(
     rt,
     tokens,
@@ -39,6 +39,7 @@ def embed_kernel(
     vocab_offset,
     n_tasks,
     n_peers,
+    peer_words,
     n_programs,
     stuck_site,
     budget_ns,
@@ -86,7 +87,7 @@ def embed_kernel(
             if REMOTE:
                 if ttype == EMBED_GATHER:
                     push_rows(mine, peer_slots, epoch, rank, R, o_d, D, TP)
-                    push_tag(peer_flags, arrive, epoch, rank, n_tasks, (D + CHUNK - 1) // CHUNK, mute, TP, INTERPRET)
+                    push_tag(peer_flags, arrive, epoch, rank, peer_words, (D + CHUNK - 1) // CHUNK, mute, TP, INTERPRET)
             publish(rt, row, task, epoch, INTERPRET)
         n_done += 1
         task = after_task(ctl, n_tasks, n_done, n_programs, INTERPRET, ok, ONE_TASK)

@@ -30,6 +30,7 @@ class EmbedLaunch(PersistentLaunch):
         self.grid = knobs["grid"]
         flags = links.flags.local if links else None
         self.runtime = Runtime(self.table, torch.device(device), max_programs=self.grid, flags=flags)
+        self.peer_words = self.table.n_tasks  # where the peers' words start in every rank's flag mailbox
         if links:
             self.partial = links.slots.local
         else:
@@ -61,6 +62,7 @@ class EmbedLaunch(PersistentLaunch):
             "rank": rank,
             "mute": int(mute),
             "vocab_offset": rank * self.v_local,
+            "peer_words": self.peer_words,
         }
         if links:
             args["n_peers"] = 0  # the peers write their own words: the last program leaves them alone

@@ -22,8 +22,10 @@ def rank_launches(group, key, tokens: list, mute: list, budget_ns, source=None):
 def rank_part(group, key, weights, name: str = "embed"):
     """This rank's embed launch (its shard of `weights`' table, its mailboxes `name`) as a `RankPart`: run(ids)
     with ids a row of token ids (a list or a tensor)."""
+    from glm53ctl.kernels.kinds import load_harness
     from glm53ctl.kernels.kinds.embed.launch import EmbedLaunch
     from glm53ctl.kernels.runtime.ranks import PeerLinks, RankPart
+    from glm53ctl.kernels.runtime.stages import on_rank
     from glm53ctl.kernels.spec import load_model
     from glm53ctl.kernels.weights import ROOT
 
@@ -33,7 +35,7 @@ def rank_part(group, key, weights, name: str = "embed"):
     table = weights.shard(f"{ROOT}embed_tokens.weight", group.rank, tp)
     table = table.to(dev).contiguous()
     links = PeerLinks.open(group, name, EmbedLaunch.mailbox_shapes(spec, tp, rows, full))
-    launch = EmbedLaunch(spec, tp, rows, full, dev, links=links)
+    launch = on_rank(EmbedLaunch(spec, tp, rows, full, dev, links=links), load_harness("embed").STAGES)
 
     def run(ids, mute_: bool, budget):
         H = torch.full((rows, spec.mhc.streams, spec.hidden), float("nan"), dtype=torch.bfloat16, device=dev)

@@ -31,14 +31,14 @@ from glm53ctl.kernels.kinds.layer.args import (
 )
 from glm53ctl.kernels.kinds.layer.kernel import layer_kernel
 from glm53ctl.kernels.kinds.layer.shared import PR
-from glm53ctl.kernels.kinds.layer.table import Dims, build_table, kda_parts, mix_tasks, push_stages
+from glm53ctl.kernels.kinds.layer.table import Dims, build_table, kda_parts, mix_tasks
 from glm53ctl.kernels.ops.dsa.naive import mla_scale
 from glm53ctl.kernels.ops.ffn.moe import ROUTER_TILE, n_slots_for
 from glm53ctl.kernels.ops.gemv.kernel import folds
 from glm53ctl.kernels.ops.kda.kernel import SCRATCH
 from glm53ctl.kernels.runtime.launch import DEFAULT_BUDGET_NS, PersistentLaunch, Runtime
 from glm53ctl.kernels.runtime.ranks import PeerLinks
-from glm53ctl.kernels.runtime.stages import stage_launch, stage_table
+from glm53ctl.kernels.runtime.stages import stage_launch
 from glm53ctl.kernels.state import DsaCache
 
 
@@ -84,11 +84,8 @@ class LayerLaunch(PersistentLaunch):
         self.arrive = torch.zeros(rows * d.HL + 1 + 2, dtype=torch.int32, device=self.device)
         flags = links.flags.local if links else None
         self.runtime = Runtime(self.table, self.device, max_programs=self.grid, flags=flags)
-        # where the peers' words start in every rank's flag mailbox (a stage's pushes tag them there too), and
-        # (real ranks, stages) the place of each stage's own words in this rank's mailbox
+        # where the peers' words start in every rank's flag mailbox (a stage's pushes tag them there too)
         self.peer_words = self.table.n_tasks
-        self._stage_words: dict[tuple, int] = {}
-        self._words_used = 0
         self._no_peers = torch.zeros(1, dtype=torch.int64, device=self.device)
         e = self._zeros
         R, D, HC = rows, d.D, d.HC
@@ -189,13 +186,7 @@ class LayerLaunch(PersistentLaunch):
         """This launch as one stage launch (runtime/stages.py): the same buffers, and arrival words of its own
         (they are tagged with its own runtime's epochs) and trace records of its own (its tasks' ids are its
         table's)."""
-        mailbox = None
-        if self.links:  # real ranks: a stage that waits on the peers keeps its own words in a place of its own
-            n = stage_table(self.table, ttypes).n_tasks
-            at = self._stage_words.setdefault(tuple(int(getattr(t, "value", t)) for t in ttypes), self._words_used)
-            self._words_used = max(self._words_used, at + n)
-            mailbox = (self.links.flags.local, at)
-        s = stage_launch(self, ttypes, one_task, mailbox)
+        s = stage_launch(self, ttypes, one_task)
         s.arrive = torch.zeros_like(self.arrive)
         s.buf = self.buf | {"trace": self._zeros(s.table.n_tasks, 5, dtype=torch.int64)}
         return s
@@ -373,14 +364,3 @@ class LayerLaunch(PersistentLaunch):
         w = {k: (bf16 if k.startswith("w_") or k in half else f32) for g in groups for k in g._fields}
         state = (DsaCache(bf16, bf16, bf16, bf16), i32) if d.mla else (bf16, f32)
         return self.kernel_args(bf16, w, self.attn_state(*state))
-
-
-def on_rank(launch: LayerLaunch, stages: tuple):
-    """A rank's launch (real ranks: it pushes) in its key's schedule (knob `launch`): as it is, or as its kind's
-    `stages` with the pushes in them (`push_stages`), one program per task, chained by programmatic dependent
-    launch, the stages that wait on the peers reading their words in the rank's mailbox."""
-    if launch.knobs.get("launch", "persistent") != "stages":
-        return launch
-    from glm53ctl.kernels.runtime.stages import SeparateLaunches
-
-    return SeparateLaunches(launch, push_stages(stages), pdl=True, one_task=True)

@@ -33,11 +33,13 @@ def rank_part(group, key, weights, slots: int, layer: int | None = None, name: s
     import torch
 
     from glm53ctl.kernels.kinds import load_harness
-    from glm53ctl.kernels.kinds.layer.launch import LayerLaunch, on_rank
+    from glm53ctl.kernels.kinds.layer.launch import LayerLaunch
+    from glm53ctl.kernels.kinds.layer.table import push_stages
     from glm53ctl.kernels.kinds.layer.weights import prepare_weights
     from glm53ctl.kernels.kinds.sparse.harness import CACHE_NAMES, written_rows
     from glm53ctl.kernels.run_key import layer_for
     from glm53ctl.kernels.runtime.ranks import PeerLinks, RankPart
+    from glm53ctl.kernels.runtime.stages import on_rank
     from glm53ctl.kernels.spec import load_model
 
     spec, tp, rows, rank = load_model(key.model), key.tp, key.rows, group.rank
@@ -47,7 +49,8 @@ def rank_part(group, key, weights, slots: int, layer: int | None = None, name: s
     halves = {"ffn": "moe", "attn": "mla", "slots": slots}
     links = PeerLinks.open(group, name or "sparse", LayerLaunch.mailbox_shapes(spec, tp, rows, knobs, **halves))
     launch = on_rank(
-        LayerLaunch(spec, tp, rows, knobs, dev, rank=rank, links=links, **halves), load_harness(key.kind).STAGES
+        LayerLaunch(spec, tp, rows, knobs, dev, rank=rank, links=links, **halves),
+        push_stages(load_harness(key.kind).STAGES),
     )
     state = []  # chained: the caches and positions this rank's last launch wrote at and read
 

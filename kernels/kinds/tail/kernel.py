@@ -23,7 +23,7 @@ from glm53ctl.kernels.runtime.device import (
 )
 
 
-@triton.jit(do_not_specialize=["stuck_site", "budget_ns", "rank", "mute", "n_pushers"])
+@triton.jit(do_not_specialize=["stuck_site", "budget_ns", "rank", "mute", "n_pushers", "peer_words"])
 def tail_kernel(
     rt,
     H,
@@ -40,6 +40,7 @@ def tail_kernel(
     n_pushers,
     n_tasks,
     n_peers,
+    peer_words,
     n_programs,
     stuck_site,
     budget_ns,
@@ -119,7 +120,7 @@ def tail_kernel(
                             dst = tl.load(peer_slots + q).to(tl.pointer_type(tl.float32)) + half + rank * R * V_LOCAL
                             tl.store(dst + o_m[:, None] * V_LOCAL + o_n[None, :], acc, mask=m_o)
                     if ok:
-                        push_tag(peer_flags, arrive, epoch, rank, n_tasks, n_pushers, mute, TP, INTERPRET)
+                        push_tag(peer_flags, arrive, epoch, rank, peer_words, n_pushers, mute, TP, INTERPRET)
             else:
                 # GATHER: peer a0's logits columns a1.. into their place in the full rows, every row at once
                 # (a loop over rows is R dependent round trips: at 8 rows the copies outlasted the stream), in

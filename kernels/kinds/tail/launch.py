@@ -58,6 +58,7 @@ class TailLaunch(PersistentLaunch):
         self.grid = knobs["grid"]
         flags = links.flags.local if links else None
         self.runtime = Runtime(self.table, torch.device(device), max_programs=self.grid, flags=flags)
+        self.peer_words = self.table.n_tasks  # where the peers' words start in every rank's flag mailbox
         self.arrive = torch.zeros(1, dtype=torch.int32, device=device)
         self.n_pushers = sum(t[0] == TAIL_LM_HEAD for t in self.table.tasks)  # real ranks: the tasks that push
         self._no_peers = torch.zeros(1, dtype=torch.int64, device=device)
@@ -122,6 +123,7 @@ class TailLaunch(PersistentLaunch):
             "rank": links.rank if links else 0,
             "mute": int(mute),
             "n_pushers": self.n_pushers,
+            "peer_words": self.peer_words,
         }
         if links:
             args["n_peers"] = 0  # the peers write their own words: the last program leaves them alone

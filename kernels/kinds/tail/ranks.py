@@ -22,8 +22,10 @@ def rank_launches(group, key, streams: list, mute: list, budget_ns, source=None)
 def rank_part(group, key, weights, name: str = "tail"):
     """This rank's tail launch (its lm_head shard of `weights`, its mailboxes `name`) as a `RankPart`: run(H)
     with H the streams (nested lists of bf16 values, or a tensor)."""
+    from glm53ctl.kernels.kinds import load_harness
     from glm53ctl.kernels.kinds.tail.launch import TailLaunch
     from glm53ctl.kernels.runtime.ranks import PeerLinks, RankPart
+    from glm53ctl.kernels.runtime.stages import on_rank
     from glm53ctl.kernels.spec import load_model
     from glm53ctl.kernels.weights import ROOT
 
@@ -31,7 +33,7 @@ def rank_part(group, key, weights, name: str = "tail"):
     dev = group.device
     full = key.knobs  # resolved where the command started the key (its grid for this device type)
     links = PeerLinks.open(group, name, TailLaunch.mailbox_shapes(spec, tp, rows, full))
-    launch = TailLaunch(spec, tp, rows, full, dev, links=links)
+    launch = on_rank(TailLaunch(spec, tp, rows, full, dev, links=links), load_harness("tail").STAGES)
     norm = weights.shard(f"{ROOT}norm.weight").to(dev)
     lm_w = launch.prepare_lm_head(norm, weights.shard("lm_head.weight", group.rank, tp).to(dev).contiguous())
 
