@@ -98,6 +98,16 @@ def test_a_layer_kind_on_real_ranks(capsys):
     assert res["totals"] == {"peers": 6, "named": 6, "hangs": 0, "retries_equal": 6, "killed": 6, "killed_reported": 6}
 
 
+def test_every_layer_kind_on_four_real_ranks(capsys):
+    """`check --gpus 4` of dense, kda and sparse at rows 1: four processes, each pushing both all-reduces'
+    partials into three peers' mailboxes; every rank the emulation's bits."""
+    from tests.helpers import invoke_json
+
+    res = invoke_json(capsys, "check", "--kind", "dense,kda,sparse", "--tp", "4", "--rows", "1", "--gpus", "4")
+    assert [r["key"] for r in res["keys"]] == [f"tiny/{k}/tp4/r1" for k in ("dense", "kda", "sparse")]
+    assert res["summary"] == "36 of 36 rank launches bitwise equal to the one-device emulation"
+
+
 def test_the_layer_kinds_on_real_ranks_in_the_stage_schedule(capsys):
     """`check --gpus 2 --launch stages`: each rank runs its layer as the kind's stage launches, the pushes in the
     stage of the tiles they push, the reduces' stages reading their peers' words where the peers write them (the

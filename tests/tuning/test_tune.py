@@ -283,3 +283,23 @@ def test_a_search_of_part_of_the_space_holds_and_keeps_the_tuned_knobs_outside_i
     assert "kda rows 2 keeps the defaults beside block_n_down=128" in line
     kept = "kda rows 8 keeps launch=stages (0.973× the µs with block_n_down=128 alone), holding block_n_down=128"
     assert kept in line
+
+
+def test_the_steps_schedule_tuned_per_width_like_any_kinds(config_dir):
+    """`tune --kind model --space launch`: the step's knob `launch` (parts | persistent | stages) is searched like
+    any kind's; a written entry changes the step at that key only, handing the schedule to every part while each
+    part keeps its own kind's other tuned knobs."""
+    from glm53ctl.tuning.knobs import kind_knobs, resolve_key
+    from glm53ctl.tuning.write import write_results
+
+    assert space_of(kind_knobs("model"), ["launch"]) == {"launch": ("parts", "persistent", "stages")}
+    env = measure.environment("glm53ctl tune --tp 2 --rows 1 --kind model --space launch --write")
+    step = _result("model", tp=2, rows=1, kept={"launch": "stages"}) | {"decisions": []}
+    write_results("tiny", [step], env, root=config_dir)
+    key = resolve_key("tiny", "model", 2, 1)
+    assert key.knobs["launch"] == "stages" and all(p.knobs["launch"] == "stages" for p in key.parts)
+    assert resolve_key("tiny", "model", 2, 8).knobs["launch"] == "parts"  # another width keeps the default
+    dense = next(p for p in key.parts if p.kind == "dense")
+    assert {k: v for k, v in dense.knobs.items() if k != "launch"} == {
+        k: v for k, v in resolve_key("tiny", "dense", 2, 1).knobs.items() if k != "launch"
+    }
