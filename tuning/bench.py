@@ -210,7 +210,7 @@ def time_key(
     if on_ranks:
         from glm53ctl.tuning.bench_ranks import time_on_ranks
 
-        x = x.to("cpu") if hasattr(x, "to") else x
+        x = x.to("cpu")
         del k, main, launch_timer, peers, out
         torch.cuda.empty_cache()  # rank 0 shares this GPU
         r = time_on_ranks(key, x, rounds)

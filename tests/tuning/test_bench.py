@@ -450,3 +450,17 @@ def test_a_traced_step_says_which_kind_and_stage_hold_it():
     text = format_step_trace({"parts": parts, "by_kind": kinds})
     assert "| sparse | 2 | 165.0 | index select | 50.0 (62%) |" in text
     assert text.splitlines()[-1].startswith("longest: layers.3 (sparse) 170.0 µs")
+
+
+def test_a_key_timed_on_real_ranks_shows_beside_the_emulation():
+    """`bench --gpus T`: a row with its real ranks' figure gains two columns (µs per launch on the ranks with its
+    ratio to the emulation's, and the slowest rank's median), and its summary line says it; a row without has
+    dashes there."""
+    from glm53ctl.commands.bench import _summary_line, _table
+
+    row = {"kind": "dense", "tp": 2, "rows": 1, "us": 100.0, "floor_us": 40.0, "pct_copy": 40.0, "bytes": 8e7,
+           "baselines": {}, "ranks": {"us": 92.0, "per_rank_us": [91.0, 92.5], "ratio": 0.92}}  # fmt: skip
+    cols, rows = _table([row, dict(row, kind="kda", ranks=None)], None)
+    assert cols[-2:] == ["real ranks µs (× emulation)", "slowest rank µs"]
+    assert rows[0][-2:] == ["92.0 (0.92×)", "92.5"] and rows[1][-2:] == ["—", "—"]
+    assert "on 2 real ranks 92.0 us (0.92x the emulation)" in _summary_line(row)

@@ -51,6 +51,7 @@ def rank_part(group, key, weights, slots: int):
         kind, name = SHAPE_KIND[shape], f"layers.{i}"
         room = (slots,) if get_kind(kind).reads_context else ()
         parts.append((name, part(kind)(group, key.part(kind), weights, *room, layer=i, name=name, chain=True)))
+        weights.drop_raw()  # the layer keeps its prepared shards: a rank's raw ones too would not fit a GPU
     parts.append(("tail", part("tail")(group, key.part("tail"), weights, name="tail")))
     kpool = spec.indexer.kpool
 
