@@ -233,7 +233,7 @@ def _as_rank0(name: str) -> str:
 
 def _check_ranks(kind: str, tp: int, gpus: int, backend: Backend) -> None:
     """--gpus T: the kernels (the reference has no ranks), at TP T, of a kind that runs on real ranks."""
-    from glm53ctl.kernels.kinds import get_kind, ranks_kinds
+    from glm53ctl.kernels.kinds import ranks_kinds
     from glm53ctl.kernels.spec import TP_WIDTHS
 
     if gpus not in TP_WIDTHS:
@@ -242,12 +242,10 @@ def _check_ranks(kind: str, tp: int, gpus: int, backend: Backend) -> None:
         raise UsageError(f"--gpus {gpus}: real ranks run the kernels", hint="add --backend triton")
     if gpus != tp:
         raise UsageError(f"--gpus {gpus} runs TP{gpus}, one rank per GPU; --tp is {tp}", hint=f"add --tp {gpus}")
-    # a composite's run (the step's greedy tokens) is not built on real ranks; its check and fault are
-    runs = [k for k in ranks_kinds() if not get_kind(k).composite]
+    runs = ranks_kinds()
     if kind not in runs:
-        what = f"{kind}'s run (its greedy steps) is not built" if kind in ranks_kinds() else f"{kind} does not run"
         raise UsageError(
-            f"--gpus {gpus}: {what} on real ranks yet",
+            f"--gpus {gpus}: {kind} does not run on real ranks yet",
             hint=f"the kinds whose runs do: {', '.join(runs)}; --gpus 1 runs {kind} on one device",
         )
 

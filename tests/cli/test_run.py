@@ -121,7 +121,6 @@ def test_run_option_misuse(capsys, tmp_path, args, message):
         (["--kind", "tail", "--tp", "2", "--gpus", "2"], "real ranks run the kernels"),
         (["--kind", "tail", "--tp", "4", "--gpus", "2", "--backend", "triton"], "--gpus 2 runs TP2"),
         (["--kind", "tail", "--tp", "2", "--gpus", "3", "--backend", "triton"], "one rank per GPU at a TP width"),
-        (["--kind", "model", "--tp", "2", "--gpus", "2", "--backend", "triton"], "model's run (its greedy"),
     ],
 )
 def test_run_on_real_ranks_misuse(capsys, tmp_path, args, message):
@@ -184,6 +183,27 @@ def test_a_layer_run_on_real_ranks_carries_each_ranks_state(capsys, tmp_path, ki
     outs = [n.removeprefix("outputs.") for n in a if n.startswith("outputs.")]
     assert all(torch.equal(b[f"ranks.{r}.{n}"], a[f"outputs.{n}"]) for r in range(tp) for n in outs)
     # (a rank that read the prefilled state at every step would give other outputs and writes than these)
+
+
+def test_the_steps_greedy_run_on_real_ranks(capsys, tmp_path):
+    """`run --gpus 2 --kind model` over two greedy steps: every rank runs the whole step on its shards, takes the
+    next token from the whole logits tail gathers on every rank (the same on each), and carries every layer's
+    state; the file is the one-device run's bit for bit (the last step's tokens, the states before it joined from
+    the ranks' slices, its outputs and writes), every rank's outputs as `ranks.<r>.*`."""
+    one, ranks = tmp_path / "one.safetensors", tmp_path / "ranks.safetensors"
+    args = ["run", "--kind", "model", "--tp", "2", "--rows", "1", "--context", "20", "--steps", "2"]
+    args += ["--backend", "triton"]
+    code, _, err = invoke(capsys, *args, "--out", one)
+    assert code == 0, err
+    code, _, err = invoke(capsys, *args, "--gpus", "2", "--out", ranks)
+    assert code == 0 and "every rank's outputs bitwise equal to rank 0's" in err, err
+    a, b = load_file(str(one)), load_file(str(ranks))
+    assert {n for n in b if not n.startswith("ranks.")} == set(a)
+    assert any(n.startswith("inputs.state.") and ".kda." in n for n in a) and "writes.layers.3.dsa.latent" in a
+    for n, t in a.items():
+        assert torch.equal(t, b[n]), n
+    outs = [n.removeprefix("outputs.") for n in a if n.startswith("outputs.")]
+    assert all(torch.equal(b[f"ranks.{r}.{n}"], a[f"outputs.{n}"]) for r in range(2) for n in outs)
 
 
 def test_run_refuses_unwritable_outputs_before_running(capsys, tmp_path):

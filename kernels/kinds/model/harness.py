@@ -332,34 +332,79 @@ class ModelHarness(KindHarness):
         """`run --backend triton`: run_reference's inputs (every row prefilled to its context by the reference,
         the first step's token ids drawn, or --tokens) through the step's launches, `key.steps` steps, each
         next token the argmax of the logits (greedy), every state carried."""
-        spec = weights.spec
-        inputs = Inputs(spec, key.seed, FP32)
         # caches with room for every step; then one step a call, each next token from the last logits
         k = cls(weights, replace(resolved, context=key.context), steps=key.steps)
         k.steps = 1
-        contexts = k.contexts
-        st = model_state(Reference(weights), contexts, inputs, k.slots)
-        tokens = inputs.tokens(key.rows, key.tokens)
-        kda = {i: KdaState(s.conv.to(torch.bfloat16), s.recurrent) for i, s in st.kda.items()}
-        dsa = {i: DsaCache(*(getattr(c, n).to(torch.bfloat16) for n in CACHE_NAMES)) for i, c in st.dsa.items()}
-        x = ModelInput(tokens[None], st.pos.clone(), kda, dsa)
+        contexts, x = cls.run_input(weights, key, k.contexts, k.slots)
         for _ in range(key.steps):
             before = x
             out = k(x)
             after = k.state_after
             x = ModelInput(out["logits"].argmax(-1).cpu()[None], after.pos, after.kda, after.dsa)
         state = DecodeState(before.pos, k.slots, before.kda, before.dsa)
+        return cls.run_saved(contexts, before.tokens[0], state, out, after)
+
+    @classmethod
+    def run_input(cls, weights: Weights, key: RunKey, contexts, slots: int) -> tuple[list[int], ModelInput]:
+        """A run's first step: run_reference's inputs (every row prefilled to its context by the reference, the
+        first step's token ids drawn, or --tokens), caches with room for `slots` tokens."""
+        inputs = Inputs(weights.spec, key.seed, FP32)
+        st = model_state(Reference(weights), contexts, inputs, slots)
+        tokens = inputs.tokens(key.rows, key.tokens)
+        kda = {i: KdaState(s.conv.to(torch.bfloat16), s.recurrent) for i, s in st.kda.items()}
+        dsa = {i: DsaCache(*(getattr(c, n).to(torch.bfloat16) for n in CACHE_NAMES)) for i, c in st.dsa.items()}
+        return contexts, ModelInput(tokens[None], st.pos.clone(), kda, dsa)
+
+    @staticmethod
+    def run_saved(contexts, tokens, before: DecodeState, out: dict, after: DecodeState) -> dict:
+        """What `run` saves: the last step's inputs (its token ids, positions, the states before it), its outputs
+        (every layer's H, routing and selection, the logits) and the states after it."""
         shown = {
             n: t for n, t in out.items() if not n.startswith("layers.") or n.endswith((".H", "moe.ids", "dsa.idx"))
         }
         shown |= {n: t for n, t in out.items() if n.endswith("moe.weights")}
         return (
-            {"inputs.contexts": torch.tensor(contexts), "inputs.tokens": before.tokens[0].cpu()}
+            {"inputs.contexts": torch.tensor(contexts), "inputs.tokens": tokens.cpu()}
             | {"inputs.pos": before.pos.cpu()}
-            | {f"inputs.state.{n}": t.float().cpu() for n, t in state.tensors().items()}
+            | {f"inputs.state.{n}": t.float().cpu() for n, t in before.tensors().items()}
             | {f"outputs.{n}": t.cpu() for n, t in shown.items()}
             | {f"writes.{n}": t.float().cpu() for n, t in after.tensors().items()}
         )
+
+    @classmethod
+    def run_ranks(cls, weights: Weights, key: RunKey, resolved: ResolvedKey, source) -> dict[str, torch.Tensor]:
+        """`run --backend triton --gpus T`: `run`'s greedy steps on T real ranks (kinds/model/ranks.py
+        `greedy_on_rank`: every rank picks each next token from the whole logits it has); what `run` saves, the
+        states joined from the ranks' slices (the KDA states; the caches every rank writes whole, rank 0's), and
+        every rank's outputs of the last step as `ranks.<r>.*`. A rank whose launch faults fails the run."""
+        from glm53ctl.kernels.kinds.model.ranks import greedy_on_rank
+        from glm53ctl.kernels.reference import conv_join
+        from glm53ctl.kernels.runtime.ranks import RankLayout, run_ranks
+
+        spec, tp = weights.spec, resolved.tp
+        kpool = spec.indexer.kpool
+        contexts = check_contexts(spec, key.rows) if key.context is None else row_contexts(key.context, key.rows, kpool)
+        slots = room(spec, max(contexts) + key.steps)
+        contexts, x0 = cls.run_input(weights, key, contexts, slots)
+        layout = RankLayout(tp, tp, torch.device(resolved.device).type)
+        out = run_ranks(layout, greedy_on_rank, resolved, x0.to("cpu"), key.steps, source)
+
+        def joined(step: int, pos) -> DecodeState:
+            """The states after step `step` of the last two (-1, -2), from every rank's."""
+            per = [o["last"][step] for o in out]
+            kda = {}
+            for i in x0.kda:
+                conv = conv_join([p[f"layers.{i}.kda.conv"] for p in per])
+                kda[i] = KdaState(conv, torch.cat([p[f"layers.{i}.kda.recurrent"] for p in per], dim=1))
+            dsa = {i: DsaCache(*(per[0][f"layers.{i}.cache.{n}"] for n in CACHE_NAMES)) for i in x0.dsa}
+            return DecodeState(pos, slots, kda, dsa)
+
+        # the positions as the one-device run carries them (its steps after the first count in int64)
+        last_pos = x0.pos.long() + key.steps - 1 if key.steps > 1 else x0.pos
+        before = joined(-2, last_pos) if key.steps > 1 else DecodeState(last_pos, slots, x0.kda, x0.dsa)
+        saved = cls.run_saved(contexts, out[0]["tokens"][-1], before, out[0]["last"][-1], joined(-1, last_pos + 1))
+        shown = [n[len("outputs.") :] for n in saved if n.startswith("outputs.")]
+        return saved | {f"ranks.{r}.{n}": out[r]["last"][-1][n].clone() for r in range(tp) for n in shown}
 
     # bench (tuning/bench.py): the step's rank-0 launches as a serving engine replays them
 

@@ -29,10 +29,12 @@ def rank_launches(group, key, inputs: list, mute: list, budget_ns, source=None):
     return launches_on_rank(group, launches, run, inputs, mute, budget_ns)
 
 
-def rank_part(group, key, weights, slots: int):
+def rank_part(group, key, weights, slots: int, keep_caches: bool = False):
     """This rank's step (every part's launch on its shards, caches of `slots` tokens) as a `RankPart`: its
     launches in step order; run(x) with x a ModelInput, its steps from x's states (rank_launches says what
-    comes back); timed(x) the step's first step, each part reading the one before's output buffer."""
+    comes back; `keep_caches`: every DSA layer's whole caches after them as `layers.<i>.cache.<name>`, not the
+    slots written; `fresh=False`: on from the states the last call left, x's positions those of its first step);
+    timed(x) the step's first step, each part reading the one before's output buffer."""
     import torch
 
     from glm53ctl.kernels.kinds import get_kind, load_ranks
@@ -55,9 +57,10 @@ def rank_part(group, key, weights, slots: int):
     parts.append(("tail", part("tail")(group, key.part("tail"), weights, name="tail")))
     kpool = spec.indexer.kpool
 
-    def run(x, mute_: bool, budget):
-        for _, p in parts:
-            p.reset()  # every layer's first step reads x's states
+    def run(x, mute_: bool, budget, fresh: bool = True):
+        if fresh:
+            for _, p in parts:
+                p.reset()  # every layer's first step reads x's states
         pos0 = x.pos.long()
         steps = x.tokens.shape[0]
         rows = torch.full((key.rows, spec.mhc.streams, spec.hidden), float("nan"), dtype=torch.bfloat16)
@@ -91,7 +94,7 @@ def rank_part(group, key, weights, slots: int):
             raise faults[0]
         # a DSA layer's writes: the slots the steps wrote of its caches after them, as the one-device step's
         at = written_at(pos0, steps, kpool)
-        for i in x.dsa:
+        for i in [] if keep_caches else x.dsa:
             caches = DsaCache(*(out.pop(f"layers.{i}.cache.{n}") for n in CACHE_NAMES))
             out |= cache_writes(i, caches, at)
         return {n: t.clone() if isinstance(t, torch.Tensor) else t for n, t in out.items()}
@@ -119,6 +122,31 @@ def rank_part(group, key, weights, slots: int):
         return step, logits
 
     return RankPart([p.launch for _, p in parts], run, reset, timed)
+
+
+def greedy_on_rank(group, key, x0, steps: int, source=None) -> dict:
+    """`run --gpus T --kind model`: one rank of `steps` greedy steps from x0's states (x0.tokens[0] the first
+    step's ids; each next step's the argmax of the logits, which every rank has whole after tail's all-gather, so
+    every rank picks the same), each layer's state carried. Returns every step's token ids and the outputs of the
+    last two steps (its last step's, and the one before whose writes are the last step's states), every DSA
+    layer's whole caches among them."""
+    import torch
+
+    from glm53ctl.kernels.kinds.model.harness import ModelInput
+    from glm53ctl.kernels.runtime.ranks import WeightsSource, compile_on_rank
+    from glm53ctl.kernels.spec import load_model
+
+    weights = (source or WeightsSource()).load(load_model(key.model), group.device)
+    slots = next(iter(x0.dsa.values())).latent.shape[1] if x0.dsa else 0
+    launches, run, _, _ = rank_part(group, key, weights, slots, keep_caches=True)
+    compile_on_rank(group, launches)
+    tokens, last = x0.tokens[:1], []
+    for s in range(steps):
+        group.barrier()
+        out = run(ModelInput(tokens[-1:], x0.pos + s, x0.kda, x0.dsa), False, None, fresh=s == 0)
+        last = (last + [out])[-2:]
+        tokens = torch.cat([tokens, out["logits"].argmax(-1)[None]])
+    return {"tokens": tokens[:steps], "last": last}
 
 
 def rank_view(out: dict, rank: int, tp: int) -> dict:
