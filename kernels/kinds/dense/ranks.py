@@ -4,7 +4,8 @@ Each rank runs the whole layer on its shard (its KDA heads, its columns of the M
 expert) and its slice of the state; before each all-reduce its OWN tasks push its partial into every peer's
 mailbox and tag it (two groups of flag words: the attention's, the FFN's), and its reduces sum every rank's in
 rank order, as the emulation's do: every rank's outputs are the emulation's bit for bit. The routing is
-computed on every rank from the same x̂: the same experts everywhere.
+computed on every rank from the same x̂: the same experts everywhere. In the stage schedule (knob `launch`) the
+rank runs the kind's stages, the pushes in the stage of the tiles they push (runtime/stages.py `on_rank`).
 """
 
 from __future__ import annotations
