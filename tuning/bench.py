@@ -29,7 +29,7 @@ from glm53ctl.kernels.key import ResolvedKey
 from glm53ctl.kernels.kinds import get_kind, load_harness
 from glm53ctl.tuning import measure
 
-BASELINES = ("separate", "separate-pdl", "torch", "compile", "defaults", "persistent", "stages")
+BASELINES = ("separate", "separate-pdl", "torch", "compile", "defaults", "persistent", "stages", "chain")
 SCHEDULES = ("persistent", "stages")  # knob `launch`: the key in this schedule, another harness
 # at most this many copies: a launch that reads little (embed: R rows of its table) would need thousands to
 # stream past the L2; its bytes are too few for the floor to mean much anyway
@@ -176,7 +176,7 @@ def time_key(
     row["baselines"] = {}
     keep = []  # every harness and timer of the key lives until its end (a graph's buffers must outlive it)
     # the defaults' launch and the other schedule's last: each is another harness, with buffers of its own
-    for which in sorted(baselines, key=lambda b: b == "defaults" or b in SCHEDULES):
+    for which in sorted((b for b in baselines if b != "chain"), key=lambda b: b == "defaults" or b in SCHEDULES):
         if which == "defaults" or which in SCHEDULES:
             knobs = defaults(kind) if which == "defaults" else {"launch": which}
             kb = make_harness(weights, key.with_knobs(knobs), **load_harness(kind).BENCH_OPTIONS)
@@ -197,8 +197,8 @@ def time_key(
         r = measure.ratio(*measure.ab_rounds(launch_timer, base_timer, rounds))
         row["baselines"][which] = {"us": r["b_us"], "ratio": r["ratio"], "ratio_ci": r["ratio_ci"]} | extra
         keep.append((kb, t, base_timer))
-    # a kind's other schedules that need no other build (`model`'s chain): timed beside it too
-    for label, t in (k.schedules(x, peers) if hasattr(k, "schedules") else {}).items():
+    # `chain`: a step's launches under the other value of its knob chain (the same harness), timed beside it
+    for label, t in (k.schedules(x, peers) if "chain" in baselines else {}).items():
         base_timer, _ = timer_for(t)
         r = measure.ratio(*measure.ab_rounds(launch_timer, base_timer, rounds))
         row["baselines"][label] = {"us": r["b_us"], "ratio": r["ratio"], "ratio_ci": r["ratio_ci"]}
@@ -379,15 +379,17 @@ def _compile(job: tuple) -> str:
 
     spec = load_model(full.model)
     step = get_kind(kind).composite
-    # a step's other chain is timed beside it (`schedules`), inside a graph capture: compiled here first
-    variants = [full.with_knobs({"chain": c}) for c in kind_knobs(kind)["chain"].values] if step else [full]
+    # a step's other chain (`--baseline chain`) is timed inside a graph capture: compiled here first (a launch
+    # chained by PDL is another build: asked for only, it is not half of every step key's compile)
+    chains = step and "chain" in baselines
+    variants = [full.with_knobs({"chain": c}) for c in kind_knobs(kind)["chain"].values] if chains else [full]
     variants += [full.with_knobs({"launch": b}) for b in baselines if b in SCHEDULES]
     for ks in variants:
         for _, la in build_launches(spec, ks):
             args = on_device(la.placeholder_args(), "cuda")
             la.kernel.warmup(**args, **la.constexprs(), **la.options(), grid=(la.grid,))
     # a step's baselines need every layer's weights: too much for each of several workers (compiled at bench)
-    others = [b for b in baselines if b != "defaults" and b not in SCHEDULES] if not step else []
+    others = [b for b in baselines if b not in ("defaults", "chain") and b not in SCHEDULES] if not step else []
     if others:
         from glm53ctl.kernels.weights import Weights
 

@@ -19,7 +19,7 @@ from glm53ctl.errors import CheckFailed, UsageError
 from glm53ctl.output import Output, Progress, err_console, plural, print_warning
 from glm53ctl.pictures import key_label, matrix_picture, saved_steps, step_picture
 
-BASELINES = ("separate", "separate-pdl", "torch", "compile", "defaults", "persistent", "stages")
+BASELINES = ("separate", "separate-pdl", "torch", "compile", "defaults", "persistent", "stages", "chain")
 
 
 def register(app: typer.Typer) -> None:
@@ -52,7 +52,8 @@ def bench(
             help="Timed beside the launch in alternating rounds: separate (one launch per stage), separate-pdl "
             "(the same chained by programmatic dependent launch), torch (stock ops in bf16, CUDA graph), compile "
             "(torch.compile, CUDA graph), defaults (the registry's knobs, not the tuned file's), persistent or "
-            "stages (the key in that schedule, knob launch; its bits checked first).",
+            "stages (the key in that schedule, knob launch; its bits checked first), chain (a step: its launches "
+            "under the other value of knob chain).",
         ),
     ] = None,
     against: Annotated[

@@ -60,13 +60,18 @@ def refuse_steps(kinds: list[str], verb: str) -> None:
 
 
 # what a whole step (`model`) is timed beside: its parts' own baselines are their kinds' (bench them)
-STEP_BASELINES = ("torch", "compile", "persistent", "stages")
+STEP_BASELINES = ("torch", "compile", "persistent", "stages", "chain")
 
 
 def refuse_step_baselines(kinds: list[str], baselines: list[str]) -> None:
     from glm53ctl.kernels.kinds import get_kind
 
     steps = [k for k in kinds if get_kind(k).composite]
+    if "chain" in baselines and len(steps) < len(kinds):
+        raise UsageError(
+            "--baseline chain: a step's (the other value of model's knob chain); a kind's launch has no chain",
+            hint="glm53ctl bench --kind model --baseline chain",
+        )
     other = [b for b in baselines if b not in STEP_BASELINES]
     if steps and other:
         raise UsageError(

@@ -95,6 +95,7 @@ CASES: list[tuple[str, str]] = [
     ("bench --kind dense --gpus 2 --trace", "no --against or --trace with it"),
     ("bench --kind dense --baseline nope", "--baseline 'nope'"),
     ("bench --kind model --baseline separate", "--baseline separate: not for model"),
+    ("bench --kind dense,model --baseline chain", "--baseline chain: a step's"),
     ("bench --kind sparse --context x", "--context 'x'"),
     ("bench --kind dense --context 5", "--context applies to the kinds that read caches"),
     ("bench --kind sparse --context 100000000000", "max_position_embeddings"),

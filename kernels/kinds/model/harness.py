@@ -468,7 +468,8 @@ class ModelHarness(KindHarness):
         return line + (f"; a layer's weights come back after {gap / 1e6:.0f} MB or more streamed)" if gap else ")")
 
     def schedules(self, x: ModelInput, peers) -> dict[str, Timed]:
-        """The step under the other `chain` value, the same launches (bench times it beside the step)."""
+        """The step under the other `chain` value, the same launches (`bench --baseline chain` times it beside
+        the step)."""
         other = "stream" if self.knobs["chain"] == "pdl" else "pdl"
         main = getattr(self, "_main", None) or self.timed(x, peers)
 
