@@ -42,15 +42,6 @@ def _median(xs: list[float]) -> float:
     return sorted(xs)[len(xs) // 2]
 
 
-def _slots(x) -> tuple:
-    """The caches' room the inputs have (a rank's launch is built for it), for the kinds that read caches."""
-    if hasattr(x, "cache"):  # a DSA layer's input
-        return (x.cache.latent.shape[1],)
-    if getattr(x, "dsa", None):  # a step's
-        return (next(iter(x.dsa.values())).latent.shape[1],)
-    return (0,) if hasattr(x, "dsa") else ()
-
-
 def _time_rank(group, key, x, rounds: int, launches: int, source) -> list[float]:
     """On one rank: its part of the key, compiled, then `rounds` rounds of `launches` launches; µs per launch
     per round."""
@@ -59,7 +50,9 @@ def _time_rank(group, key, x, rounds: int, launches: int, source) -> list[float]
     from glm53ctl.kernels.spec import load_model
 
     weights = (source or WeightsSource()).load(load_model(key.model), group.device)
-    part = load_ranks(key.kind).rank_part(group, key, weights, *_slots(x))
+    fn = load_ranks(key.kind)
+    room = getattr(fn, "room", lambda x: ())(x)  # the caches' size a kind that reads caches is built for
+    part = fn.rank_part(group, key, weights, *room)
     compile_on_rank(group, part.launch)
     call, _ = part.timed(x)
     cuda = group.device.type == "cuda"

@@ -51,6 +51,12 @@ class ModelInput:
         return ModelInput(self.tokens.to(device), self.pos.to(device), kda, dsa)
 
 
+def step_contexts(spec, rows: int, context: int | None) -> list[int]:
+    """The rows' contexts of a step: `context` less 3 a row (as every kind's), or the check's (below and above
+    the selection width) without one."""
+    return check_contexts(spec, rows) if context is None else row_contexts(context, rows, spec.indexer.kpool)
+
+
 def written_at(pos0: torch.Tensor, steps: int, kpool: int) -> list[tuple]:
     """Per step from the rows' positions pos0, the rows, their cache slot and the pool slot each writes (a pool
     completing; else the last one)."""
@@ -113,9 +119,7 @@ class ModelHarness(KindHarness):
         self.sets = weight_sets(spec, tp, rows, device, timing)
         if self.sets is not None:
             weights = self.weights = weights.share_layers(self.sets)
-        self.contexts = (
-            check_contexts(spec, rows) if context is None else row_contexts(context, rows, spec.indexer.kpool)
-        )
+        self.contexts = step_contexts(spec, rows, context)
         self.slots = room(spec, max(self.contexts) + steps)
         # each part its own kind's key (resolved with the step's: a grid given to the step is every part's)
         make = lambda kind, **kw: load_harness(kind)(weights, key.part(kind), **kw)  # noqa: E731
@@ -382,8 +386,7 @@ class ModelHarness(KindHarness):
         from glm53ctl.kernels.runtime.ranks import RankLayout, run_ranks
 
         spec, tp = weights.spec, resolved.tp
-        kpool = spec.indexer.kpool
-        contexts = check_contexts(spec, key.rows) if key.context is None else row_contexts(key.context, key.rows, kpool)
+        contexts = step_contexts(spec, key.rows, key.context)
         slots = room(spec, max(contexts) + key.steps)
         contexts, x0 = cls.run_input(weights, key, contexts, slots)
         layout = RankLayout(tp, tp, torch.device(resolved.device).type)

@@ -23,10 +23,13 @@ def rank_launches(group, key, inputs: list, mute: list, budget_ns, source=None):
     from glm53ctl.kernels.spec import load_model
 
     weights = (source or WeightsSource()).load(load_model(key.model), group.device)
-    x0 = inputs[0]
-    slots = next(iter(x0.dsa.values())).latent.shape[1] if x0.dsa else 0
-    launches, run, _, _ = rank_part(group, key, weights, slots)
+    launches, run, _, _ = rank_part(group, key, weights, caches_room(inputs[0]))
     return launches_on_rank(group, launches, run, inputs, mute, budget_ns)
+
+
+def caches_room(x) -> int:
+    """The tokens a step's input's DSA caches have room for (what its launches are built for); 0 without any."""
+    return next(iter(x.dsa.values())).latent.shape[1] if x.dsa else 0
 
 
 def rank_part(group, key, weights, slots: int, keep_caches: bool = False):
@@ -57,10 +60,13 @@ def rank_part(group, key, weights, slots: int, keep_caches: bool = False):
     parts.append(("tail", part("tail")(group, key.part("tail"), weights, name="tail")))
     kpool = spec.indexer.kpool
 
+    def reset() -> None:
+        for _, p in parts:
+            p.reset()  # every layer's next step reads its input's states
+
     def run(x, mute_: bool, budget, fresh: bool = True):
         if fresh:
-            for _, p in parts:
-                p.reset()  # every layer's first step reads x's states
+            reset()
         pos0 = x.pos.long()
         steps = x.tokens.shape[0]
         rows = torch.full((key.rows, spec.mhc.streams, spec.hidden), float("nan"), dtype=torch.bfloat16)
@@ -99,10 +105,6 @@ def rank_part(group, key, weights, slots: int, keep_caches: bool = False):
             out |= cache_writes(i, caches, at)
         return {n: t.clone() if isinstance(t, torch.Tensor) else t for n, t in out.items()}
 
-    def reset() -> None:
-        for _, p in parts:
-            p.reset()
-
     def timed(x):
         calls = []
         call, H = parts[0][1].timed(x.tokens[0])
@@ -137,8 +139,7 @@ def greedy_on_rank(group, key, x0, steps: int, source=None) -> dict:
     from glm53ctl.kernels.spec import load_model
 
     weights = (source or WeightsSource()).load(load_model(key.model), group.device)
-    slots = next(iter(x0.dsa.values())).latent.shape[1] if x0.dsa else 0
-    launches, run, _, _ = rank_part(group, key, weights, slots, keep_caches=True)
+    launches, run, _, _ = rank_part(group, key, weights, caches_room(x0), keep_caches=True)
     compile_on_rank(group, launches)
     tokens, last = x0.tokens[:1], []
     for s in range(steps):
@@ -165,3 +166,4 @@ def rank_view(out: dict, rank: int, tp: int) -> dict:
 
 rank_launches.rank_view = rank_view
 rank_launches.rank_part = rank_part
+rank_launches.room = lambda x: (caches_room(x),)  # rank_part's caches, sized as an input's

@@ -75,3 +75,4 @@ def rank_part(group, key, weights, slots: int, layer: int | None = None, name: s
 
 
 rank_launches.rank_part = rank_part
+rank_launches.room = lambda x: (x.cache.latent.shape[1],)  # rank_part's caches, sized as an input's
