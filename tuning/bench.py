@@ -141,7 +141,24 @@ def time_key(
     each baseline timed in alternating rounds with it (ratio baseline / launch: above 1, the launch is faster).
     The separate launches are checked bit for bit against the launch first. `on_ranks` (`bench --gpus T`): then
     the key on T real ranks from the same input, its µs per launch beside the emulation's (tuning/bench_ranks.py),
-    once this process has let go of what it timed."""
+    once this process has let go of everything it timed (rank 0 shares its GPU; the weights stay)."""
+    row, x = _time_emulation(weights, key, baselines, rounds, seed, copy_tb_s, trace)
+    if on_ranks:
+        import gc
+
+        from glm53ctl.tuning.bench_ranks import time_on_ranks
+
+        x = x.to("cpu")
+        gc.collect()  # the harnesses and graphs of the emulation's timing (a step's harness holds cycles)
+        torch.cuda.empty_cache()
+        r = time_on_ranks(key, x, rounds)
+        row["ranks"] = r | {"ratio": r["us"] / row["us"]}
+    return row
+
+
+def _time_emulation(weights, key: ResolvedKey, baselines, rounds: int, seed: int, copy_tb_s, trace: bool):
+    """time_key's row of the one-device launch and its baselines, and the input it timed (every harness, timer
+    and graph it made dies with this call)."""
     from glm53ctl.tuning.knobs import defaults
 
     kind, tp, rows, context = key.kind, key.tp, key.rows, key.context
@@ -207,15 +224,7 @@ def time_key(
         row["trace"] = trace_key(k, x, peers)
     del keep
     torch.cuda.synchronize()
-    if on_ranks:
-        from glm53ctl.tuning.bench_ranks import time_on_ranks
-
-        x = x.to("cpu")
-        del k, main, launch_timer, peers, out
-        torch.cuda.empty_cache()  # rank 0 shares this GPU
-        r = time_on_ranks(key, x, rounds)
-        row["ranks"] = r | {"ratio": r["us"] / us}
-    return row
+    return row, x
 
 
 def step_breakdown(k, step_us: float, rounds: int, copy_tb_s: float | None) -> dict:

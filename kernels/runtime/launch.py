@@ -82,10 +82,10 @@ class Runtime:
         # tasks' flag words, then one word per peer: a peer's partial is in place before the launch,
         # so its word holds the epoch the next launch expects (the last program keeps it so)
         if self.flags is None:
-            self.flags = torch.zeros(t.peer_words + t.peers, dtype=torch.int32, device=dev)
-            self.flags[t.peer_words :] = 1
+            self.flags = torch.zeros(t.first_peer_word + t.peers, dtype=torch.int32, device=dev)
+            self.flags[t.first_peer_word :] = 1
         else:
-            assert self.flags.shape == (t.peer_words + t.peers,) and self.flags.dtype == torch.int32
+            assert self.flags.shape == (t.first_peer_word + t.peers,) and self.flags.dtype == torch.int32
         self.boxes = torch.zeros(max(t.box_lines, 1) * BOX_WORDS, dtype=torch.int32, device=dev)
         self.errs = torch.zeros(self.max_programs, 5, dtype=torch.int32, device=dev)
 
@@ -137,7 +137,7 @@ class Runtime:
         s = self.table.sites[site] if site >= 0 else None
         producers = s.producers if s else []
         if producers and all(p < 0 for p in producers):  # the peers whose words never came: those named
-            words = self.flags[self.table.peer_words :].cpu().tolist()
+            words = self.flags[self.table.first_peer_word :].cpu().tolist()
             late = [p for p in producers if words[-p - 1] not in (epoch, epoch + 1)]
             producers = late or producers
         producer = ", ".join(self.table.describe_task(p) for p in producers) if s else "?"
@@ -181,16 +181,20 @@ class PersistentLaunch:
         }
 
     def options(self) -> dict:
-        """Compile options from the knobs: warps, and the K loop's pipelining depth where the kind takes it."""
+        """Compile options from the knobs: warps, and the K loop's pipelining depth where the kind takes it; and
+        `launch_pdl` for a launch chained by programmatic dependent launch (Triton keys its builds on it too, so
+        an ahead-of-time warmup without it would build a variant that never runs)."""
+        from glm53ctl.kernels.tlx import interpreting
+
         opts = {"num_warps": self.knobs["warps"]}
         if "stages" in self.knobs:
             opts["num_stages"] = self.knobs["stages"]
+        if self.pdl and not interpreting():
+            opts["launch_pdl"] = True
         return opts
 
     def launch(self, args: dict, check: bool) -> None:
         """One launch over the grid; with `check`, raise LaunchFault if a guarded wait timed out."""
-        constexprs = self.constexprs()
-        chained = {"launch_pdl": True} if constexprs["PDL"] else {}
-        self.kernel[(self.grid,)](**args, **constexprs, **self.options(), **chained)
+        self.kernel[(self.grid,)](**args, **self.constexprs(), **self.options())
         if check:
             self.runtime.check()

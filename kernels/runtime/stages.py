@@ -114,6 +114,12 @@ class SeparateLaunches:
         self.whole = whole
         make = getattr(whole, "stage", None) or (lambda ttypes, one: stage_launch(whole, ttypes, one))
         self.stages = [make(s, one_task) for s in stages]
+        left = sorted(
+            {whole.table.type_name(i) for i in range(whole.table.n_tasks)}
+            - {s.table.type_name(t) for s in self.stages for t in range(s.table.n_tasks)}
+        )
+        if left:  # a task in no stage would never run, and whatever waits on it (a peer, say) would fault
+            raise ValueError(f"the stages of {whole.table.kind} leave its {', '.join(left)} tasks unrun")
         self.offsets, sites = [], []
         for s in self.stages:
             s.pdl = pdl

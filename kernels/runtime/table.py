@@ -107,7 +107,7 @@ class TaskTable:
         return len(self.tasks)
 
     @property
-    def peer_words(self) -> int:
+    def first_peer_word(self) -> int:
         """The flag word of the first peer: the tasks' words come first (a stage on real ranks: `peer_base`)."""
         return self.n_tasks if self.peer_base is None else self.peer_base
 
@@ -129,7 +129,9 @@ class TaskTable:
         n = self.n_tasks
         counts = [(self.first_site[i + 1] if i + 1 < n else len(self.sites)) - self.first_site[i] for i in range(n)]
         # peer words sit after the tasks' flag words (or at `peer_base`)
-        index = [s.index if s.index >= 0 or s.kind == BOX else self.peer_words + (-s.index) - 1 for s in self.sites]
+        index = [
+            s.index if s.index >= 0 or s.kind == BOX else self.first_peer_word + (-s.index) - 1 for s in self.sites
+        ]
         # a task's flag word is written only if some site waits on it (or the host may name it)
         flagged = {s.index for s in self.sites if s.kind == FLAG and s.index >= 0}
         pub_first, pub_slot = [], []

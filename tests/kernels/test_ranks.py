@@ -137,7 +137,7 @@ def test_a_launch_timed_on_real_ranks():
     x = make_harness(Weights(load_model("tiny"), seed=0), key).inputs(key_seed(0, key.name))[0]
     r = time_on_ranks(key, x, rounds=3, launches=1)
     assert len(r["per_rank_us"]) == 2 and len(r["rounds_us"]) == 3 and min(r["rounds_us"]) > 0
-    assert r["us"] == sorted(r["rounds_us"])[1] and r["us"] >= min(r["per_rank_us"])
+    assert r["launches_per_round"] == 1 and r["us"] in r["rounds_us"]
 
 
 def test_the_whole_step_on_real_ranks(capsys):

@@ -145,7 +145,7 @@ def _is_ffn_half(ttype, MOE: tl.constexpr):
 @triton.jit
 def _run_task(
     ttype, row, task, ok, epoch, rt, stuck_site, budget_ns, H, gates, attn_w, attn_state, attn_buf, ffn_w, ffn_buf,
-    hand, outs, consts, R, RANK, peers, mute, n_pushers, n_tasks, dims: tl.constexpr, mla: tl.constexpr,
+    hand, outs, consts, R, RANK, peers, mute, n_pushers, dims: tl.constexpr, mla: tl.constexpr,
     moe: tl.constexpr, sched: tl.constexpr, MLA: tl.constexpr, MOE: tl.constexpr, INTERPRET: tl.constexpr,
     POLL: tl.constexpr, THREADS: tl.constexpr, REMOTE: tl.constexpr,
 ):  # fmt: skip
@@ -227,14 +227,14 @@ def _run_task(
     elif (ttype == OWN_A) & REMOTE:
         task_push(
             src=(hand.kpart_a,), slot_bases=peers.slot_bases, flag_bases=peers.flag_bases, arrive=peers.arrive,
-            epoch=epoch, c=a0, r=a1, R=R, RANK=RANK, n_tasks=peers.words, n_pushers=n_pushers, mute=mute, GROUP=0, D=D,
-            CH=dims.CH, KS=dims.KS_O, T=dims.T, MOE=False, TOPK=TOPK, NSLOT=NSLOT, INTERPRET=INTERPRET,
+            epoch=epoch, c=a0, r=a1, R=R, RANK=RANK, peer_words=peers.words, n_pushers=n_pushers, mute=mute,
+            GROUP=0, D=D, CH=dims.CH, KS=dims.KS_O, T=dims.T, MOE=False, TOPK=TOPK, NSLOT=NSLOT, INTERPRET=INTERPRET,
         )  # fmt: skip
     elif (ttype == OWN_F) & REMOTE:
         task_push(
             src=ffn_src, slot_bases=peers.slot_bases, flag_bases=peers.flag_bases, arrive=peers.arrive, epoch=epoch,
-            c=a0, r=a1, R=R, RANK=RANK, n_tasks=peers.words, n_pushers=n_pushers, mute=mute, GROUP=1, D=D, CH=dims.CH,
-            KS=dims.KS_F, T=dims.T, MOE=MOE, TOPK=TOPK, NSLOT=NSLOT, INTERPRET=INTERPRET,
+            c=a0, r=a1, R=R, RANK=RANK, peer_words=peers.words, n_pushers=n_pushers, mute=mute, GROUP=1, D=D,
+            CH=dims.CH, KS=dims.KS_F, T=dims.T, MOE=MOE, TOPK=TOPK, NSLOT=NSLOT, INTERPRET=INTERPRET,
         )  # fmt: skip
     elif ttype == OWN_A:
         task_own(
@@ -325,8 +325,8 @@ def layer_kernel(
             stamp(hand.trace, task, 1, INTERPRET)
         if ok:
             ok = _run_task(ttype, row, task, ok, epoch, rt, stuck_site, budget_ns, H, gates, attn_w, attn_state,
-                           attn_buf, ffn_w, ffn_buf, hand, outs, consts, R, RANK, peers, mute, n_pushers, n_tasks,
-                           dims, mla, moe, sched, MLA, MOE, INTERPRET, POLL, THREADS, REMOTE)  # fmt: skip
+                           attn_buf, ffn_w, ffn_buf, hand, outs, consts, R, RANK, peers, mute, n_pushers, dims,
+                           mla, moe, sched, MLA, MOE, INTERPRET, POLL, THREADS, REMOTE)  # fmt: skip
             if ok:
                 publish(rt, row, task, epoch, INTERPRET)
                 if sched.TRACE:

@@ -262,7 +262,7 @@ def task_push(
     r,
     R,
     RANK,
-    n_tasks,
+    peer_words,
     n_pushers,
     mute,
     GROUP: tl.constexpr,
@@ -277,9 +277,10 @@ def task_push(
 ):
     """OWN_A / OWN_F on real ranks: this rank's partial of chunk c of row r into slot RANK of every peer's
     mailbox [2 (parity), 2 (GROUP: attention, FFN), T, R, D], the half of this launch's parity; the last of the
-    group's `n_pushers` tasks tags it in every peer's flag words (push_tag; `mute`: never)."""
+    group's `n_pushers` tasks tags it in every peer's flag words, after their first `peer_words` (the whole
+    table's task words: push_tag; `mute`: never)."""
     o_c = c * CH + tl.arange(0, CH)
     own = _own(src, r, o_c, R, D, KS, MOE, TOPK, NSLOT)
     at = ((epoch % 2) * 2 + GROUP) * (T * R * D) + (RANK * R + r) * D
     push_to_peers(own, slot_bases, at, RANK, o_c, o_c < D, T)
-    push_tag(flag_bases, arrive + GROUP, epoch, RANK, n_tasks + GROUP * (T - 1), n_pushers, mute, T, INTERPRET)
+    push_tag(flag_bases, arrive + GROUP, epoch, RANK, peer_words + GROUP * (T - 1), n_pushers, mute, T, INTERPRET)

@@ -390,7 +390,8 @@ class ModelHarness(KindHarness):
         slots = room(spec, max(contexts) + key.steps)
         contexts, x0 = cls.run_input(weights, key, contexts, slots)
         layout = RankLayout(tp, tp, torch.device(resolved.device).type)
-        out = run_ranks(layout, greedy_on_rank, resolved, x0.to("cpu"), key.steps, source)
+        # every rank prepares every layer and (on a GPU) compiles every part first: more than a layer's 600 s
+        out = run_ranks(layout, greedy_on_rank, resolved, x0.to("cpu"), key.steps, source, timeout_s=3600.0)
 
         def joined(step: int, pos) -> DecodeState:
             """The states after step `step` of the last two (-1, -2), from every rank's."""

@@ -130,8 +130,8 @@ def greedy_on_rank(group, key, x0, steps: int, source=None) -> dict:
     """`run --gpus T --kind model`: one rank of `steps` greedy steps from x0's states (x0.tokens[0] the first
     step's ids; each next step's the argmax of the logits, which every rank has whole after tail's all-gather, so
     every rank picks the same), each layer's state carried. Returns every step's token ids and the outputs of the
-    last two steps (its last step's, and the one before whose writes are the last step's states), every DSA
-    layer's whole caches among them."""
+    last two steps (its last step's, and the one before whose writes are the last step's states), on rank 0
+    every DSA layer's whole caches among them."""
     import torch
 
     from glm53ctl.kernels.kinds.model.harness import ModelInput
@@ -139,7 +139,8 @@ def greedy_on_rank(group, key, x0, steps: int, source=None) -> dict:
     from glm53ctl.kernels.spec import load_model
 
     weights = (source or WeightsSource()).load(load_model(key.model), group.device)
-    launches, run, _, _ = rank_part(group, key, weights, caches_room(x0), keep_caches=True)
+    # rank 0's whole caches come back (every rank writes the same): the others send only the slots written
+    launches, run, _, _ = rank_part(group, key, weights, caches_room(x0), keep_caches=group.rank == 0)
     compile_on_rank(group, launches)
     tokens, last = x0.tokens[:1], []
     for s in range(steps):
