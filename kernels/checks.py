@@ -248,10 +248,10 @@ def _on_ranks(weights: Weights, key: ResolvedKey, seed: int, launches: int):
     k = make_harness(weights, key)
     xs = k.inputs(key_seed(seed, key.name), steps=launches)
     want = [{n: t.cpu() for n, t in k(x).items()} for x in xs]
-    return want, [_given(x) for x in xs]
+    return want, [given_to_ranks(x) for x in xs]
 
 
-def _given(x):
+def given_to_ranks(x):
     """An input as the ranks' processes are given it: a tensor as nested lists, a layer's input on the CPU."""
     return x.tolist() if isinstance(x, torch.Tensor) else x.to("cpu")
 
@@ -306,7 +306,7 @@ def steps_on_ranks(key: ResolvedKey, xs: list, source, chain: bool = True) -> li
 
     layout = RankLayout(key.tp, key.tp, torch.device(key.device).type)
     chained = (True,) if chain else ()  # the layer kinds' rank functions take it; the stateless ones have none
-    out = run_ranks(layout, load_ranks(key.kind), key, [_given(x) for x in xs], [], None, source, *chained)
+    out = run_ranks(layout, load_ranks(key.kind), key, [given_to_ranks(x) for x in xs], [], None, source, *chained)
     for r, per_step in enumerate(out):
         for i, got in enumerate(per_step):
             if not isinstance(got, dict):

@@ -24,11 +24,11 @@ LAUNCHES = 20
 def time_on_ranks(key, x, rounds: int, launches: int = LAUNCHES, source=None, timeout_s: float = 1800.0) -> dict:
     """`key` (resolved) on key.tp real ranks from input x (a harness's input, on the CPU): µs per launch (the
     median over `rounds` of the slowest rank's), each rank's median, and the rounds' figures."""
-    from glm53ctl.kernels.checks import _given
+    from glm53ctl.kernels.checks import given_to_ranks
     from glm53ctl.kernels.runtime.ranks import RankLayout, run_ranks
 
     layout = RankLayout(key.tp, key.tp, torch.device(key.device).type)
-    per_rank = run_ranks(layout, _time_rank, key, _given(x), rounds, launches, source, timeout_s=timeout_s)
+    per_rank = run_ranks(layout, _time_rank, key, given_to_ranks(x), rounds, launches, source, timeout_s=timeout_s)
     per_round = [max(r[i] for r in per_rank) for i in range(rounds)]
     return {
         "us": _median(per_round),

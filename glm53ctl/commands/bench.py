@@ -14,7 +14,7 @@ import typer
 
 from glm53ctl.commands import Command
 from glm53ctl.commands.build import parse_list
-from glm53ctl.commands.keys import context_applies, context_fits, refuse_step_baselines
+from glm53ctl.commands.keys import context_applies, context_fits, ranks_width, refuse_step_baselines
 from glm53ctl.errors import CheckFailed, UsageError
 from glm53ctl.output import Output, Progress, err_console, plural, print_warning
 from glm53ctl.pictures import key_label, matrix_picture, saved_steps, step_picture
@@ -210,8 +210,7 @@ def _real_ranks(gpus: int, kind: str | None, tp: str | None, against: str | None
     from glm53ctl.kernels.kinds import load_ranks, selectable_kinds
     from glm53ctl.kernels.spec import TP_WIDTHS
 
-    if gpus not in TP_WIDTHS:
-        raise UsageError(f"--gpus {gpus}: one rank per GPU at a TP width ({', '.join(map(str, TP_WIDTHS))})")
+    ranks_width(gpus)
     wrong = [t for t in parse_list("--tp", tp, TP_WIDTHS, int) if t != gpus] if tp is not None else []
     if wrong:
         raise UsageError(f"--gpus {gpus} times TP{gpus} keys, one rank per GPU; --tp asks for TP{wrong[0]}")

@@ -14,7 +14,7 @@ import typer
 
 from glm53ctl.commands import Command
 from glm53ctl.commands.build import parse_list
-from glm53ctl.commands.keys import context_applies, context_fits, context_of
+from glm53ctl.commands.keys import context_applies, context_fits, context_of, ranks_width
 from glm53ctl.errors import CheckFailed, UsageError
 from glm53ctl.interrupts import interrupted
 from glm53ctl.output import Heartbeat, Output, Progress, err_console, plural, print_warning
@@ -58,8 +58,7 @@ def _real_ranks(gpus: int, kind, tp, rows) -> None:
     from glm53ctl.kernels.kinds import load_ranks, ranks_kinds, selectable_kinds
     from glm53ctl.kernels.spec import ROWS, TP_WIDTHS
 
-    if gpus not in TP_WIDTHS:
-        raise UsageError(f"--gpus {gpus}: one rank per GPU at a TP width ({', '.join(map(str, TP_WIDTHS))})")
+    ranks_width(gpus)
     if tp is None:
         raise UsageError(f"--gpus {gpus}: say the TP width too (--tp {gpus}): one rank per GPU")
     wrong = [t for t in parse_list("--tp", tp, TP_WIDTHS, int) if t != gpus]

@@ -79,3 +79,11 @@ def refuse_step_baselines(kinds: list[str], baselines: list[str]) -> None:
             f"{', '.join(STEP_BASELINES)}; its parts' launches beside theirs as their kinds)",
             hint="glm53ctl bench --kind dense,kda,sparse,tail --baseline separate",
         )
+
+
+def ranks_width(gpus: int) -> None:
+    """--gpus N (N > 1) of check, fault, run and bench: one rank per GPU, so N is a TP width."""
+    from glm53ctl.kernels.spec import TP_WIDTHS
+
+    if gpus not in TP_WIDTHS:
+        raise UsageError(f"--gpus {gpus}: one rank per GPU at a TP width ({', '.join(map(str, TP_WIDTHS))})")

@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from glm53ctl.commands import Command
+from glm53ctl.commands.keys import ranks_width
 from glm53ctl.errors import UsageError
 from glm53ctl.output import Output, print_warning
 
@@ -234,10 +235,8 @@ def _as_rank0(name: str) -> str:
 def _check_ranks(kind: str, tp: int, gpus: int, backend: Backend) -> None:
     """--gpus T: the kernels (the reference has no ranks), at TP T, of a kind that runs on real ranks."""
     from glm53ctl.kernels.kinds import ranks_kinds
-    from glm53ctl.kernels.spec import TP_WIDTHS
 
-    if gpus not in TP_WIDTHS:
-        raise UsageError(f"--gpus {gpus}: one rank per GPU at a TP width ({', '.join(map(str, TP_WIDTHS))})")
+    ranks_width(gpus)
     if backend is not Backend.triton:
         raise UsageError(f"--gpus {gpus}: real ranks run the kernels", hint="add --backend triton")
     if gpus != tp:
