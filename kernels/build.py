@@ -96,33 +96,27 @@ def launches(key: ResolvedKey) -> list[tuple[str, object]]:
     return load_harness(key.kind).build_launches(spec, key)
 
 
-def _source(launch):
-    """ASTSource of a launch's kernel, specialized as the JIT specializes these argument values (in an argument's
-    groups too: a tuple's elements are specialized one by one, named by their path)."""
-    from triton._C.libtriton import native_specialize_impl
-    from triton._utils import find_paths_if, get_iterable_path
-    from triton.backends.compiler import BaseBackend
+def _source(launch, target: int):
+    """A launch's kernel as Triton's JIT would compile it for these argument values on a `target` GPU: the JIT's
+    own binder specializes them (value 1 a constant, multiples of 16 and aligned pointers divisible, in an
+    argument's groups too) and its `_pack_args` makes the signature, constexprs, attributes and options, as
+    `JITFunction.run` does before it compiles. Returns the function, its ASTSource and the options (parsed)."""
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+    from triton.compiler.compiler import make_backend
+    from triton.runtime.jit import create_function_from_signature
 
     fn = launch.kernel
-    args, consts = launch.placeholder_args(), launch.constexprs()
-    signature, constants, attrs = {}, dict(consts), {}
-    for i, p in enumerate(fn.params):
-        if p.is_constexpr:
-            signature[p.name] = "constexpr"
-            continue
-        # the JIT's own rule: value 1 -> constant, multiples of 16 and aligned pointers -> divisibility
-        ty, spec = native_specialize_impl(
-            BaseBackend, args[p.name], False, not p.do_not_specialize, not p.do_not_specialize_on_alignment
-        )
-        signature[p.name] = ty
-        if ty == "constexpr":
-            constants[p.name] = spec
-        for path in find_paths_if(ty, lambda _, t: t == "constexpr") if isinstance(ty, tuple) else ():
-            constants[(i, *path)] = get_iterable_path(spec, path)
-        for path in find_paths_if(spec, lambda _, s: s == "D"):
-            attrs[(i, *path)] = [["tt.divisibility", 16]]
-    return fn, ASTSource(fn, signature, constants, attrs), (signature, constants, attrs)
+    backend = make_backend(GPUTarget("cuda", target, 32))
+    kwargs = launch.placeholder_args() | launch.constexprs() | launch.options()
+    # as JITFunction.run sets them before it binds
+    kwargs["debug"] = kwargs.get("debug", fn.debug) or knobs.runtime.debug
+    kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    bound, specialization, options = binder(**kwargs)
+    options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, specialization, options)
+    return fn, ASTSource(fn, signature, constexprs, attrs), options
 
 
 def _toolchain(ptxas: Path) -> list:
@@ -154,51 +148,89 @@ def parse_ptxas(text: str) -> dict:
     }
 
 
-def compile_key(key: ResolvedKey, target: int, cache_dir: str) -> list[dict]:
-    """Compile every kernel of one key (in a worker process); returns KernelRecord dicts."""
+def compile_key(key: ResolvedKey, target: int, cache_dir: str, variants=(), kernels_dir: str | None = None) -> dict:
+    """Compile every kernel of one key (in a worker process): its launches' KernelRecord dicts, and each launch of
+    its `variants` (`carried_launches`) as a `carried` list, every kernel also put into the kernel cache
+    `kernels_dir` (kernels/kernel_cache.py) that a GPU machine loads."""
     os.environ.pop("TRITON_INTERPRET", None)  # the JIT decorators must build real kernels here
     os.environ["TRITON_DISABLE_LINE_INFO"] = "1"  # keeps code hashes free of paths
+
+    ptxas = find_ptxas()
+    kernels = Path(kernels_dir) if kernels_dir else None
+    records = [_compile_one(role, la, target, Path(cache_dir), kernels, ptxas, key) for role, la in launches(key)]
+    carried = []
+    for name, vkey in variants:
+        for role, la in carried_launches(key, name, vkey):
+            try:
+                carried.append(_compile_one(role, la, target, Path(cache_dir), kernels, ptxas, key) | {"variant": name})
+            except BuildError as e:  # a baseline this model's sizes cannot build: said, the key's own builds stand
+                carried.append({"variant": name, "role": role, "error": e.message.splitlines()[-1][-300:]})
+    return {"kernels": records, "carried": carried}
+
+
+def carried_launches(key: ResolvedKey, name: str, vkey: ResolvedKey) -> list[tuple[str, object]]:
+    """The launches of one variant of a key that a command makes on a GPU: `separate`/`separate-pdl` (the
+    baselines: the key's persistent launch cut at its stages, each stage a launch), else `vkey`'s own."""
+    if name not in ("separate", "separate-pdl"):
+        return launches(vkey)
+    from glm53ctl.kernels.kinds import load_harness
+    from glm53ctl.kernels.runtime.stages import SeparateLaunches
+
+    harness = load_harness(key.kind)
+    whole = next(la for role, la in launches(vkey) if role == "launch")
+    chain = SeparateLaunches(whole, harness.STAGES, pdl=name == "separate-pdl")
+    return [(f"stage{j}", s) for j, s in enumerate(chain.stages)]
+
+
+def _compile_one(role: str, launch, target: int, cache_dir: Path, kernels: Path | None, ptxas: Path, key) -> dict:
+    """One launch's kernel: its record from the build's cache where the same code was built (and is in the kernel
+    cache), else compiled, reported by ptxas and put into the kernel cache."""
     import triton
     from triton.backends.compiler import GPUTarget
 
-    ptxas = find_ptxas()
-    records = []
-    for role, launch in launches(key):
-        fn, src, spec = _source(launch)
-        options = launch.options()
-        ident = json.dumps(
-            [fn.cache_key, repr(spec), options, target, triton.__version__, _toolchain(ptxas)], sort_keys=True
+    from glm53ctl.kernels import kernel_cache
+
+    fn, src, parsed = _source(launch, target)
+    options = parsed.__dict__
+    spec = (src.signature, src.constants, src.attrs)
+    ident = json.dumps(
+        [fn.cache_key, repr(spec), launch.options(), target, triton.__version__, _toolchain(ptxas)], sort_keys=True
+    )
+    cached = cache_dir / f"{hashlib.sha256(ident.encode()).hexdigest()}.json"
+    entry = kernel_cache.entry_name(src, target, options)
+    if cached.exists() and (kernels is None or kernel_cache.has_entry(kernels, entry)):
+        return json.loads(cached.read_text()) | {"role": role, "cached": True, "entry": entry}
+    t0 = time.perf_counter()
+    try:
+        compiled = triton.compile(src, target=GPUTarget("cuda", target, 32), options=options)
+    except Exception as e:  # the compiler's own message, whatever its type, and the one beneath it
+        root = e
+        while root.__cause__ is not None:
+            root = root.__cause__
+        why = "" if root is e else f" ({type(root).__name__}: {root})"
+        raise BuildError(f"{key.name} ({role}): {type(e).__name__}: {e}{why}") from None
+    seconds = time.perf_counter() - t0
+    if kernels is not None:
+        kernel_cache.write_entry(kernels, entry, compiled, src, parsed)
+    rep = _ptxas_report(ptxas, compiled.asm["ptx"])
+    rec = asdict(
+        KernelRecord(
+            role=role,
+            symbol=compiled.metadata.name,
+            shared=compiled.metadata.shared,
+            hash=hashlib.sha256(compiled.asm["cubin"]).hexdigest()[:16],
+            compile_s=round(seconds, 3),
+            **rep,
         )
-        digest = hashlib.sha256(ident.encode()).hexdigest()
-        cached = Path(cache_dir) / f"{digest}.json"
-        if cached.exists():
-            rec = json.loads(cached.read_text()) | {"role": role, "cached": True}
-            records.append(rec)
-            continue
-        t0 = time.perf_counter()
-        try:
-            compiled = triton.compile(src, target=GPUTarget("cuda", target, 32), options=options)
-        except Exception as e:  # the compiler's own message, whatever its type
-            raise BuildError(f"{key.name} ({role}): {type(e).__name__}: {e}") from None
-        seconds = time.perf_counter() - t0
-        rep = _ptxas_report(ptxas, compiled.asm["ptx"])
-        rec = asdict(
-            KernelRecord(
-                role=role,
-                symbol=compiled.metadata.name,
-                shared=compiled.metadata.shared,
-                hash=hashlib.sha256(compiled.asm["cubin"]).hexdigest()[:16],
-                compile_s=round(seconds, 3),
-                **rep,
-            )
-        )
-        write_atomic(cached, json.dumps(rec))  # keys of the same code share an entry: never half-written
-        records.append(rec)
-    return records
+    )
+    write_atomic(cached, json.dumps(rec))  # keys of the same code share an entry: never half-written
+    return rec | {"entry": entry}
 
 
-def build(keys: list[ResolvedKey], target: int, out: Path, jobs: int, progress=None) -> dict:
-    """Compile `keys` with `jobs` worker processes; the manifest (also written to out/manifest.json)."""
+def build(keys: list[ResolvedKey], target: int, out: Path, jobs: int, progress=None, variants=None) -> dict:
+    """Compile `keys` with `jobs` worker processes; the manifest (also written to out/manifest.json). Every kernel
+    also goes into the kernel cache out/kernels (kernels/kernel_cache.py), with those of each key's `variants`
+    (key -> [(name, resolved key)]: what the commands launch of it besides its own launches)."""
     from concurrent.futures import as_completed
 
     import triton
@@ -210,9 +242,15 @@ def build(keys: list[ResolvedKey], target: int, out: Path, jobs: int, progress=N
         from glm53ctl.kernels.spec import load_model
 
         load_model(key.model).check_tp(key.tp)
+    from glm53ctl.kernels import kernel_cache
+
     cache = out / "cache"
+    kernels = out / "kernels"
+    os.environ["TRITON_DISABLE_LINE_INFO"] = "1"  # as the workers compile (compile_key): the header says so
+    kernel_cache.write_header(kernels, target)
+    variants = variants or {}
     t0 = time.perf_counter()
-    results: dict[ResolvedKey, list[dict]] = {}
+    results: dict[ResolvedKey, dict] = {}
     from glm53ctl.interrupts import interrupted, worker_pool
     from glm53ctl.worktree import finder_code, this_tree
 
@@ -221,7 +259,9 @@ def build(keys: list[ResolvedKey], target: int, out: Path, jobs: int, progress=N
     init = "import os\nos.dup2(2, 1)\n" + finder_code(this_tree())
     try:
         with worker_pool(jobs, init) as pool:
-            futures = {pool.submit(compile_key, k, target, str(cache)): k for k in keys}
+            futures = {
+                pool.submit(compile_key, k, target, str(cache), variants.get(k, ()), str(kernels)): k for k in keys
+            }
             for f in as_completed(futures):
                 results[futures[f]] = f.result()
                 if progress:
@@ -234,24 +274,30 @@ def build(keys: list[ResolvedKey], target: int, out: Path, jobs: int, progress=N
         ) from None
     entries = [
         {"model": k.model, "kind": k.kind, "tp": k.tp, "rows": k.rows, "key": k.name, "knobs": k.knobs}
-        | {"kernels": results[k]}
-        for k in sorted(keys, key=lambda k: (k.model, k.kind, k.tp, k.rows))
+        | {"context": k.context}
+        | results[k]
+        for k in sorted(keys, key=lambda k: (k.model, k.kind, k.tp, k.rows, k.context or 0))
     ]
-    kernels = [r for e in entries for r in e["kernels"]]
+    records = [r for e in entries for r in e["kernels"]]
+    built = [r for e in entries for r in e["kernels"] + e["carried"] if "error" not in r]
+    carried = {r["entry"] for r in built}
     manifest = {
         "glm53ctl": __version__,
         "triton": triton.__version__,
         "target": f"sm_{target}",
+        "kernel_cache": str(kernels),
         "seconds": round(time.perf_counter() - t0, 2),
         "keys": entries,
         "totals": {
             "keys": len(entries),
-            "kernels": len(kernels),
-            "distinct_symbols": len({r["hash"] for r in kernels}),
-            "compiled": sum(not r["cached"] for r in kernels),
-            "compile_s": round(sum(r["compile_s"] for r in kernels if not r["cached"]), 2),
-            "max_registers": max((r["registers"] for r in kernels), default=0),
-            "spill_bytes": sum(r["spill_stores"] + r["spill_loads"] for r in kernels),
+            "kernels": len(records),
+            "distinct_symbols": len({r["hash"] for r in records}),
+            "compiled": sum(not r["cached"] for r in built),
+            "compile_s": round(sum(r["compile_s"] for r in built if not r["cached"]), 2),
+            "max_registers": max((r["registers"] for r in records), default=0),
+            "spill_bytes": sum(r["spill_stores"] + r["spill_loads"] for r in records),
+            "carried": len(carried),
+            "variants_failed": sum("error" in r for e in entries for r in e["carried"]),
         },
     }
     write_atomic(out / "manifest.json", json.dumps(manifest, indent=2) + "\n")

@@ -16,6 +16,10 @@ if interpreting() and os.environ.get("GLM53CTL_INTERPRETER") != "stock":
     from glm53ctl.kernels import interpreter
 
     interpreter.configure()
+elif not interpreting():  # a worker process: the kernel cache and the compile counts its parent activated
+    from glm53ctl.kernels import kernel_cache
+
+    kernel_cache.from_env()
 
 
 @triton.jit

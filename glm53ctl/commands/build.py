@@ -39,6 +39,15 @@ def build(
     kind: Annotated[str | None, typer.Option("--kind", "-k", help="Kinds (default: every kind with kernels).")] = None,
     tp: Annotated[str | None, typer.Option("--tp", help="TP widths, e.g. 4,8 (default: 1,2,4,8).")] = None,
     rows: Annotated[str | None, typer.Option("--rows", help="Rows, e.g. 1,2 (default: 1,2,4,8).")] = None,
+    context: Annotated[
+        str | None,
+        typer.Option(
+            "--context",
+            metavar="N,...",
+            help="Tokens cached before the step, for the kinds that read caches (sparse, model): build the keys "
+            "that check, bench and run at that --context will launch (default: the check's contexts).",
+        ),
+    ] = None,
     target: Annotated[str, typer.Option("--target", help="GPU target.")] = "sm_90",
     jobs: Annotated[int, typer.Option("--jobs", "-j", help="Compiler processes.")] = max(1, (os.cpu_count() or 2)),
     out: Annotated[
@@ -49,7 +58,8 @@ def build(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="The manifest (or comparison) as JSON.")] = False,
 ) -> None:
-    """Compile every kernel per build key ahead of time; registers, spills, shared memory, stack, code hash."""
+    """Compile every kernel per build key ahead of time; registers, spills, shared memory, stack, code hash. Every
+    kernel goes into the kernel cache DIR/kernels, which `--cache` loads on a GPU machine of the same target."""
     from glm53ctl.files import check_folder_writable, check_replaceable
     from glm53ctl.kernels.build import build as run_build
     from glm53ctl.kernels.build import for_build, parse_target
@@ -77,10 +87,29 @@ def build(
     kinds = parse_list("--kind", kind, selectable_kinds(), default=kernel_kinds())
     tps = parse_list("--tp", tp, TP_WIDTHS, int)
     rowss = parse_list("--rows", rows, ROWS, int)
+    from glm53ctl.commands.keys import context_applies, context_of
     from glm53ctl.tuning.knobs import resolve_key
 
+    readers = context_applies(kinds, context is not None)
+    contexts = parse_contexts(context) if context is not None else [None]
+    for m in models:
+        for c in contexts:
+            if c is not None:
+                from glm53ctl.kernels.sizes import check_positions
+
+                check_positions(load_model(m), c)
     # each key resolved once, for no device (a build's grid: `for_build`); no GPU, so no lookup warns
-    keys = [for_build(resolve_key(m, k, t, r)) for m in models for k in kinds for t in tps for r in rowss]
+    keys = list(
+        dict.fromkeys(
+            for_build(resolve_key(m, k, t, r, None, None, context_of(k, c) if k in readers else None))
+            for m in models
+            for k in kinds
+            for t in tps
+            for r in rowss
+            for c in contexts
+        )
+    )
+    variants = {k: carried_variants(k) for k in keys}
     theirs = None
     if against is not None:
         from glm53ctl.worktree import checkout, run_cli
@@ -97,7 +126,7 @@ def build(
             "--out",
             str((out / "ref" / sha[:12]).resolve()),
         ]
-        for flag, value in (("--model", model), ("--kind", kind), ("--tp", tp), ("--rows", rows)):
+        for flag, value in (("--model", model), ("--kind", kind), ("--tp", tp), ("--rows", rows), ("--context", context)):
             if value is not None:
                 args += [flag, value]
         p = run_cli(tree, args)
@@ -108,7 +137,12 @@ def build(
     progress = Progress(len(keys))  # on stderr, --json or not: stdout carries the manifest alone
     try:
         manifest = run_build(
-            keys, arch, out, jobs, progress=lambda k: err_console.print(progress.line(f"built {k.name}"))
+            keys,
+            arch,
+            out,
+            jobs,
+            progress=lambda k: err_console.print(progress.line(f"built {k.name}")),
+            variants=variants,
         )
     except OSError as e:  # what the checks above cannot foresee (a full disk, a folder made read-only since)
         if e.filename is None or not Path(e.filename).absolute().is_relative_to(out.absolute()):
@@ -154,6 +188,42 @@ def build(
         ],
     )
     o.text(summary)
+
+
+def parse_contexts(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or any(v < 1 for v in values):
+        raise UsageError(f"--context {text!r}: expected positive token counts, e.g. 4096,32768")
+    return values
+
+
+def carried_variants(key) -> list[tuple[str, object]]:
+    """What the commands launch of a key on a GPU besides its own launches, each as (name, resolved key): `check`
+    its other schedule (knob `launch`) and its other grids, `bench` its baselines of this project's kernels
+    (`separate`, `separate-pdl`, `defaults`; a step's other `chain`). A tune's trials are not known ahead: they
+    compile there."""
+    from glm53ctl.kernels.checks import other_schedule
+    from glm53ctl.kernels.kinds import get_kind, load_harness
+    from glm53ctl.kernels.build import for_build
+    from glm53ctl.tuning.knobs import defaults, kind_knobs
+
+    harness, knobs = load_harness(key.kind), key.knobs
+    out = []
+    if (other := other_schedule(key)) is not None:
+        out.append((f"launch={other}", key.with_knobs({"launch": other})))
+    if get_kind(key.kind).composite:
+        out += [(f"chain={c}", key.with_knobs({"chain": c})) for c in kind_knobs(key.kind)["chain"].values if c != knobs["chain"]]
+    else:
+        out += [(f"grid={g}", key.with_knobs({"grid": g})) for g in harness.CHECK_GRIDS if g != knobs["grid"]]
+        if harness.STAGES:
+            whole = key.with_knobs({"launch": "persistent"}) if "launch" in knobs else key
+            out += [("separate", whole), ("separate-pdl", whole)]
+    if (d := for_build(key.with_knobs(defaults(key.kind)))).knobs != knobs:
+        out.append(("defaults", d))
+    return out
 
 
 def _pair(v: list) -> str:
