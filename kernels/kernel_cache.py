@@ -444,4 +444,3 @@ def tallied():
                 os.environ[k] = v
         with contextlib.suppress(OSError):
             os.unlink(log)
-

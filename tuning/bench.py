@@ -380,6 +380,13 @@ def _compile(job: tuple) -> str:
     """One key's kernels compiled into Triton's cache (and Inductor's, for baselines that use torch.compile), in
     a worker process: the launch's (and its peers') at its resolved key, then each baseline run once."""
     full, baselines = job
+    from glm53ctl.kernels import kernel_cache
+
+    with kernel_cache.counting(full.name):
+        return _compile_key(full, baselines)
+
+
+def _compile_key(full, baselines) -> str:
     kind, tp, rows = full.kind, full.tp, full.rows
     from glm53ctl.kernels.checks import build_launches
     from glm53ctl.kernels.runtime.launch import on_device

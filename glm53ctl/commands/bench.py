@@ -14,7 +14,14 @@ import typer
 
 from glm53ctl.commands import Command
 from glm53ctl.commands.build import parse_list
-from glm53ctl.commands.keys import context_applies, context_fits, ranks_width, refuse_step_baselines
+from glm53ctl.commands.keys import (
+    context_applies,
+    context_fits,
+    print_kernels,
+    ranks_width,
+    refuse_step_baselines,
+    use_kernel_cache,
+)
 from glm53ctl.errors import CheckFailed, UsageError
 from glm53ctl.output import Output, Progress, err_console, plural, print_warning
 from glm53ctl.pictures import key_label, matrix_picture, saved_steps, step_picture
@@ -60,9 +67,19 @@ def bench(
         str | None,
         typer.Option("--against", metavar="REF", help="A git ref (or a tree's folder): its launches, A B B A."),
     ] = None,
-    cache: Annotated[Path, typer.Option("--cache", metavar="DIR", help="Where --against keeps worktrees.")] = Path(
-        "build"
-    ),
+    worktrees: Annotated[
+        Path, typer.Option("--worktrees", metavar="DIR", help="Where --against keeps worktrees.")
+    ] = Path("build"),
+    cache: Annotated[
+        Path | None,
+        typer.Option(
+            "--cache",
+            metavar="DIR",
+            envvar="GLM53CTL_KERNEL_CACHE",
+            help="A kernel cache `glm53ctl build` wrote (build/kernels, carried from a CPU machine): kernels whose "
+            "key matches load instead of compiling.",
+        ),
+    ] = None,
     trace: Annotated[
         bool, typer.Option("--trace", help="Where a launch's time goes: task types, stages, path.")
     ] = False,
@@ -121,88 +138,99 @@ def bench(
     from glm53ctl.tuning.bench import environment_ok
 
     environment_ok()  # exit 2 without a GPU, before anything is built
-    if gpus > 1:
-        from glm53ctl.kernels.runtime.ranks import RankLayout
+    use_kernel_cache(cache)
+    from glm53ctl.kernels import kernel_cache
 
-        RankLayout(gpus, gpus, "cuda")  # exit 2 with fewer GPUs than ranks
-    context_fits(spec, list(contexts), rowss, readers, "cuda")  # memory, before a cache is made
-    from glm53ctl.kernels.weights import Weights
-    from glm53ctl.tuning import measure
-    from glm53ctl.tuning.bench import time_key
+    with kernel_cache.tallied() as compiles:  # every key's compiles and loads, this process's and its workers'
+        if gpus > 1:
+            from glm53ctl.kernels.runtime.ranks import RankLayout
 
-    ref_tree = _checkout(against, cache) if against is not None else None
-    err_console.print(f"bench {model}: warming clocks, measuring the copy bandwidth")
-    measure.warm_clocks()
-    bw = measure.copy_bandwidth()
-    err_console.print(f"  copy bandwidth {bw:.3f} TB/s")
-    weights = Weights(spec, seed=0, device="cuda")
-    from glm53ctl.tuning.bench import compile_workers, precompile
-    from glm53ctl.tuning.knobs import defaults, resolve_key
+            RankLayout(gpus, gpus, "cuda")  # exit 2 with fewer GPUs than ranks
+        context_fits(spec, list(contexts), rowss, readers, "cuda")  # memory, before a cache is made
+        from glm53ctl.kernels.weights import Weights
+        from glm53ctl.tuning import measure
+        from glm53ctl.tuning.bench import time_key
 
-    keys = []  # each resolved once (its overrides over the tuned file), what its lookup said printed once
-    for k in kinds:
-        for t, r, c in [(t, r, c) for t in tps for r in rowss for c in contexts.get(k, [None])]:
-            keys.append(key := resolve_key(model, k, t, r, overrides[k], "cuda", c, context_warned=True))
-            for w in key.warnings:
-                print_warning(w)
-    jobs = []
-    for key in keys:
-        jobs.append((key, tuple(baselines)))
-        if "defaults" in baselines and (d := key.with_knobs(defaults(key.kind))).knobs != key.knobs:
-            jobs.append((d, ()))
-    precompile(jobs, jobs_ or compile_workers(), err_console.print)
-    if compile_only:
-        return
-    progress = Progress(len(keys))
-    results = []
-    for key in keys:
-        k, t, r, c = key.kind, key.tp, key.rows, key.context
-        row = time_key(weights, key, baselines, rounds, seed, bw, trace, on_ranks=gpus > 1)
-        if ref_tree is not None:
-            from glm53ctl.kernels.checks import key_seed
-            from glm53ctl.worktree import this_tree
+        ref_tree = _checkout(against, worktrees) if against is not None else None
+        err_console.print(f"bench {model}: warming clocks, measuring the copy bandwidth")
+        measure.warm_clocks()
+        bw = measure.copy_bandwidth()
+        err_console.print(f"  copy bandwidth {bw:.3f} TB/s")
+        weights = Weights(spec, seed=0, device="cuda")
+        from glm53ctl.tuning.bench import compile_workers, precompile
+        from glm53ctl.tuning.knobs import defaults, resolve_key
 
-            s = key_seed(seed, key.name)
-            row["against"] = _against(this_tree(), ref_tree, model, k, t, r, overrides[k], s, rounds, c)
-        results.append(row)
-        err_console.print(progress.line(_summary_line(row)))
-    env = measure.environment(command)
-    doc = {
-        "environment": env,
-        "code_digest": measure.code_digest(),
-        "model": model,
-        "copy_tb_s": bw,
-        "rounds": rounds,
-        "against": {"ref": against, "sha": ref_sha} if against else None,
-        "keys": results,
-    }
-    if save is not None:
-        _save(save, doc)
-    o = Output(as_json)
-    o.json(doc)
-    if markdown:
-        sys.stdout.write(to_markdown(doc))
-    else:
-        cols, table = _table(results, against)
-        o.table(f"bench {model} on {env['gpu_name']} (copy {bw:.2f} TB/s)", cols, table)
-        if not as_json:
+        keys = []  # each resolved once (its overrides over the tuned file), what its lookup said printed once
+        for k in kinds:
+            for t, r, c in [(t, r, c) for t in tps for r in rowss for c in contexts.get(k, [None])]:
+                keys.append(key := resolve_key(model, k, t, r, overrides[k], "cuda", c, context_warned=True))
+                for w in key.warnings:
+                    print_warning(w)
+        jobs = []
+        for key in keys:
+            jobs.append((key, tuple(baselines)))
+            if "defaults" in baselines and (d := key.with_knobs(defaults(key.kind))).knobs != key.knobs:
+                jobs.append((d, ()))
+        if cache is None:  # a carried cache loads in this process, faster than workers start
+            precompile(jobs, jobs_ or compile_workers(), err_console.print)
+        if compile_only:
+            return
+        progress = Progress(len(keys))
+        results = []
+        for key in keys:
+            k, t, r, c = key.kind, key.tp, key.rows, key.context
+            with kernel_cache.counting(key.name):
+                row = time_key(weights, key, baselines, rounds, seed, bw, trace, on_ranks=gpus > 1)
+            if ref_tree is not None:
+                from glm53ctl.kernels.checks import key_seed
+                from glm53ctl.worktree import this_tree
+
+                s = key_seed(seed, key.name)
+                row["against"] = _against(this_tree(), ref_tree, model, k, t, r, overrides[k], s, rounds, c)
+            results.append(row)
+            err_console.print(progress.line(_summary_line(row)))
+        counts = compiles()
+        for row, key in zip(results, keys, strict=True):
+            row["kernels"] = counts.get(key.name, kernel_cache.Counts()).as_dict()
+        env = measure.environment(command)
+        doc = {
+            "environment": env,
+            "code_digest": measure.code_digest(),
+            "model": model,
+            "copy_tb_s": bw,
+            "rounds": rounds,
+            "against": {"ref": against, "sha": ref_sha} if against else None,
+            "kernel_cache": str(cache) if cache is not None else None,
+            "keys": results,
+        }
+        if save is not None:
+            _save(save, doc)
+        o = Output(as_json)
+        o.json(doc)
+        if markdown:
+            sys.stdout.write(to_markdown(doc))
+        else:
+            cols, table = _table(results, against)
+            o.table(f"bench {model} on {env['gpu_name']} (copy {bw:.2f} TB/s)", cols, table)
+            print_kernels(o, counts)
+            if not as_json:
+                for r in results:
+                    if "parts" in r:
+                        sys.stdout.write("\n" + format_step(r))
+        if trace and not as_json:
             for r in results:
-                if "parts" in r:
-                    sys.stdout.write("\n" + format_step(r))
-    if trace and not as_json:
-        for r in results:
-            if r["trace"] is None:
-                sys.stdout.write(f"\n{r['kind']}: no traced build of this kind yet\n")
-                continue
-            if "by_kind" in r["trace"]:  # a step: which kind and which stage hold it
-                sys.stdout.write(f"\n{key_label(r)}: traced step\n" + format_step_trace(r["trace"]) + "\n")
-                continue
-            sys.stdout.write(f"\n{key_label(r)}: traced launch\n" + format_trace(r["trace"]) + "\n")
-    slower = [r for r in results if r.get("against", {}).get("verdict") == "slower"]
-    if slower:
-        names = ", ".join(key_label(r) for r in slower)
-        of = plural(len(results), "keys")
-        raise CheckFailed(f"{against} is faster beyond the noise at {len(slower)} of {of}: {names}")
+                if r["trace"] is None:
+                    sys.stdout.write(f"\n{r['kind']}: no traced build of this kind yet\n")
+                    continue
+                if "by_kind" in r["trace"]:  # a step: which kind and which stage hold it
+                    sys.stdout.write(f"\n{key_label(r)}: traced step\n" + format_step_trace(r["trace"]) + "\n")
+                    continue
+                sys.stdout.write(f"\n{key_label(r)}: traced launch\n" + format_trace(r["trace"]) + "\n")
+        slower = [r for r in results if r.get("against", {}).get("verdict") == "slower"]
+        if slower:
+            names = ", ".join(key_label(r) for r in slower)
+            of = plural(len(results), "keys")
+            raise CheckFailed(f"{against} is faster beyond the noise at {len(slower)} of {of}: {names}")
 
 
 def _real_ranks(gpus: int, kind: str | None, tp: str | None, against: str | None, trace: bool) -> str:

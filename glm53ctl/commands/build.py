@@ -126,7 +126,13 @@ def build(
             "--out",
             str((out / "ref" / sha[:12]).resolve()),
         ]
-        for flag, value in (("--model", model), ("--kind", kind), ("--tp", tp), ("--rows", rows), ("--context", context)):
+        for flag, value in (
+            ("--model", model),
+            ("--kind", kind),
+            ("--tp", tp),
+            ("--rows", rows),
+            ("--context", context),
+        ):
             if value is not None:
                 args += [flag, value]
         p = run_cli(tree, args)
@@ -205,9 +211,9 @@ def carried_variants(key) -> list[tuple[str, object]]:
     its other schedule (knob `launch`) and its other grids, `bench` its baselines of this project's kernels
     (`separate`, `separate-pdl`, `defaults`; a step's other `chain`). A tune's trials are not known ahead: they
     compile there."""
+    from glm53ctl.kernels.build import for_build
     from glm53ctl.kernels.checks import other_schedule
     from glm53ctl.kernels.kinds import get_kind, load_harness
-    from glm53ctl.kernels.build import for_build
     from glm53ctl.tuning.knobs import defaults, kind_knobs
 
     harness, knobs = load_harness(key.kind), key.knobs
@@ -215,7 +221,11 @@ def carried_variants(key) -> list[tuple[str, object]]:
     if (other := other_schedule(key)) is not None:
         out.append((f"launch={other}", key.with_knobs({"launch": other})))
     if get_kind(key.kind).composite:
-        out += [(f"chain={c}", key.with_knobs({"chain": c})) for c in kind_knobs(key.kind)["chain"].values if c != knobs["chain"]]
+        out += [
+            (f"chain={c}", key.with_knobs({"chain": c}))
+            for c in kind_knobs(key.kind)["chain"].values
+            if c != knobs["chain"]
+        ]
     else:
         out += [(f"grid={g}", key.with_knobs({"grid": g})) for g in harness.CHECK_GRIDS if g != knobs["grid"]]
         if harness.STAGES:

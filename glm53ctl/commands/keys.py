@@ -87,3 +87,31 @@ def ranks_width(gpus: int) -> None:
 
     if gpus not in TP_WIDTHS:
         raise UsageError(f"--gpus {gpus}: one rank per GPU at a TP width ({', '.join(map(str, TP_WIDTHS))})")
+
+
+def use_kernel_cache(cache) -> None:
+    """--cache DIR (or $GLM53CTL_KERNEL_CACHE) of a command that launches: exit 2 unless DIR is a kernel cache
+    `glm53ctl build` wrote; then its kernels load where their keys match (kernels/kernel_cache.py). Compiles are
+    counted per key either way."""
+    from glm53ctl.kernels import kernel_cache
+
+    root = kernel_cache.open_cache(cache) if cache is not None else None
+    kernel_cache.activate(root)
+
+
+def kernel_rows(counts: dict) -> list[tuple]:
+    """The table's rows of what each key's launches loaded and compiled (kernel_cache.Counts by key name)."""
+    return [
+        (label, c.loaded, c.reused, c.compiled, f"{c.compile_s:.1f}", "; ".join(c.misses) or "")
+        for label, c in sorted(counts.items())
+    ]
+
+
+KERNEL_COLUMNS = ["key", "loaded", "this machine's cache", "compiled", "compile s", "why compiled (a carried cache)"]
+
+
+def print_kernels(o, counts: dict) -> None:
+    """Per key, the kernels loaded from the carried cache, found in this machine's Triton cache, and compiled with
+    their seconds; nothing where nothing was compiled or loaded (the interpreter)."""
+    if counts and not o.as_json:
+        o.table("kernels", KERNEL_COLUMNS, kernel_rows(counts))
