@@ -170,7 +170,13 @@ def compile_key(key: ResolvedKey, target: int, cache_dir: str, variants=(), kern
 
 def carried_launches(key: ResolvedKey, name: str, vkey: ResolvedKey) -> list[tuple[str, object]]:
     """The launches of one variant of a key that a command makes on a GPU: `separate`/`separate-pdl` (the
-    baselines: the key's persistent launch cut at its stages, each stage a launch), else `vkey`'s own."""
+    baselines: the key's persistent launch cut at its stages, each stage a launch), `steps=1` (a step timed one
+    step at a time: its caches' capacity), else `vkey`'s own."""
+    if name == "steps=1":
+        from glm53ctl.kernels.kinds import load_harness
+        from glm53ctl.kernels.spec import load_model
+
+        return load_harness(key.kind).build_launches(load_model(key.model), vkey, steps=1)
     if name not in ("separate", "separate-pdl"):
         return launches(vkey)
     from glm53ctl.kernels.kinds import load_harness

@@ -149,7 +149,7 @@ def describe(src, options) -> dict:
     sig = {n: str(t) for n, t in src.signature.items()}
     for path, v in src.constants.items():
         n = names[path[0]] + "".join(f"[{i}]" for i in path[1:])
-        sig[n] = f"= {getattr(v, 'cache_key', v)!s:.80}"
+        sig[n] = f"= {getattr(v, 'cache_key', v)!s}"
     for path, attrs in src.attrs.items():
         n = names[path[0]] + "".join(f"[{i}]" for i in path[1:])
         sig[n] = f"{sig.get(n, '')} {attrs}".strip()
@@ -373,7 +373,7 @@ def _why_missing(src, options) -> str:
             continue
         theirs = meta.get("specialization", {})
         diff = [
-            f"{n}: {ours[part].get(n, '-')} here, {theirs.get(part, {}).get(n, '-')} built"
+            f"{n}: {_short(ours[part].get(n, '-'))} here, {_short(theirs.get(part, {}).get(n, '-'))} built"
             for part in ("args", "options")
             for n in sorted(set(ours[part]) | set(theirs.get(part, {})))
             if ours[part].get(n) != theirs.get(part, {}).get(n)
@@ -385,6 +385,10 @@ def _why_missing(src, options) -> str:
     if not best:
         return f"{src.fn.__name__}: built for another source or toolchain"
     return f"{src.fn.__name__}: another specialization ({'; '.join(best[:3])})"
+
+
+def _short(text: str, width: int = 60) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _listen(*, src, metadata, metadata_group, times, cache_hit):

@@ -15,6 +15,7 @@ import typer
 from glm53ctl.commands import Command
 from glm53ctl.commands.build import parse_list
 from glm53ctl.commands.keys import (
+    KernelCacheOpt,
     context_applies,
     context_fits,
     print_kernels,
@@ -70,16 +71,7 @@ def bench(
     worktrees: Annotated[
         Path, typer.Option("--worktrees", metavar="DIR", help="Where --against keeps worktrees.")
     ] = Path("build"),
-    cache: Annotated[
-        Path | None,
-        typer.Option(
-            "--cache",
-            metavar="DIR",
-            envvar="GLM53CTL_KERNEL_CACHE",
-            help="A kernel cache `glm53ctl build` wrote (build/kernels, carried from a CPU machine): kernels whose "
-            "key matches load instead of compiling.",
-        ),
-    ] = None,
+    cache: KernelCacheOpt = None,
     trace: Annotated[
         bool, typer.Option("--trace", help="Where a launch's time goes: task types, stages, path.")
     ] = False,
@@ -135,6 +127,10 @@ def bench(
     command = "glm53ctl " + shlex.join(sys.argv[1:])  # as typed, whether run as glm53ctl or python -m glm53ctl
     ref_sha = _resolve_ref(against) if against is not None else None
 
+    if cache is not None:
+        from glm53ctl.kernels.kernel_cache import open_cache
+
+        open_cache(cache)
     from glm53ctl.tuning.bench import environment_ok
 
     environment_ok()  # exit 2 without a GPU, before anything is built

@@ -14,7 +14,16 @@ import typer
 
 from glm53ctl.commands import Command
 from glm53ctl.commands.build import parse_list
-from glm53ctl.commands.keys import context_applies, context_fits, context_of, ranks_width
+from glm53ctl.commands.keys import (
+    KernelCacheOpt,
+    attach_kernels,
+    context_applies,
+    context_fits,
+    context_of,
+    counted_compiles,
+    print_kernels,
+    ranks_width,
+)
 from glm53ctl.errors import CheckFailed, UsageError
 from glm53ctl.interrupts import interrupted
 from glm53ctl.output import Heartbeat, Output, Progress, err_console, plural, print_warning
@@ -139,9 +148,10 @@ def check(
         str | None,
         typer.Option("--against", metavar="REF", help="A git ref (or a tree's folder): every output bit for bit."),
     ] = None,
-    cache: Annotated[Path, typer.Option("--cache", metavar="DIR", help="Where --against keeps worktrees.")] = Path(
-        "build"
-    ),
+    worktrees: Annotated[
+        Path, typer.Option("--worktrees", metavar="DIR", help="Where --against keeps worktrees.")
+    ] = Path("build"),
+    cache: KernelCacheOpt = None,
     save: Annotated[Path | None, typer.Option("--save", hidden=True, help="Only save each key's outputs.")] = None,
     jobs: Annotated[
         int, typer.Option("--jobs", "-j", help="Worker processes on a CPU (default: one per core); 1 on a GPU.")
@@ -164,6 +174,7 @@ def check(
     --gpus T, every rank's outputs on real ranks bitwise equal to the one-device emulation."""
     o = Output(as_json)
     _jobs_given(jobs)
+    _cache_given(cache)
     if context is not None:  # before torch is imported: a usage error costs no seconds
         from glm53ctl.kernels.kinds import kernel_kinds, selectable_kinds
 
@@ -181,19 +192,23 @@ def check(
         _check_ranks(o, weights, keys, seed, device)
         return
     jobs = _jobs(jobs, device, keys)
-    if save is not None:  # the other side of --against: outputs only, in this tree's process
-        _save_outputs(weights, keys, seed, save)
-        return
-    ref_dir = None
-    if against is None:
-        results = _check_keys(weights, keys, jobs, seed, device, None)
-    else:
-        with tempfile.TemporaryDirectory(prefix="glm53ctl-against-") as tmp:  # removed however the run ends
-            try:
-                ref_dir = _run_ref(against, cache, weights, keys, seed, Path(tmp), o, context)
-            except KeyboardInterrupt:  # REF's process is stopped with it (worktree.run_cli)
-                raise interrupted(f"while {against} computed its outputs, before this tree checked a key") from None
-            results = _check_keys(weights, keys, jobs, seed, device, ref_dir)
+    with counted_compiles(cache) as compiles:
+        if save is not None:  # the other side of --against: outputs only, in this tree's process
+            _save_outputs(weights, keys, seed, save)
+            print_kernels(o, compiles())
+            return
+        ref_dir = None
+        if against is None:
+            results = _check_keys(weights, keys, jobs, seed, device, None)
+        else:
+            with tempfile.TemporaryDirectory(prefix="glm53ctl-against-") as tmp:  # removed however the run ends
+                try:
+                    ref_dir = _run_ref(against, worktrees, weights, keys, seed, Path(tmp), o, context)
+                except KeyboardInterrupt:  # REF's process is stopped with it (worktree.run_cli)
+                    raise interrupted(f"while {against} computed its outputs, before this tree checked a key") from None
+                results = _check_keys(weights, keys, jobs, seed, device, ref_dir)
+        counts = compiles()
+    attach_kernels(results, counts)
     passed = sum(r["ok"] for r in results)
     summary = f"{passed} of {len(results)} configs pass"
     if ref_dir is not None:
@@ -206,6 +221,7 @@ def check(
         [_table_row(r, ref_dir is not None, verbose) for r in results],
         width=TABLE_WIDTH,
     )
+    print_kernels(o, counts)
     o.text(summary)
     if passed < len(results):
         raise CheckFailed(summary)
@@ -396,10 +412,11 @@ def _table_row(r: dict, against: bool, verbose: bool) -> tuple:
 def _check_row(key, seed: int, weights=None) -> dict:
     """One key's check as a plain dict (what a worker process sends back)."""
     from glm53ctl.kernels.checks import CheckResult, check_key
+    from glm53ctl.kernels.kernel_cache import counting
 
     weights = _weights(key, weights)
     try:
-        with Heartbeat(key.name) as beat:
+        with Heartbeat(key.name) as beat, counting(key.name):
             res, _ = check_key(weights, key, seed, tick=beat)
     except CheckFailed as e:  # a LaunchFault in a clean launch: this key fails, the others still run
         res = CheckResult(key.name, problems=[f"{type(e).__name__}: {e.message}"])
@@ -444,6 +461,14 @@ def _per_key(fn, weights, keys, jobs: int, *args, costs: list[float] | None = No
                 raise CheckFailed(f"a worker process ended during {keys[i].name}") from None
 
 
+def _cache_given(cache: Path | None) -> None:
+    """--cache as given, before torch is imported (exit 2 unless a kernel cache)."""
+    if cache is not None:
+        from glm53ctl.kernels.kernel_cache import open_cache
+
+        open_cache(cache)
+
+
 def _jobs_given(jobs: int) -> None:
     """--jobs as given, before torch is imported (a usage error costs no seconds)."""
     if jobs < 0:
@@ -468,8 +493,9 @@ def _weights(key, weights):
 def _fault_row(key, site, budget_ns, wall_s, weights=None) -> dict:
     """One key's fault test as a plain dict."""
     from glm53ctl.kernels.checks import fault_key
+    from glm53ctl.kernels.kernel_cache import counting
 
-    with Heartbeat(key.name) as beat:
+    with Heartbeat(key.name) as beat, counting(key.name):
         res = fault_key(_weights(key, weights), key, site, budget_ns, wall_s, tick=beat)
     return {
         "key": res.key,
@@ -562,6 +588,7 @@ def fault(
             "a stages build keeps the waits inside its stages and on its peers, and sticks those.",
         ),
     ] = None,
+    cache: KernelCacheOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Stick each guarded wait on purpose: LaunchFault names it, nothing hangs, the retry is bitwise clean. With
@@ -569,6 +596,7 @@ def fault(
     if site is not None and all_sites:
         raise UsageError("--site and --all exclude each other")
     _jobs_given(jobs)
+    _cache_given(cache)
     if not (0 < budget_ms < 1e6 and 0 < wall_s < 1e6):  # NaN and inf fail too
         raise UsageError("--budget-ms and --wall-s must be positive and finite (under 10^6)")
     if gpus > 1:
@@ -613,11 +641,13 @@ def fault(
     progress = Progress(len(keys), costs)
     results = [None] * len(keys)
     ends = closing(_per_key(_fault_row, weights, keys, jobs, site, budget_ns, wall_s, costs=costs))
-    with progress.stops("fault-tested"), ends as ends:
+    with counted_compiles(cache) as compiles, progress.stops("fault-tested"), ends as ends:
         for i, row in ends:
             results[i] = row
             line = f"{'ok  ' if row['ok'] else 'FAIL'} {row['key']}: {row['named']}/{row['sites']} named"
             err_console.print(progress.line(line, costs[i]))
+        counts = compiles()
+    attach_kernels(results, counts)
     tot = {f: sum(r[f] for r in results) for f in ("sites", "named", "hangs", "retries_equal")}
     summary = (
         f"{plural(tot['sites'], 'sites')} tried, {tot['named']} named correctly, {plural(tot['hangs'], 'hangs')}, "
@@ -631,6 +661,7 @@ def fault(
         ["sites", "slowest fault"],
         lambda r: [r["sites"], f"{r['worst_s'] * 1e3:.1f} ms"],
         lambda r: "; ".join(r["problems"][:3]),
+        kernels=counts,
     )
 
 
@@ -669,7 +700,9 @@ def _fault_ranks(o: Output, weights, keys, device: str, budget_ns: int, wall_s: 
     )
 
 
-def _fault_report(o: Output, title: str, head: dict, results: list[dict], counted, counts, problems) -> None:
+def _fault_report(
+    o: Output, title: str, head: dict, results: list[dict], counted, counts, problems, kernels=None
+) -> None:
     """A fault run's report, on one GPU or on real ranks: the JSON (`head` and the keys), a row per key (its
     `counted` columns, then named, hangs, retries equal and the result), the summary; exit 1 when a key failed."""
     o.json(head | {"keys": results})
@@ -689,6 +722,7 @@ def _fault_report(o: Output, title: str, head: dict, results: list[dict], counte
             for r in results
         ],
     )
+    print_kernels(o, kernels or {})
     o.text(head["summary"])
     if not all(r["ok"] for r in results):
         raise CheckFailed(head["summary"])

@@ -3,6 +3,12 @@ the context a kind's keys run at, and the kinds that time and tune cannot take y
 
 from __future__ import annotations
 
+import contextlib
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
 from glm53ctl.errors import UsageError
 
 
@@ -89,13 +95,50 @@ def ranks_width(gpus: int) -> None:
         raise UsageError(f"--gpus {gpus}: one rank per GPU at a TP width ({', '.join(map(str, TP_WIDTHS))})")
 
 
+KernelCacheOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--cache",
+        metavar="DIR",
+        envvar="GLM53CTL_KERNEL_CACHE",
+        help="A kernel cache `glm53ctl build` wrote (build/kernels, carried from a CPU machine): on a GPU, kernels "
+        "whose key matches load instead of compiling.",
+    ),
+]
+
+
+@contextlib.contextmanager
+def counted_compiles(cache):
+    """Around a command's launches: --cache DIR in use (exit 2 unless it is one) and every key's compiles and loads
+    counted, this process's and its workers'; yields a function that gives them (kernel_cache.Counts by key)."""
+    from glm53ctl.kernels import kernel_cache
+
+    use_kernel_cache(cache)
+    with kernel_cache.tallied() as so_far:
+        yield so_far
+
+
+def attach_kernels(rows: list[dict], counts: dict) -> None:
+    """Each result row (its "key" a key's name) gets what its launches loaded and compiled (JSON: "kernels")."""
+    from glm53ctl.kernels.kernel_cache import Counts
+
+    for r in rows:
+        r["kernels"] = counts.get(r["key"], Counts()).as_dict()
+
+
 def use_kernel_cache(cache) -> None:
     """--cache DIR (or $GLM53CTL_KERNEL_CACHE) of a command that launches: exit 2 unless DIR is a kernel cache
     `glm53ctl build` wrote; then its kernels load where their keys match (kernels/kernel_cache.py). Compiles are
     counted per key either way."""
+    import os
+
     from glm53ctl.kernels import kernel_cache
 
     root = kernel_cache.open_cache(cache) if cache is not None else None
+    if root is not None and os.environ.get("TRITON_INTERPRET") == "1":
+        from glm53ctl.output import print_warning
+
+        print_warning(f"--cache {cache}: the interpreter compiles nothing, so it loads nothing from a kernel cache")
     kernel_cache.activate(root)
 
 
@@ -113,5 +156,6 @@ KERNEL_COLUMNS = ["key", "loaded", "this machine's cache", "compiled", "compile 
 def print_kernels(o, counts: dict) -> None:
     """Per key, the kernels loaded from the carried cache, found in this machine's Triton cache, and compiled with
     their seconds; nothing where nothing was compiled or loaded (the interpreter)."""
+    counts = {k: c for k, c in counts.items() if c.loaded or c.reused or c.compiled}
     if counts and not o.as_json:
         o.table("kernels", KERNEL_COLUMNS, kernel_rows(counts))

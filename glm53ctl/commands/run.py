@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from glm53ctl.commands import Command
-from glm53ctl.commands.keys import ranks_width
+from glm53ctl.commands.keys import KernelCacheOpt, counted_compiles, print_kernels, ranks_width
 from glm53ctl.errors import UsageError
 from glm53ctl.output import Output, print_warning
 
@@ -82,6 +82,7 @@ def run(
             "rank's outputs.",
         ),
     ] = 1,
+    cache: KernelCacheOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Summary as JSON on stdout.")] = False,
 ) -> None:
     """Run one launch kind and save every output and every write (plus its inputs) to a safetensors file."""
@@ -134,6 +135,7 @@ def run(
     what = f"{spec.name} {kind} TP{tp} rows {rows} context {context} steps {steps}"
     o.log(f"run {what} ({backend.value}, {precision.value if backend is Backend.reference else KERNEL_PRECISION})")
     t0 = time.perf_counter()
+    counts = {}
     if backend is Backend.triton:
         device = "cuda" if torch.cuda.is_available() else "cpu"
         if device == "cpu":
@@ -162,7 +164,11 @@ def run(
             else:
                 o.log("every rank's outputs bitwise equal to rank 0's (outputs.*; every rank's as ranks.<r>.*)")
         else:
-            tensors = run_triton(weights, key, resolved)
+            from glm53ctl.kernels.kernel_cache import counting
+
+            with counted_compiles(cache) as compiles, counting(resolved.name):
+                tensors = run_triton(weights, key, resolved)
+                counts = compiles()
         # the inputs as the reference run saves them (fp32), so two runs of one key compare input for input
         tensors = {n: t.float() if n.startswith("inputs.") and t.is_floating_point() else t for n, t in tensors.items()}
     else:
@@ -210,7 +216,10 @@ def run(
                 "finite": finite,
             }
         )
-    o.json({"out": str(out), "seconds": round(seconds, 3), "metadata": metadata, "tensors": summary})
+    kernels = {n: c.as_dict() for n, c in counts.items()}
+    o.json(
+        {"out": str(out), "seconds": round(seconds, 3), "metadata": metadata, "tensors": summary, "kernels": kernels}
+    )
     o.table(
         f"{out} — {spec.name} {kind} TP{tp} rows {rows} ({seconds:.2f} s)",
         ["tensor", "shape", "dtype", "rms", "finite"],
@@ -225,6 +234,7 @@ def run(
             for s in summary
         ],
     )
+    print_kernels(o, counts)
 
 
 def _as_rank0(name: str) -> str:

@@ -13,7 +13,15 @@ from rich.markup import escape
 
 from glm53ctl.commands import Command
 from glm53ctl.commands.build import parse_list
-from glm53ctl.commands.keys import context_applies, context_fits, context_of, refuse_steps
+from glm53ctl.commands.keys import (
+    KernelCacheOpt,
+    context_applies,
+    context_fits,
+    context_of,
+    counted_compiles,
+    print_kernels,
+    refuse_steps,
+)
 from glm53ctl.errors import UsageError
 from glm53ctl.output import Output, err_console, print_warning
 
@@ -67,6 +75,7 @@ def tune(
     jobs: Annotated[
         int, typer.Option("--jobs", "-j", help="Processes compiling a small space's points first (default: cores - 2).")
     ] = 0,
+    cache: KernelCacheOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Results as JSON on stdout.")] = False,
 ) -> None:
     """Search each key's knobs with Optuna; keep a knob only where it measures faster (docs/knobs.md)."""
@@ -124,57 +133,74 @@ def tune(
             _plots(s, plots)
         return
     environment_ok()
-    from glm53ctl.kernels.weights import Weights
+    from glm53ctl.kernels.kernel_cache import Counts, counting
 
-    store = tuning.storage_of(url)
-    if plots is not None:
-        _plot_folder(plots)  # before the search: a folder that cannot be made fails now, not after it
-    from glm53ctl.tuning.knobs import resolve_key
+    with counted_compiles(cache) as compiles:  # every key's kernels loaded or compiled, its trials' included
+        from glm53ctl.kernels.weights import Weights
 
-    keys = {}  # each resolved once, what its lookup said printed once (a trial is the key with its knobs)
-    for k, t, r in [(k, t, r) for k in kinds for t in tps for r in rowss]:
-        keys[k, t, r] = key = resolve_key(model, k, t, r, None, "cuda", ctx[k])
-        for w in key.warnings:
-            print_warning(w)
-    _precompile(keys, spaces, trials, jobs)
-    measure.warm_clocks()
-    weights = Weights(spec, seed=0, device="cuda")
-    code = measure.code_digest(folders=("kernels",))  # a study's trials stand while the kernels do
-    results = []
-    for k in kinds:
-        for t in tps:
-            for r in rowss:
-                where = f"at TP{t} rows {r}" + (f" context {ctx[k]}" if ctx[k] is not None else "")
-                base = tuning.base_of(keys[k, t, r], spaces[k])  # the key's tuned knobs outside the space
-                name = study or tuning.study_name(model, k, t, r, spaces[k], code, ctx[k], base)
-                held = f", holding {', '.join(f'{n}={v}' for n, v in base.items())}" if base else ""
-                err_console.print(f"tune {k} {where}: study {name} ({shown(url)}){held}")
-                ev = tuning.GpuEvaluator(weights, keys[k, t, r], seed=seed, base=base)
-                s = tuning.search(ev, ev.default, spaces[k], store, name, trials, seed, on_trial=_progress(trials))
-                if plots is not None:
-                    _plots(s, plots)
-                if search_only:
-                    continue
-                res = tuning.decide(ev, s, ev.default, spaces[k], top, rounds, where)
-                for d in res.decisions:
-                    err_console.print(escape(f"  {d.reason}"))
-                key = {"kind": k, "tp": t, "rows": r} | ({"context": ctx[k]} if ctx[k] is not None else {})
-                results.append(key | {"storage": shown(url), "space": list(spaces[k]), "base": base} | res.to_json())
-                del ev
-    if search_only:
-        return
-    env = measure.environment(command, study=study, seed=seed)
-    if write:
-        from glm53ctl.tuning.write import write_results
+        store = tuning.storage_of(url)
+        if plots is not None:
+            _plot_folder(plots)  # before the search: a folder that cannot be made fails now, not after it
+        from glm53ctl.tuning.knobs import resolve_key
 
-        written, warnings = write_results(model, results, env)
-        for w in warnings:
-            print_warning(w)
-        for path in written:
-            err_console.print(f"wrote {path}")
-    o = Output(as_json)
-    o.json({"environment": env, "code_digest": code, "model": model, "keys": results})
-    print_table(o, model, results)
+        keys = {}  # each resolved once, what its lookup said printed once (a trial is the key with its knobs)
+        for k, t, r in [(k, t, r) for k in kinds for t in tps for r in rowss]:
+            keys[k, t, r] = key = resolve_key(model, k, t, r, None, "cuda", ctx[k])
+            for w in key.warnings:
+                print_warning(w)
+        _precompile(keys, spaces, trials, jobs)
+        measure.warm_clocks()
+        weights = Weights(spec, seed=0, device="cuda")
+        code = measure.code_digest(folders=("kernels",))  # a study's trials stand while the kernels do
+        results = []
+        for k in kinds:
+            for t in tps:
+                for r in rowss:
+                    where = f"at TP{t} rows {r}" + (f" context {ctx[k]}" if ctx[k] is not None else "")
+                    base = tuning.base_of(keys[k, t, r], spaces[k])  # the key's tuned knobs outside the space
+                    name = study or tuning.study_name(model, k, t, r, spaces[k], code, ctx[k], base)
+                    held = f", holding {', '.join(f'{n}={v}' for n, v in base.items())}" if base else ""
+                    err_console.print(f"tune {k} {where}: study {name} ({shown(url)}){held}")
+                    ev = tuning.GpuEvaluator(weights, keys[k, t, r], seed=seed, base=base)
+                    with counting(keys[k, t, r].name):
+                        s = tuning.search(
+                            ev, ev.default, spaces[k], store, name, trials, seed, on_trial=_progress(trials)
+                        )
+                    if plots is not None:
+                        _plots(s, plots)
+                    if search_only:
+                        continue
+                    with counting(keys[k, t, r].name):
+                        res = tuning.decide(ev, s, ev.default, spaces[k], top, rounds, where)
+                    for d in res.decisions:
+                        err_console.print(escape(f"  {d.reason}"))
+                    key = {"kind": k, "tp": t, "rows": r} | ({"context": ctx[k]} if ctx[k] is not None else {})
+                    results.append(
+                        key
+                        | {"storage": shown(url), "space": list(spaces[k]), "base": base}
+                        | res.to_json()
+                        | {"kernels_of": keys[k, t, r].name}
+                    )
+                    del ev
+        counts = compiles()
+        for res_ in results:
+            res_["kernels"] = counts.get(res_.pop("kernels_of"), Counts()).as_dict()
+        if search_only:
+            print_kernels(Output(as_json), counts)
+            return
+        env = measure.environment(command, study=study, seed=seed)
+        if write:
+            from glm53ctl.tuning.write import write_results
+
+            written, warnings = write_results(model, results, env)
+            for w in warnings:
+                print_warning(w)
+            for path in written:
+                err_console.print(f"wrote {path}")
+        o = Output(as_json)
+        o.json({"environment": env, "code_digest": code, "model": model, "keys": results})
+        print_table(o, model, results)
+        print_kernels(o, counts)
 
 
 COLUMNS = ["key", "trials", "kept", "µs: default → tuned\nratio [95% CI]", "dropped: µs change\n(why: --json)"]

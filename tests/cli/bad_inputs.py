@@ -76,7 +76,10 @@ CASES: list[tuple[str, str]] = [
     ("check --gpus 2 --against main", "--gpus takes no --against"),
     ("check --kind embed --launch nope", "--launch 'nope'"),
     ("check --model nope", "unknown model 'nope'"),
-    ("check --kind embed --against HEAD --cache {here}/afile", "afile"),
+    ("check --kind embed --against HEAD --worktrees {here}/afile", "afile"),
+    ("check --kind embed --cache {here}/afile", "--cache {here}/afile: not a folder"),
+    ("check --kind embed --cache {here}", "not a kernel cache (no CACHE.json)"),
+    ("bench --kind embed --cache /nonexistent-glm53ctl", "Error:"),
     # fault
     ("fault --kind nope", "--kind 'nope'"),
     ("fault --kind embed --tp 3", "--tp '3'"),

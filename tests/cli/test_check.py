@@ -125,7 +125,7 @@ def _check_against(repo, tmp_path, kind):
         "--rows",
         "2",
         "--json",
-        "--cache",
+        "--worktrees",
         str(tmp_path / "cache"),
     ]
     p = run_cli(repo, args, capture_stderr=True)
@@ -162,7 +162,7 @@ def test_against_a_ref_that_differs_names_every_tensor_in_the_table(repo, tmp_pa
     _edit(repo, "kernels/ops/embed/kernel.py", old, old + " * 2.0")
     _edit(repo, "kernels/ops/embed/kernel.py", old + " * 2.0", old)  # HEAD is right again, HEAD~1 doubles
     args = ["check", "--against", "HEAD~1", "--kind", "embed", "--tp", "1", "--rows", "1"]
-    p = run_cli(repo, args + ["--cache", str(tmp_path / "cache")], capture_stderr=True)
+    p = run_cli(repo, args + ["--worktrees", str(tmp_path / "cache")], capture_stderr=True)
     assert p.returncode == 1, p.stderr
     assert "Traceback" not in p.stderr and "Error: 0 of 1 configs bitwise equal to HEAD~1" in p.stderr
     (row,) = [line for line in p.stdout.splitlines() if "embed/" in line]
@@ -206,7 +206,7 @@ def test_against_leaves_no_temporary_folder_and_prune_removes_the_worktrees(caps
     cache = tmp_path / "cache"
     try:
         code, _, err = invoke(
-            capsys, "check", "--kind", "embed", "--tp", "1", "--rows", "1", "--against", "HEAD", "--cache", cache
+            capsys, "check", "--kind", "embed", "--tp", "1", "--rows", "1", "--against", "HEAD", "--worktrees", cache
         )
         assert code == 0, err
         assert not list((tmp_path / "tmp").iterdir())

@@ -126,7 +126,7 @@ def test_check_against_stops_the_refs_process_and_leaves_no_folder(tmp_path):
     """SIGTERM while REF's glm53ctl computes its outputs (in a session of its own): it and its folder go too; the
     ref's worktree is either whole (the cache, reused next time) or gone."""
     cache = tmp_path / "cache"
-    args = ["check", "--kind", "kda,sparse", "--against", "HEAD", "--cache", str(cache)]
+    args = ["check", "--kind", "kda,sparse", "--against", "HEAD", "--worktrees", str(cache)]
     try:
         code, err, took = _interrupt(tmp_path, args, signal.SIGTERM, after="running HEAD", settle_s=6.0)
         _stopped(code, err, took, signal.SIGTERM, "while HEAD computed its outputs")

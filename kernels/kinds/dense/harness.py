@@ -92,10 +92,11 @@ class DenseHarness(KindHarness):
 
     @classmethod
     def build_launches(cls, spec, key: ResolvedKey) -> list[tuple[str, object]]:
-        # a peer's partial launches differ from rank 0's in the task table and runtime arguments only
-        return cls.scheduled_builds(
-            key, [("launch", LayerLaunch(spec, key.tp, key.rows, key.knobs, "cpu", ffn=cls.FFN))]
-        )
+        # a peer's partial launches (its attention half, its FFN half) differ from rank 0's in the task table and
+        # runtime arguments only, but the table's size is specialized on (Peers.words): built too
+        mk = lambda **kw: LayerLaunch(spec, key.tp, key.rows, key.knobs, "cpu", ffn=cls.FFN, **kw)  # noqa: E731
+        peers = [(f"peer.{m}", mk(rank=1, mode=m)) for m in ("attn", "ffn")] if key.tp > 1 else []
+        return cls.scheduled_builds(key, [("launch", mk())] + peers)
 
     def rank_state(self, x: LayerInput, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
         return rank_state(x, rank, self.tp, self.device)

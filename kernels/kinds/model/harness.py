@@ -144,8 +144,9 @@ class ModelHarness(KindHarness):
         self.chosen: list[dict] = []  # each step's routing and selection: what the reference follows at a near-tie
 
     @classmethod
-    def build_launches(cls, spec, key: ResolvedKey, *legacy) -> list[tuple[str, object]]:
-        """Every part's launches, under the part's name (`layers.3.launch`, ...), each at its part's key."""
+    def build_launches(cls, spec, key: ResolvedKey, *legacy, steps: int = STEPS) -> list[tuple[str, object]]:
+        """Every part's launches, under the part's name (`layers.3.launch`, ...), each at its part's key; the
+        caches sized for `steps` steps (a check's two; a timed step's one: `bench`'s)."""
         if legacy:  # (spec, tp, rows, knobs[, context]): checks.legacy_key says until when
             from glm53ctl.kernels.checks import legacy_key
 
@@ -156,7 +157,7 @@ class ModelHarness(KindHarness):
         for name, kind in parts + [("tail", "tail")]:
             part, kw = key.part(kind), {}
             if get_kind(kind).reads_context:  # the check's caches
-                part, kw = replace(part, context=longest), {"steps": STEPS}
+                part, kw = replace(part, context=longest), {"steps": steps}
             for n, la in load_harness(kind).build_launches(spec, part, **kw):
                 if n == "launch":  # a peer's launch is emulation; a stage launch is chained already
                     la.pdl = key.knobs.get("chain", "pdl") == "pdl"

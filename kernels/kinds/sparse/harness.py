@@ -131,9 +131,9 @@ class SparseHarness(KdaHarness):
         longest = max(check_contexts(spec, key.rows)) if key.context is None else key.context
         slots = room(spec, longest + steps)
         tp, rows, knobs = key.tp, key.rows, key.knobs
-        return cls.scheduled_builds(
-            key, [("launch", LayerLaunch(spec, tp, rows, knobs, "cpu", ffn="moe", attn="mla", slots=slots))]
-        )
+        mk = lambda **kw: LayerLaunch(spec, tp, rows, knobs, "cpu", ffn="moe", attn="mla", slots=slots, **kw)  # noqa: E731
+        peers = [(f"peer.{m}", mk(rank=1, mode=m)) for m in ("attn", "ffn")] if tp > 1 else []  # as dense's
+        return cls.scheduled_builds(key, [("launch", mk())] + peers)
 
     def inputs(self, seed: int, steps: int = 1, tokens=None) -> list[SparseInput]:
         """Seeded H, the rows' positions and random caches per step."""
