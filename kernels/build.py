@@ -196,6 +196,7 @@ def _compile_one(role: str, launch, target: int, cache_dir: Path, kernels: Path 
 
     from glm53ctl.kernels import kernel_cache
 
+    kernel_cache.settle_keys()  # the keys every other process derives (kernel_cache.settle_keys)
     fn, src, parsed = _source(launch, target)
     options = parsed.__dict__
     spec = (src.signature, src.constants, src.attrs)

@@ -59,6 +59,39 @@ def digest(src, backend, options, env_vars: dict | None = None) -> str:
     return hashlib.sha256((triton.__version__ + key[len(installed) :]).encode()).hexdigest()
 
 
+def settle_keys() -> None:
+    """Give every kernel function this process has loaded the cache key it has in every other process.
+
+    Triton 3.6 derives a function's key (`JITFunction.cache_key`) once, merging each callee's used global values
+    before it derives the callee's key (`DependenciesFinder._update_hash`): a callee whose key another kernel
+    derived first brings its globals into the caller's key, one reached first from this kernel does not. So a
+    kernel's key depended on which kernels were keyed before it in the process (tail's after embed's differs from
+    tail's alone), and a kernel built in one process missed in another, Triton's own file cache too. Here every
+    key is derived again until none changes: each function's globals are then all its callees', in any order."""
+    import sys
+
+    from triton.runtime.jit import JITFunction
+
+    fns = {}
+    for name, mod in list(sys.modules.items()):
+        if name.startswith(("glm53ctl", "tests")) and mod is not None:
+            for v in list(vars(mod).values()):
+                if isinstance(v, JITFunction):
+                    fns[id(v)] = v
+    if len(fns) == _state.settled:
+        return
+    order = sorted(fns.values(), key=lambda f: (f.fn.__module__, f.fn.__qualname__))
+    before = None
+    while True:
+        for f in order:
+            f.hash = None
+        keys = [f.cache_key for f in order]
+        if keys == before:
+            break
+        before = keys
+    _state.settled = len(fns)
+
+
 def local_hash(src, backend, options) -> str:
     """Where Triton's own file cache keeps `src` on this machine (what `triton.compile` looks up)."""
     from triton._C.libtriton import get_cache_invalidating_env_vars
@@ -222,6 +255,7 @@ class _State:
         self.installed: set[str] = set()  # the folders of Triton's cache this process put kernels into
         self.misses: dict[str, str] = {}  # local hash -> why the carried cache had nothing for it
         self.warned: set[str] = set()
+        self.settled = 0  # how many kernel functions `settle_keys` last settled
 
 
 _state = _State()
@@ -252,7 +286,7 @@ def activate(root: Path | None = None) -> None:
         if os.environ.get(LINE_INFO) is None:
             os.environ[LINE_INFO] = "1"  # as the build compiled (set before Triton reads it: knobs read the env)
         _state.root, _state.checked = Path(env), False
-        knobs.runtime.jit_cache_hook = _hook
+    knobs.runtime.jit_cache_hook = _hook  # the keys settled before any compile; with a cache, its kernels loaded
     knobs.compilation.listener = _listen
 
 
@@ -306,8 +340,11 @@ def _hook(*, key, repr, fn, compile, is_manual_warmup, already_compiled):
     under this installation's key. Returns None: the JIT goes on, and its compile finds the kernel or builds it."""
     from triton.compiler import ASTSource
 
+    settle_keys()  # before Triton derives the function's key, in this process as in the build's
     jf = fn.jit_function
     _, _, target, backend, _ = jf.device_caches[compile["device"]]
+    if _state.root is None:
+        return None
     if not _state.checked:
         _state.usable, _state.checked = _check_header(target, backend), True
     data = json.loads(compile["specialization_data"])
