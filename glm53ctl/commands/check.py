@@ -261,11 +261,13 @@ def _save_outputs(weights, keys, seed: int, save: Path) -> None:
     from safetensors.torch import save_file
 
     from glm53ctl.kernels.checks import launch_outputs
+    from glm53ctl.kernels.kernel_cache import counting
 
     save.mkdir(parents=True, exist_ok=True)
     for i, key in enumerate(keys, 1):
         path = str(save / (key.name.replace("/", "_") + ".safetensors"))
-        save_file(launch_outputs(weights, key, seed), path)
+        with counting(key.name):
+            save_file(launch_outputs(weights, key, seed), path)
         err_console.print(f"  [{i}/{len(keys)}] saved {key.name}", highlight=False)
 
 
