@@ -79,7 +79,7 @@ CASES: list[tuple[str, str]] = [
     ("check --kind embed --against HEAD --worktrees {here}/afile", "afile"),
     ("check --kind embed --cache {here}/afile", "--cache {here}/afile: not a folder"),
     ("check --kind embed --cache {here}", "not a kernel cache (no CACHE.json)"),
-    ("bench --kind embed --cache /nonexistent-glm53ctl", "Error:"),
+    ("bench --kind embed --cache /nonexistent-glm53ctl", "--cache /nonexistent-glm53ctl: no such folder"),
     # fault
     ("fault --kind nope", "--kind 'nope'"),
     ("fault --kind embed --tp 3", "--tp '3'"),
