@@ -136,13 +136,14 @@ def time_key(
     copy_tb_s: float | None = None,
     trace: bool = False,
     on_ranks: bool = False,
+    log=None,
 ) -> dict:
     """One key's launch: µs (median of `rounds` graph replays), bytes, floor and % of the copy bandwidth, and
     each baseline timed in alternating rounds with it (ratio baseline / launch: above 1, the launch is faster).
     The separate launches are checked bit for bit against the launch first. `on_ranks` (`bench --gpus T`): then
     the key on T real ranks from the same input, its µs per launch beside the emulation's (tuning/bench_ranks.py),
     once this process has let go of everything it timed (rank 0 shares its GPU; the weights stay)."""
-    row, x = _time_emulation(weights, key, baselines, rounds, seed, copy_tb_s, trace)
+    row, x = _time_emulation(weights, key, baselines, rounds, seed, copy_tb_s, trace, log)
     if on_ranks:
         import gc
 
@@ -156,7 +157,7 @@ def time_key(
     return row
 
 
-def _time_emulation(weights, key: ResolvedKey, baselines, rounds: int, seed: int, copy_tb_s, trace: bool):
+def _time_emulation(weights, key: ResolvedKey, baselines, rounds: int, seed: int, copy_tb_s, trace: bool, log=None):
     """time_key's row of the one-device launch and its baselines, and the input it timed (every harness, timer
     and graph it made dies with this call)."""
     from glm53ctl.tuning.knobs import defaults
@@ -170,7 +171,10 @@ def _time_emulation(weights, key: ResolvedKey, baselines, rounds: int, seed: int
     out = {n: t.clone() for n, t in out.items()}
     main = k.timed(x, peers)
     launch_timer, copies = timer_for(main)
-    rounds_us = [launch_timer() for _ in range(rounds)]
+    rounds_us = [launch_timer()]
+    if log:  # the first figure as soon as it is there (a key's baselines and breakdown take longer)
+        log(f"  {key.name}: first timed round {rounds_us[0]:.1f} µs")
+    rounds_us += [launch_timer() for _ in range(rounds - 1)]
     us = sorted(rounds_us)[len(rounds_us) // 2]
     row = {
         "kind": kind,

@@ -176,7 +176,9 @@ def bench(
         for key in keys:
             k, t, r, c = key.kind, key.tp, key.rows, key.context
             with kernel_cache.counting(key.name):
-                row = time_key(weights, key, baselines, rounds, seed, bw, trace, on_ranks=gpus > 1)
+                row = time_key(
+                    weights, key, baselines, rounds, seed, bw, trace, on_ranks=gpus > 1, log=err_console.print
+                )
             if ref_tree is not None:
                 from glm53ctl.kernels.checks import key_seed
                 from glm53ctl.worktree import this_tree
