@@ -162,7 +162,8 @@ def compile_key(key: ResolvedKey, target: int, cache_dir: str, variants=(), kern
     for name, vkey in variants:
         for role, la in carried_launches(key, name, vkey):
             try:
-                carried.append(_compile_one(role, la, target, Path(cache_dir), kernels, ptxas, key) | {"variant": name})
+                rec = _compile_one(role, la, target, Path(cache_dir), kernels, ptxas, key, report=False)
+                carried.append(rec | {"variant": name})
             except BuildError as e:  # a baseline this model's sizes cannot build: said, the key's own builds stand
                 carried.append({"variant": name, "role": role, "error": e.message.splitlines()[-1][-300:]})
     return {"kernels": records, "carried": carried}
@@ -188,9 +189,12 @@ def carried_launches(key: ResolvedKey, name: str, vkey: ResolvedKey) -> list[tup
     return [(f"stage{j}", s) for j, s in enumerate(chain.stages)]
 
 
-def _compile_one(role: str, launch, target: int, cache_dir: Path, kernels: Path | None, ptxas: Path, key) -> dict:
+def _compile_one(
+    role: str, launch, target: int, cache_dir: Path, kernels: Path | None, ptxas: Path, key, report: bool = True
+) -> dict:
     """One launch's kernel: its record from the build's cache where the same code was built (and is in the kernel
-    cache), else compiled, reported by ptxas and put into the kernel cache."""
+    cache), else compiled, put into the kernel cache and (`report`: a key's own launches, not the variants the
+    cache carries beside them) its resources read by ptxas, which takes as long again."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -205,8 +209,12 @@ def _compile_one(role: str, launch, target: int, cache_dir: Path, kernels: Path 
     )
     cached = cache_dir / f"{hashlib.sha256(ident.encode()).hexdigest()}.json"
     entry = kernel_cache.entry_name(src, target, options)
-    if cached.exists() and (kernels is None or kernel_cache.has_entry(kernels, entry)):
+    carried = kernels is not None and kernel_cache.has_entry(kernels, entry)
+    if cached.exists() and (kernels is None or carried):
         return json.loads(cached.read_text()) | {"role": role, "cached": True, "entry": entry}
+    if carried and not report:  # in the kernel cache already; no resources asked for
+        meta = json.loads((kernels / entry / kernel_cache.ENTRY).read_text())
+        return {"role": role, "symbol": meta["kernel"], "compile_s": 0.0, "cached": True, "entry": entry}
     t0 = time.perf_counter()
     try:
         compiled = triton.compile(src, target=GPUTarget("cuda", target, 32), options=options)
@@ -219,6 +227,11 @@ def _compile_one(role: str, launch, target: int, cache_dir: Path, kernels: Path 
     seconds = time.perf_counter() - t0
     if kernels is not None:
         kernel_cache.write_entry(kernels, entry, compiled, src, parsed)
+    if not report:
+        return {"role": role, "symbol": compiled.metadata.name, "compile_s": round(seconds, 3)} | {
+            "cached": False,
+            "entry": entry,
+        }
     rep = _ptxas_report(ptxas, compiled.asm["ptx"])
     rec = asdict(
         KernelRecord(

@@ -125,3 +125,37 @@ def test_a_cache_folder_that_is_none_is_a_usage_error(tmp_path):
     (tmp_path / "CACHE.json").write_text("{not json")
     with pytest.raises(UsageError, match="CACHE.json is not readable JSON"):
         open_cache(tmp_path)
+
+
+def test_a_workers_counts_reach_its_parent():
+    """A command's worker processes (check's per-key workers, bench's compile workers) count in a log the command
+    reads: their compiles are in its report under the key each worked on."""
+    from glm53ctl.kernels import kernel_cache
+
+    worker = (
+        "from glm53ctl.kernels import kernel_cache as k\n"
+        "with k.counting('tiny/embed/tp2/r1'):\n"
+        "    k._record(k.Counts(compiled=1, compile_s=2.5, misses=['embed_kernel: not built ahead']))\n"
+    )
+    with kernel_cache.tallied() as so_far:
+        subprocess.run([sys.executable, "-c", worker], env=dict(os.environ), check=True, cwd=ROOT)
+        with kernel_cache.counting("tiny/tail/tp2/r1"):
+            kernel_cache._record(kernel_cache.Counts(loaded=2))
+        counts = so_far()
+    assert counts["tiny/embed/tp2/r1"].as_dict() == {
+        "loaded": 0,
+        "reused": 0,
+        "compiled": 1,
+        "compile_s": 2.5,
+        "misses": ["embed_kernel: not built ahead"],
+    }
+    assert counts["tiny/tail/tp2/r1"].loaded == 2
+
+
+def test_check_in_the_interpreter_says_a_cache_loads_nothing(capsys, built):
+    from tests.helpers import invoke
+
+    cache = built[0] / "kernels"
+    code, _, err = invoke(capsys, "check", "--kind", "embed", "--tp", "1", "--rows", "1", "--cache", cache)
+    assert code == 0, err
+    assert f"--cache {cache}: the interpreter compiles nothing" in err
