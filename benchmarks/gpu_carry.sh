@@ -23,7 +23,7 @@ import json; d=json.load(open('$OUT/$f.json')); r=d['keys'][0]; print(d['environ
 grep -E "kda|loaded|compiled" $OUT/bits.log | tail -6; tail -3 $OUT/compare.txt
 pack
 mkdir -p $OUT/m
-for tp in 8 4; do
+for tp in ${MATRIX_TPS:-8 4}; do
   timeout ${MATRIX_S:-150} glm53ctl bench --kind model --tp $tp --rows 1,2,4,8 --context 4096 --rounds 7 --cache build/kernels --save $OUT/m > $OUT/m/tp$tp.txt 2> >(stamp > $OUT/m/tp$tp.err)
   echo "TP$tp rc=$?"; grep -E "first timed|elapsed" $OUT/m/tp$tp.err | tail -4
   pack
