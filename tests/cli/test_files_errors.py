@@ -48,7 +48,7 @@ def test_build_cache_that_cannot_be_written_after_the_checks(capsys, tmp_path, m
     """A write that fails once compiling has started (a disk filled up, a folder made read-only since): the
     failing path named, exit 2."""
 
-    def boom(keys, target, out, jobs, progress=None):
+    def boom(keys, target, out, jobs, progress=None, variants=None):
         raise OSError(errno.EROFS, "Read-only file system", str(out / "cache" / "x.json"))
 
     monkeypatch.setattr("glm53ctl.kernels.build.build", boom)
