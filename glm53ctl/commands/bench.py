@@ -18,6 +18,7 @@ from glm53ctl.commands.keys import (
     KernelCacheOpt,
     context_applies,
     context_fits,
+    parse_contexts,
     print_kernels,
     ranks_width,
     refuse_step_baselines,
@@ -252,12 +253,7 @@ def _contexts(context: str | None, kinds: list[str]) -> dict[str, list[int]]:
     if context is None:
         return {}
     readers = context_applies(kinds, True)
-    try:
-        values = [int(v) for v in context.split(",") if v.strip()]
-    except ValueError:
-        values = []
-    if not values or any(v < 0 for v in values):
-        raise UsageError(f"--context {context!r}: expected a comma-separated list of token counts, 0 or more")
+    values = parse_contexts(context)
     return {k: values for k in readers}
 
 

@@ -87,7 +87,7 @@ def build(
     kinds = parse_list("--kind", kind, selectable_kinds(), default=kernel_kinds())
     tps = parse_list("--tp", tp, TP_WIDTHS, int)
     rowss = parse_list("--rows", rows, ROWS, int)
-    from glm53ctl.commands.keys import context_applies, context_of
+    from glm53ctl.commands.keys import context_applies, context_of, parse_contexts
     from glm53ctl.tuning.knobs import resolve_key
 
     readers = context_applies(kinds, context is not None)
@@ -194,16 +194,6 @@ def build(
         ],
     )
     o.text(summary)
-
-
-def parse_contexts(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        values = []
-    if not values or any(v < 1 for v in values):
-        raise UsageError(f"--context {text!r}: expected positive token counts, e.g. 4096,32768")
-    return values
 
 
 def carried_variants(key) -> list[tuple[str, object]]:

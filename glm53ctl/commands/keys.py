@@ -24,6 +24,17 @@ def context_applies(kinds: list[str], given: bool) -> list[str]:
     return readers
 
 
+def parse_contexts(text: str) -> list[int]:
+    """--context N,...: token counts, 0 or more (bench and build take several)."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or any(v < 0 for v in values):
+        raise UsageError(f"--context {text!r}: expected a comma-separated list of token counts, 0 or more")
+    return values
+
+
 def context_of(kind: str, context: int | None) -> int | None:
     """The context a key of `kind` runs at: the one given, for a kind that reads caches; else None."""
     from glm53ctl.kernels.kinds import get_kind
