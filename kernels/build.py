@@ -165,7 +165,7 @@ def compile_key(key: ResolvedKey, target: int, cache_dir: str, variants=(), kern
                 rec = _compile_one(role, la, target, Path(cache_dir), kernels, ptxas, key, report=False)
                 carried.append(rec | {"variant": name})
             except BuildError as e:  # a baseline this model's sizes cannot build: said, the key's own builds stand
-                carried.append({"variant": name, "role": role, "error": e.message.splitlines()[-1][-300:]})
+                carried.append({"variant": name, "role": role, "error": getattr(e, "root", e.message)[:300]})
     return {"kernels": records, "carried": carried}
 
 
@@ -223,7 +223,9 @@ def _compile_one(
         while root.__cause__ is not None:
             root = root.__cause__
         why = "" if root is e else f" ({type(root).__name__}: {root})"
-        raise BuildError(f"{key.name} ({role}): {type(e).__name__}: {e}{why}") from None
+        err = BuildError(f"{key.name} ({role}): {type(e).__name__}: {e}{why}")
+        err.root = f"{type(root).__name__}: {root}"
+        raise err from None
     seconds = time.perf_counter() - t0
     if kernels is not None:
         kernel_cache.write_entry(kernels, entry, compiled, src, parsed)

@@ -11,7 +11,7 @@ import typer
 
 from glm53ctl.commands import Command
 from glm53ctl.errors import UsageError
-from glm53ctl.output import Output, Progress, err_console, plural
+from glm53ctl.output import Output, Progress, err_console, plural, print_warning
 
 
 def parse_list(flag: str, text: str | None, allowed: tuple, cast=str, default: tuple | None = None) -> list:
@@ -259,3 +259,14 @@ def _table(o: Output, manifest: dict) -> None:
         f"{t['compiled']} compiled in {t['compile_s']:.1f} s of compiler time ({manifest['seconds']:.1f} s wall), "
         f"max {plural(t['max_registers'], 'registers')}, {plural(t['spill_bytes'], 'spill bytes')}"
     )
+    o.text(
+        f"kernel cache {manifest['kernel_cache']}: {plural(t['carried'], 'kernels')}, the keys' own and what check, "
+        "bench and run launch of them besides (--cache DIR loads them on a GPU)"
+    )
+    failed = {}
+    for e in manifest["keys"]:
+        for c in e["carried"]:
+            if "error" in c:
+                failed.setdefault((c["variant"], c["error"]), []).append(e["key"])
+    for (variant, error), keys in failed.items():  # a baseline this model's sizes cannot build: compiled there, fails
+        print_warning(f"{variant} of {', '.join(dict.fromkeys(keys))} did not compile: {error}")
