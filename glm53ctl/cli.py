@@ -61,7 +61,7 @@ def run_cli(argv: list[str] | None = None) -> int:
 
     The one error boundary: the project's errors and Typer's usage errors (an unknown command or option, a
     missing argument, a bad value) both print `Error:` and a hint on stderr. SIGINT and SIGTERM stop it at once
-    (glm53ctl/interrupts.py): `Error: interrupted ...` and 130."""
+    (glm53ctl/interrupts.py): `Error: interrupted (SIGINT|SIGTERM) ...` and 130 or 143."""
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     if threading.current_thread() is threading.main_thread():
         interrupts.install()
@@ -84,15 +84,18 @@ def _run(argv: list[str] | None) -> int:
         print_error(e.message, e.hint)
         return e.exit_code
     except (typer.Abort, KeyboardInterrupt):
-        print_error(interrupts.interrupted().message)
-        return EXIT_INTERRUPTED
+        stop = interrupts.interrupted()
+        print_error(stop.message)
+        return stop.exit_code
     except Exception as e:
         usage = _usage_error(e)
         if usage is None:
             raise
         return usage
     if code == EXIT_INTERRUPTED:  # Typer's answer to a KeyboardInterrupt no command caught: Exit(130), silent
-        print_error(interrupts.interrupted().message)
+        stop = interrupts.interrupted()
+        print_error(stop.message)
+        return stop.exit_code
     return code if isinstance(code, int) else 0
 
 

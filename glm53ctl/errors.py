@@ -6,7 +6,8 @@ from __future__ import annotations
 EXIT_OK = 0
 EXIT_FAILED = 1  # a check, fault test or regression failed
 EXIT_USAGE = 2  # usage or configuration error
-EXIT_INTERRUPTED = 130  # SIGINT or SIGTERM (128 + SIGINT, as shells report a Ctrl-C)
+EXIT_INTERRUPTED = 130  # SIGINT (128 + SIGINT, as shells report a Ctrl-C)
+EXIT_TERMINATED = 143  # SIGTERM (128 + SIGTERM)
 
 
 class Glm53Error(Exception):
@@ -39,6 +40,11 @@ class CheckFailed(Glm53Error):
 
 
 class Interrupted(Glm53Error):
-    """SIGINT or SIGTERM stopped the command (glm53ctl/interrupts.py): what finished, exit 130."""
+    """SIGINT or SIGTERM stopped the command (glm53ctl/interrupts.py): what finished, exit 130 or 143 (128 + the
+    signal's number, as a shell reports a process the signal ended)."""
 
     exit_code = EXIT_INTERRUPTED
+
+    def __init__(self, message: str, hint: str | None = None, exit_code: int = EXIT_INTERRUPTED) -> None:
+        super().__init__(message, hint)
+        self.exit_code = exit_code

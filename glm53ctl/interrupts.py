@@ -3,8 +3,8 @@
 Both signals raise KeyboardInterrupt in the main process (`install`), so one path unwinds everything: `with`
 blocks remove their temporary folders, `worker_pool` kills its workers, `run_group` kills a child and the
 processes it started. The command then raises `interrupted(...)`: "interrupted (SIGTERM): 3 of 12 keys checked"
-on stderr and exit 130. Workers ignore SIGINT: a terminal sends it to the whole process group, and a worker's
-traceback would only bury the parent's one line.
+on stderr and exit 128 + the signal's number (130 for SIGINT, 143 for SIGTERM). Workers ignore SIGINT: a
+terminal sends it to the whole process group, and a worker's traceback would only bury the parent's one line.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ def install() -> None:
 def interrupted(done: str | None = None) -> Interrupted:
     """The error a command raises once its work is stopped: which signal, and what finished."""
     by = _received[-1] if _received else "SIGINT"
-    return Interrupted(f"interrupted ({by})" + (f": {done}" if done else ""))
+    code = 128 + signal.Signals[by].value
+    return Interrupted(f"interrupted ({by})" + (f": {done}" if done else ""), exit_code=code)
 
 
 @contextmanager
