@@ -105,10 +105,11 @@ def _usage_error(e: Exception) -> int | None:
     if not (hasattr(e, "format_message") and isinstance(getattr(e, "exit_code", None), int)):
         return None
     message = e.format_message()
-    if type(e).__name__ == "NoArgsIsHelpError":  # a group called bare: its help, as -h gives it
-        typer.echo(message)
-        return e.exit_code
     path = getattr(getattr(e, "ctx", None), "command_path", None) or "glm53ctl"
+    if type(e).__name__ == "NoArgsIsHelpError":  # a group called bare: its help on stderr, then what is missing
+        typer.echo(message, err=True)
+        print_error("missing a command", f"`{path} -h` lists them; `{path} COMMAND -h` shows one's usage")
+        return e.exit_code
     print_error(message, f"`{path} -h` shows the usage")
     return e.exit_code
 

@@ -45,6 +45,19 @@ def check_folder_writable(flag: str, folder: Path) -> None:
             f"{_named(flag, folder)}: {_not_writable(at)}",
             hint=f"pass {flag + ' DIR' if flag else 'a folder'} where you may write",
         )
+    _trial_write(_named(flag, folder), at, f"pass {flag + ' DIR' if flag else 'a folder'} where you may write")
+
+
+def _trial_write(where: str, folder: Path, hint: str) -> None:
+    """A file made and removed in `folder`: what permissions allow can still fail (a read-only mount, /proc, a full
+    disk), and a command should say so before its work, not after."""
+    import tempfile
+
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".glm53ctl-trial-"):
+            pass
+    except OSError as e:
+        raise UsageError(f"{where}: cannot write in {folder} ({e.strerror or e})", hint=hint) from None
 
 
 def check_replaceable(flag: str, path: Path, hint: str | None = None) -> None:
@@ -61,6 +74,7 @@ def check_replaceable(flag: str, path: Path, hint: str | None = None) -> None:
         raise UsageError(
             f"{where}: {_not_writable(path.parent)}", hint=hint or "pass another path, or make it writable"
         )
+    _trial_write(where, path.parent, hint or "pass another path")
     if path.exists() and (path.stat().st_mode & 0o222 == 0 or not os.access(path, os.W_OK)):
         raise UsageError(
             f"{where}: the file is read-only; glm53ctl does not replace it",

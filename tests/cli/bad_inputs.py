@@ -78,6 +78,8 @@ CASES: list[tuple[str, str]] = [
     ("check --model nope", "unknown model 'nope'"),
     ("check --kind embed --against HEAD --worktrees {here}/afile", "afile"),
     ("check --kind embed --cache {here}/afile", "--cache {here}/afile: not a folder"),
+    ("run --kind embed --out /proc/x.safetensors", "--out /proc/x.safetensors: cannot write in /proc"),
+    ("build -m tiny --kind embed --out /proc/glm53ctl-x", "--out /proc/glm53ctl-x: cannot write in /proc"),
     ("check --kind embed --cache {here}", "not a kernel cache (no CACHE.json)"),
     ("bench --kind embed --cache /nonexistent-glm53ctl", "--cache /nonexistent-glm53ctl: no such folder"),
     # fault

@@ -20,6 +20,14 @@ def test_help(capsys, args):
     assert code == 0 and "Usage" in out
 
 
+@pytest.mark.parametrize("args", [[], ["configs"]])
+def test_a_bare_group_shows_its_usage_and_says_what_is_missing(capsys, args):
+    """Before: `glm53ctl` alone printed its usage on stdout and no `Error:` line (issue 45)."""
+    code, out, err = invoke(capsys, *args)
+    assert code == 2 and out == ""
+    assert "Usage: glm53ctl" in err and "Error: missing a command" in err
+
+
 def test_every_command_group_is_registered():
     """Typer's own command list, not substrings of the help text (where "run" is in "runs")."""
     import typer
