@@ -5,6 +5,7 @@ Pure Python (no torch): the CLI reads it for `--help`-fast commands.
 
 from __future__ import annotations
 
+import os
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -287,11 +288,19 @@ def models_dir() -> Path:
     return shipped_root() / "models"
 
 
+# the model files loaded by path in this process (and its parent's, which its workers inherit): a name that a
+# command got as a path resolves to that file wherever the command's keys go next
+MODEL_FILES_ENV = "GLM53CTL_MODEL_FILES"
+
+
 def model_files() -> dict[str, Path]:
-    """Model name -> file; $GLM53CTL_CONFIG_DIR/models first, then the shipped ones."""
+    """Model name -> file; the files loaded by path first, then $GLM53CTL_CONFIG_DIR/models, then the shipped
+    ones."""
     from glm53ctl.paths import config_roots
 
     found: dict[str, Path] = {}
+    for p in filter(None, os.environ.get(MODEL_FILES_ENV, "").split(os.pathsep)):
+        found.setdefault(Path(p).stem, Path(p))
     for root in config_roots():
         for p in sorted((root / "models").glob("*.toml")):
             found.setdefault(p.stem, p)
@@ -343,7 +352,11 @@ def load_model(name: str) -> ModelSpec:
     """A model by name (`tiny`, `glm53_flash`) or by the path of a .toml file."""
     path = Path(name)
     if path.suffix == ".toml":
-        return load_model_file(path)
+        spec = load_model_file(path)
+        known = os.environ.get(MODEL_FILES_ENV, "").split(os.pathsep)
+        if str(path.resolve()) not in known:  # `spec.name` finds this file from now on, in workers too
+            os.environ[MODEL_FILES_ENV] = os.pathsep.join(filter(None, [*known, str(path.resolve())]))
+        return spec
     files = model_files()
     if name not in files:
         raise UsageError(f"unknown model {name!r}", hint=f"known models: {', '.join(files) or '(none found)'}")

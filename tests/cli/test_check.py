@@ -321,3 +321,16 @@ def test_check_and_fault_refuse_bad_keys_before_torch_is_imported(args):
     code = "import sys\nfrom glm53ctl.cli import run_cli\nc = run_cli(sys.argv[1:])\nprint(c, 'torch' in sys.modules)"
     p = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
     assert p.stdout.split() == ["2", "False"] and p.stderr.startswith("Error:"), (p.stdout, p.stderr)
+
+
+def test_check_takes_a_model_file_that_is_not_shipped(capsys, tmp_path, monkeypatch):
+    """`--model PATH` as run takes it (issue 45): before, `Error: unknown model 'tiny2'` once the keys were resolved
+    by the file's name. The file's name reaches the workers through the environment."""
+    from glm53ctl.kernels.spec import MODEL_FILES_ENV
+
+    monkeypatch.setenv(MODEL_FILES_ENV, "")  # what this test adds goes with it
+    text = (ROOT / "configs" / "models" / "tiny.toml").read_text().replace('name = "tiny"', 'name = "tiny2"')
+    (tmp_path / "tiny2.toml").write_text(text)
+    code, out, err = invoke(capsys, "check", "--model", tmp_path / "tiny2.toml", "--kind", "embed,tail", "-j", "2")
+    assert code == 0, err
+    assert "tiny2/embed/tp1/r1" in out and "configs pass" in out
