@@ -257,6 +257,12 @@ def diff(
 ) -> None:
     """Knob by knob, what differs between two tuned files (and their provenance)."""
     out = Output(as_json)
+    for path in (a, b):
+        if path.suffix == ".toml":  # a model file: diff compares tuned files, not "not valid JSON" (issue 45)
+            raise UsageError(
+                f"{path}: a model file; configs diff compares two tuned files (configs/tuned/<model>/tp<T>.json)",
+                hint="`glm53ctl configs show --model M` shows a model's dims",
+            )
     ca, cb = tuned.load(a), tuned.load(b)
     changes = []
     for field in ("model", "tp", "revision"):

@@ -79,6 +79,7 @@ CASES: list[tuple[str, str]] = [
     ("check --kind embed --against HEAD --worktrees {here}/afile", "afile"),
     ("check --kind embed --cache {here}/afile", "--cache {here}/afile: not a folder"),
     ("run --kind embed --out /proc/x.safetensors", "--out /proc/x.safetensors: cannot write in /proc"),
+    ("configs diff {here}/m.toml {here}/m.toml", "a model file; configs diff compares two tuned files"),
     ("build -m tiny --kind embed --out /proc/glm53ctl-x", "--out /proc/glm53ctl-x: cannot write in /proc"),
     ("check --kind embed --cache {here}", "not a kernel cache (no CACHE.json)"),
     ("bench --kind embed --cache /nonexistent-glm53ctl", "--cache /nonexistent-glm53ctl: no such folder"),
