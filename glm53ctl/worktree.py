@@ -7,6 +7,7 @@ the ref's folders (the package-dir layout of docs/design.md §1), ahead of any i
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import sys
@@ -91,31 +92,77 @@ def resolve(ref: str, root: Path) -> str:
 
 def checkout(ref: str, cache: Path) -> tuple[Path, str]:
     """The ref's tree in cache/worktrees/<sha> (made once, reused) and its commit sha. A folder holding a
-    glm53ctl tree (a worktree copied to a machine with no git history, say) is taken as it is."""
+    glm53ctl tree (a worktree copied to a machine with no git history, say) is taken as it is.
+
+    Safe when several runs ask at once (two terminals, two CI jobs in one clone): the tree is made under a lock of
+    its own (cache/worktrees/<sha>.lock, a line on stderr while another run holds it), a run only ever removes a
+    tree it failed to make itself, and a tree left broken (a folder git does not know, an interrupted checkout) is
+    made again."""
     tree = Path(ref)
     # a path (it has a slash or starts with a dot), so a folder never shadows a ref of the same name
-    if ("/" in ref or ref.startswith(".")) and (tree / "glm53ctl" / "__init__.py").is_file():
-        return tree.resolve(), f"tree {tree.name}"
+    if "/" in ref or ref.startswith("."):
+        if (tree / "glm53ctl" / "__init__.py").is_file():
+            return tree.resolve(), f"tree {tree.resolve().name}"
+        if tree.is_dir():
+            raise UsageError(
+                f"--against {ref}: a folder, but not a glm53ctl tree (no glm53ctl/__init__.py in it)",
+                hint="a git ref (a branch, tag or commit), or the folder of a glm53ctl checkout",
+            )
     root = repo_root()
     sha = resolve(ref, root)
     path = cache / "worktrees" / sha[:12]
-    if not (path / ".git").exists():
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise UsageError(
-                f"--cache {cache}: cannot make {path.parent} ({e.strerror})",
-                hint="--cache DIR: a folder this user can write (the worktrees of other refs go there)",
-            ) from None
-        git(root, "worktree", "prune")
-        try:
-            git(root, "worktree", "add", "--detach", "--force", str(path.resolve()), sha)
-        except BaseException:  # an interrupt or a failure mid-checkout: no half-made tree is taken next time
-            subprocess.run(["git", "worktree", "remove", "--force", str(path.resolve())], cwd=root, capture_output=True)
-            shutil.rmtree(path, ignore_errors=True)
-            subprocess.run(["git", "worktree", "prune"], cwd=root, capture_output=True)
-            raise
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(
+            f"{cache}: cannot make {path.parent} ({e.strerror})",
+            hint="a folder this user can write (--worktrees DIR; build's --out DIR): other refs' worktrees go there",
+        ) from None
+    with _locked(path.with_suffix(".lock"), f"{ref} ({sha[:12]})"):
+        if not _whole(path, sha):
+            _make(root, path, sha)
     return path, sha
+
+
+def _whole(path: Path, sha: str) -> bool:
+    """Whether `path` is a finished worktree of `sha` (its checkout ran to the end)."""
+    if not (path / ".git").is_file() or not (path / "glm53ctl" / "__init__.py").is_file():
+        return False
+    p = subprocess.run(["git", "rev-parse", "HEAD"], cwd=path, capture_output=True, text=True)
+    return p.returncode == 0 and p.stdout.strip() == sha
+
+
+def _make(root: Path, path: Path, sha: str) -> None:
+    """The worktree of `sha` at `path`, whatever was there (a broken tree of an earlier run) removed first."""
+    if path.exists():
+        subprocess.run(["git", "worktree", "remove", "--force", str(path.resolve())], cwd=root, capture_output=True)
+        shutil.rmtree(path, ignore_errors=True)
+    git(root, "worktree", "prune")
+    try:
+        git(root, "worktree", "add", "--detach", "--force", str(path.resolve()), sha)
+    except BaseException:  # an interrupt or a failure mid-checkout: no half-made tree is taken next time
+        subprocess.run(["git", "worktree", "remove", "--force", str(path.resolve())], cwd=root, capture_output=True)
+        shutil.rmtree(path, ignore_errors=True)
+        subprocess.run(["git", "worktree", "prune"], cwd=root, capture_output=True)
+        raise
+
+
+@contextlib.contextmanager
+def _locked(lock: Path, what: str):
+    """An exclusive lock on `lock` (a file beside the tree), waited for with a line on stderr."""
+    import fcntl
+
+    with open(lock, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            sys.stderr.write(f"waiting for another run making the worktree of {what}\n")
+            sys.stderr.flush()
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def run_cli(tree: Path, args: list[str], capture_stderr: bool = False) -> subprocess.CompletedProcess:

@@ -264,7 +264,7 @@ def _resolve_ref(against: str) -> str:
     if "/" in against or against.startswith("."):
         if not (Path(against) / "glm53ctl" / "__init__.py").is_file():
             raise UsageError(f"--against {against}: not a glm53ctl tree (no glm53ctl/__init__.py)")
-        return f"tree {Path(against).name}"
+        return f"tree {Path(against).resolve().name}"
     return resolve(against, repo_root())
 
 

@@ -334,3 +334,42 @@ def test_check_takes_a_model_file_that_is_not_shipped(capsys, tmp_path, monkeypa
     code, out, err = invoke(capsys, "check", "--model", tmp_path / "tiny2.toml", "--kind", "embed,tail", "-j", "2")
     assert code == 0, err
     assert "tiny2/embed/tp1/r1" in out and "configs pass" in out
+
+
+def test_worktrees_made_by_runs_at_once_and_a_broken_one_repaired(tmp_path):
+    """Two runs asking for one ref's worktree at once (issue 45): before, the second failed with git's "already
+    exists" and its clean-up deleted the first's tree. Now one makes it under a lock, the other waits and takes it;
+    a tree left broken is made again."""
+    cache = tmp_path / "cache"
+    code = (
+        "import sys\nfrom pathlib import Path\nfrom glm53ctl.worktree import checkout\n"
+        "path, sha = checkout('HEAD', Path(sys.argv[1]))\nprint(path, sha)\n"
+    )
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(cache)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
+    outs = [p.communicate(timeout=300) for p in runs]
+    assert all(p.returncode == 0 for p in runs), [e for _, e in outs]
+    (first,) = {o.split()[0] for o, _ in outs}
+    tree = Path(first)
+    assert (tree / "glm53ctl" / "__init__.py").is_file()
+    listed = subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True).stdout
+    assert str(tree) in listed
+    (tree / ".git").unlink()  # broken: git no longer knows the folder as its worktree
+    from glm53ctl.worktree import checkout
+
+    again, _ = checkout("HEAD", cache)
+    assert again.resolve() == tree and (tree / ".git").is_file()
+    subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)
+
+
+def test_against_a_folder_that_is_no_tree_says_so(capsys, tmp_path):
+    code, _, err = invoke(capsys, "check", "--kind", "embed", "--against", str(tmp_path))
+    assert code == 2 and f"--against {tmp_path}: a folder, but not a glm53ctl tree" in err
