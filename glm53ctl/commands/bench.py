@@ -344,7 +344,14 @@ def to_markdown(doc: dict) -> str:
         "|" + "---|" * len(cols),
     ]
     lines += ["| " + " | ".join(map(str, r)) + " |" for r in rows]
-    rot = sorted({f"{r['kind']}: {r['copies']} copies of {r['rotates']}" for r in results})
+    # a step rotates no copies of its own (its layers share weights in turn): "2 copies of nothing" said nothing
+    rot = sorted(
+        {
+            f"{r['kind']}: "
+            + (r["rotates"] if r["rotates"].startswith("nothing") else f"{r['copies']} copies of {r['rotates']}")
+            for r in results
+        }
+    )
     lines += ["", "Rotated past the L2: " + "; ".join(rot) + "."]
     lines += ["\n" + format_step(r) for r in results if "parts" in r]
     return "\n".join(lines) + "\n"

@@ -111,6 +111,9 @@ def test_markdown_names_the_environment_and_every_key():
     assert "`glm53ctl bench --kind dense --tp 4 --rows 1 --baseline separate`" in md
     assert "| dense TP4 r1 | 75.0 | 35.0 | 46.7 | 150.0 | 105.0 (1.40×) |" in md
     assert "2 copies of rank 0's layer weights" in md
+    step = row | {"kind": "model", "copies": 2, "rotates": "nothing: the step's layers share weights in turn"}
+    md = to_markdown(doc | {"keys": [step]})
+    assert "model: nothing: the step's layers share weights in turn" in md and "copies of nothing" not in md
 
 
 def test_a_step_says_where_its_time_goes():
