@@ -217,7 +217,7 @@ def check(
     o.json({"device": device, "model": weights.spec.name, "seed": seed, "summary": summary, "keys": results})
     o.table(
         f"check {weights.spec.name} on {device}",
-        TABLE_COLUMNS + (["vs ref"] if ref_dir else []) + ["result"],
+        TABLE_COLUMNS + ([f"vs {against}"] if ref_dir else []) + ["result"],
         [_table_row(r, ref_dir is not None, verbose) for r in results],
         width=TABLE_WIDTH,
     )
@@ -313,8 +313,8 @@ def _check_keys(weights, keys, jobs: int, seed: int, device: str, ref_dir: Path 
                 theirs = load_file(str(path)) if path.exists() else {}
                 row["against"] = diff = _bitwise(launch_outputs(weights, keys[i], seed), theirs)
                 row["bitwise_equal"] = not diff
-                if diff:  # a failure of its own: the table and the summary name every tensor that differs
-                    row["problems"].append(f"other bits than the ref: {', '.join(_names(diff))}")
+                if diff:  # a failure of its own, said first: the table names every tensor that differs
+                    row["problems"].insert(0, f"other bits than the ref: {', '.join(_names(diff))}")
                     row["ok"] = False
             results[i] = row
             worst = f" ({_worst(row)})" if row["errors"] else ""
@@ -406,7 +406,7 @@ def _table_row(r: dict, against: bool, verbose: bool) -> tuple:
         worst,
         _margin(errors, bounds),
         ", ".join(broken) or "same, all",
-        *([("equal" if r["bitwise_equal"] else ", ".join(_names(r["against"])))] if against else []),
+        *([("equal" if r["bitwise_equal"] else _first_difference(r["against"]))] if against else []),
         "ok" if r["ok"] else "FAIL: " + (_short(r["problems"][0]) if verbose is False else "; ".join(r["problems"])),
     )
 
@@ -539,6 +539,13 @@ def _waits_summary(waits: list[str]) -> str:
     return ", ".join(f"{w} ×{n}" for w, n in Counter(waits).items())
 
 
+def _first_difference(diff: list[str]) -> str:
+    """The table's view of a bitwise difference: the first differing tensor whole (its first differing element, the
+    two values, how many elements differ), then the other tensors by name."""
+    rest = _names(diff[1:])
+    return diff[0] + (f"; also {', '.join(rest)}" if rest else "")
+
+
 def _names(diff: list[str]) -> list[str]:
     """The tensors a `_bitwise` list names ('H[0, 1]: 1 vs 2' -> 'H'), in its order."""
     return [re.split(r"[\[:]", d, maxsplit=1)[0] for d in diff]
@@ -562,7 +569,10 @@ def _bitwise(ours: dict, theirs: dict) -> list[str]:
         ne = ia != ib
         if ne.any():
             idx = tuple(int(i) for i in ne.nonzero()[0])
-            out.append(f"{name}{list(idx)}: {float(a[idx]):.6g} vs {float(b[idx]):.6g}")
+            n = int(ne.sum())
+            out.append(
+                f"{name}{list(idx)}: {float(a[idx]):.6g} vs {float(b[idx]):.6g} ({n:,} of {ne.numel():,} differ)"
+            )
     return out
 
 

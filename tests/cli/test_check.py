@@ -168,6 +168,10 @@ def test_against_a_ref_that_differs_names_every_tensor_in_the_table(repo, tmp_pa
     (row,) = [line for line in p.stdout.splitlines() if "embed/" in line]
     assert "FAIL" in row and "H" in row and "partial" in p.stdout, p.stdout
     assert max(map(len, p.stdout.splitlines())) <= 100, p.stdout
+    # the kernel author's view (issue 45): the ref named in the header, the first differing element and how many
+    # differ in the table, the bitwise verdict first
+    assert "vs HEAD~1" in p.stdout and "FAIL: other bits" in p.stdout, p.stdout
+    assert "(512" in p.stdout and "of 512 differ); " in p.stdout and "also partial" in p.stdout, p.stdout
 
 
 def test_bitwise_compares_bits():
@@ -177,7 +181,7 @@ def test_bitwise_compares_bits():
 
     nan = torch.tensor([float("nan"), 1.0])
     assert _bitwise({"x": nan}, {"x": nan.clone()}) == []
-    assert _bitwise({"x": torch.tensor([0.0])}, {"x": torch.tensor([-0.0])}) == ["x[0]: 0 vs -0"]
+    assert _bitwise({"x": torch.tensor([0.0])}, {"x": torch.tensor([-0.0])}) == ["x[0]: 0 vs -0 (1 of 1 differ)"]
     h = torch.tensor([1.0, 2.0], dtype=torch.bfloat16)
     assert _bitwise({"h": h}, {"h": h + torch.tensor([0.0, 0.015625], dtype=torch.bfloat16)})[0].startswith("h[1]")
     assert _bitwise({"a": nan}, {}) == ["a: only in this tree"]
