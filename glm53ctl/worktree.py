@@ -95,7 +95,7 @@ def checkout(ref: str, cache: Path) -> tuple[Path, str]:
     glm53ctl tree (a worktree copied to a machine with no git history, say) is taken as it is.
 
     Safe when several runs ask at once (two terminals, two CI jobs in one clone): the tree is made under a lock of
-    its own (cache/worktrees/<sha>.lock, a line on stderr while another run holds it), a run only ever removes a
+    its own (cache/locks/<sha>.lock, a line on stderr while another run holds it), a run only ever removes a
     tree it failed to make itself, and a tree left broken (a folder git does not know, an interrupted checkout) is
     made again."""
     tree = Path(ref)
@@ -118,7 +118,9 @@ def checkout(ref: str, cache: Path) -> tuple[Path, str]:
             f"{cache}: cannot make {path.parent} ({e.strerror})",
             hint="a folder this user can write (--worktrees DIR; build's --out DIR): other refs' worktrees go there",
         ) from None
-    with _locked(path.with_suffix(".lock"), f"{ref} ({sha[:12]})"):
+    locks = cache / "locks"  # beside worktrees/, which holds trees alone
+    locks.mkdir(exist_ok=True)
+    with _locked(locks / f"{sha[:12]}.lock", f"{ref} ({sha[:12]})"):
         if not _whole(path, sha):
             _make(root, path, sha)
     return path, sha

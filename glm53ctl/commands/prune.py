@@ -62,12 +62,17 @@ def prune(
             f"--cache {cache}: no such folder",
             hint="pass the folder that `build --out` or `--against` used (default: build)",
         )
-    # what glm53ctl made there, and only that: worktrees it checked out (each has git's .git file), the builds of
-    # other refs (`build --against`), and the compile cache
+    # what glm53ctl made there, and only that: worktrees it checked out (each has git's .git file) and their locks,
+    # the builds of other refs (`build --against`), the compile cache and the kernel cache (`build`)
     trees = sorted(p for p in (cache / "worktrees").glob("*") if (p / ".git").is_file())
     items = trees + sorted(p for p in (cache / "ref").glob("*") if (p / "manifest.json").is_file())
     if _is_compile_cache(cache / "cache"):
         items.append(cache / "cache")
+    if (cache / "kernels" / "CACHE.json").is_file():
+        items.append(cache / "kernels")
+    locks = cache / "locks"
+    if locks.is_dir() and all(p.suffix == ".lock" for p in locks.iterdir()):
+        items.append(locks)
     removed = [{"path": str(p), "bytes": _size(p)} for p in items]
     if not dry_run:
         for p in items:

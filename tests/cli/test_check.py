@@ -223,7 +223,8 @@ def test_against_leaves_no_temporary_folder_and_prune_removes_the_worktrees(caps
         code, out, _ = invoke(capsys, "prune", "--cache", cache, "--dry-run")
         assert code == 0 and "would remove" in out and tree.exists()
         doc = invoke_json(capsys, "prune", "--cache", cache)
-        assert [r["path"] for r in doc["removed"]] == [str(tree), str(cache / "cache")] and not tree.exists()
+        removed = [str(tree), str(cache / "cache"), str(cache / "locks")]  # the locks the worktrees were made under
+        assert [r["path"] for r in doc["removed"]] == removed and not tree.exists()
         assert (cache / "worktrees" / "notes.txt").read_text() == "mine"
         listed = subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True).stdout
         assert str(tree.resolve()) not in listed

@@ -159,3 +159,14 @@ def test_check_in_the_interpreter_says_a_cache_loads_nothing(capsys, built):
     code, _, err = invoke(capsys, "check", "--kind", "embed", "--tp", "1", "--rows", "1", "--cache", cache)
     assert code == 0, err
     assert f"--cache {cache}: the interpreter compiles nothing" in err
+
+
+def test_prune_removes_the_kernel_cache_build_keeps(capsys, tmp_path):
+    from tests.helpers import invoke_json
+
+    (tmp_path / "kernels" / "ab12").mkdir(parents=True)
+    (tmp_path / "kernels" / "CACHE.json").write_text("{}")
+    (tmp_path / "mine").mkdir()  # not glm53ctl's: kept
+    doc = invoke_json(capsys, "prune", "--cache", tmp_path)
+    assert [r["path"] for r in doc["removed"]] == [str(tmp_path / "kernels")]
+    assert not (tmp_path / "kernels").exists() and (tmp_path / "mine").is_dir()
