@@ -56,6 +56,15 @@ def build(
     against: Annotated[
         str | None, typer.Option("--against", metavar="REF", help="A git ref: which builds change.")
     ] = None,
+    carry: Annotated[
+        bool,
+        typer.Option(
+            "--carry/--no-carry",
+            help="Also build what check, bench and run launch of each key besides its own launches (its other "
+            "schedule and grids, the separate-launch baselines, a step's other chain), for the kernel cache; "
+            "--no-carry: the keys' own launches only.",
+        ),
+    ] = True,
     as_json: Annotated[bool, typer.Option("--json", help="The manifest (or comparison) as JSON.")] = False,
 ) -> None:
     """Compile every kernel per build key ahead of time; registers, spills, shared memory, stack, code hash. Every
@@ -109,7 +118,7 @@ def build(
             for c in contexts
         )
     )
-    variants = {k: carried_variants(k) for k in keys}
+    variants = {k: carried_variants(k) for k in keys} if carry else {}
     theirs = None
     if against is not None:
         from glm53ctl.worktree import checkout, run_cli

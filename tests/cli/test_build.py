@@ -188,9 +188,10 @@ def test_build_takes_a_tuned_register_cap(capsys, tmp_path, monkeypatch):
     (conf / "tuned" / "glm53_flash").mkdir(parents=True)
     (conf / "tuned" / "glm53_flash" / "tp8.json").write_text(json.dumps(d))
     monkeypatch.setenv("GLM53CTL_CONFIG_DIR", str(conf))
-    args = ("build", "--model", "glm53_flash", "--kind", "dense", "--tp", "8", "--rows", "1,2", "-j", "2")
+    args = ("build", "--model", "glm53_flash", "--kind", "dense", "--tp", "8", "--rows", "1,2", "-j", "2", "--no-carry")
     built = invoke_json(capsys, *args, "--out", tmp_path / "out")
     regs = {e["key"]: e["kernels"][0]["registers"] for e in built["keys"]}
+    assert all(e["carried"] == [] for e in built["keys"])  # --no-carry: the keys' own launches only
     assert regs["glm53_flash/dense/tp8/r2"] <= 168 < regs["glm53_flash/dense/tp8/r1"]
 
 
