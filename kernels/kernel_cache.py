@@ -144,7 +144,12 @@ def entry_name(src, target: int, options: dict) -> str:
 
 
 def has_entry(root: Path, name: str) -> bool:
-    return (root / name / ENTRY).is_file()
+    """Whether the cache holds `name` whole (each file as its sha256 says): a damaged one is built again."""
+    try:
+        meta = json.loads((root / name / ENTRY).read_text())
+        return all(_sha(root / name / f) == sha for f, sha in meta["files"].items())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
 
 
 def write_entry(root: Path, name: str, compiled, src, options) -> None:
@@ -186,8 +191,7 @@ def describe(src, options) -> dict:
     for path, attrs in src.attrs.items():
         n = names[path[0]] + "".join(f"[{i}]" for i in path[1:])
         sig[n] = f"{sig.get(n, '')} {attrs}".strip()
-    items = options.items() if isinstance(options, dict) else vars(options).items()
-    opts = {k: str(v) for k, v in sorted(items) if k != "extern_libs"}
+    opts = {k: str(v) for k, v in sorted(vars(options).items()) if k != "extern_libs"}
     return {"args": sig, "options": opts}
 
 
@@ -306,24 +310,16 @@ def counting(label: str):
         _state.label = before
 
 
-def _check_header(target, backend) -> bool:
-    """Once per process: whether the cache was built for this Triton, target, ptxas and environment; a one-line
-    warning where not (every kernel then compiles here)."""
-    import triton
-    from triton._C.libtriton import get_cache_invalidating_env_vars
-
+def _check_header(target) -> bool:
+    """Once per process: whether the cache was built for this Triton, target, ptxas and environment (`toolchain`,
+    as the build wrote it); a one-line warning where not (every kernel then compiles here)."""
     root = _state.root
     try:
         head = json.loads((root / HEADER).read_text())
     except (OSError, ValueError) as e:
         _warn(f"kernel cache {root}: {HEADER} unreadable ({e}); every kernel compiles here")
         return False
-    here = {
-        "triton": triton.__version__,
-        "target": f"sm_{target.arch}",
-        "backend": backend.hash(),
-        "env": dict(sorted(get_cache_invalidating_env_vars().items())),
-    }
+    here = toolchain(target.arch)
     what = {"triton": "Triton", "target": "target", "backend": "ptxas", "env": "Triton environment"}
     for k, name in what.items():
         if head.get(k) != here[k]:
@@ -346,7 +342,7 @@ def _hook(*, key, repr, fn, compile, is_manual_warmup, already_compiled):
     if _state.root is None:
         return None
     if not _state.checked:
-        _state.usable, _state.checked = _check_header(target, backend), True
+        _state.usable, _state.checked = _check_header(target), True
     data = json.loads(compile["specialization_data"])
     # as Triton's own JITFunction.preload reads them back
     options = backend.parse_options({k: tuple(v) if isinstance(v, list) else v for k, v in data["options"].items()})
