@@ -20,7 +20,7 @@ import torch
 
 from glm53ctl.kernels.key import ResolvedKey
 from glm53ctl.kernels.kinds import load_harness, load_ranks
-from glm53ctl.kernels.numerics import rel_rms
+from glm53ctl.kernels.numerics import bits, rel_rms
 from glm53ctl.kernels.runtime import LaunchFault
 from glm53ctl.kernels.weights import Weights
 
@@ -62,8 +62,11 @@ def other_schedule(key: ResolvedKey) -> str | None:
 
 
 def outputs_equal(a: dict, b: dict) -> bool:
-    """The same names, and every tensor equal (what a bitwise check compares)."""
-    return a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
+    """The same names, and every tensor bitwise equal (a NaN equals a NaN of the same bits: a launch that writes
+    NaN the same way on every grid is not said to differ across grids; its NaN is the accuracy check's)."""
+    return a.keys() == b.keys() and all(
+        a[n].shape == b[n].shape and a[n].dtype == b[n].dtype and torch.equal(bits(a[n]), bits(b[n])) for n in a
+    )
 
 
 def make_harness(weights: Weights, key: ResolvedKey, *legacy, **extra):
@@ -123,7 +126,9 @@ def check_key(weights: Weights, key: ResolvedKey, seed: int, tick=_quiet) -> tup
     ref = k.reference(x)
     for name, bound in bounds.items():
         res.errors[name] = err = rel_rms(ref[name], out[name])
-        if not err <= bound:
+        if bool(out[name].isnan().any()):
+            res.problems.append(f"{name}: NaN in the output (relative RMS error inf, its bound {bound:g})")
+        elif not err <= bound:
             res.problems.append(f"{name}: relative RMS error {err:.3g} over its bound {bound:g}")
     for name, holds in k.invariants(out, ref).items():
         res.invariants[name] = holds
@@ -133,12 +138,10 @@ def check_key(weights: Weights, key: ResolvedKey, seed: int, tick=_quiet) -> tup
     # (a kind whose integer output may hold -1, the selection's padding, poisons it with its own value)
     poison_int = k.POISON_INT
     poisoned = lambda n: next((v for end, v in poison_int.items() if n.endswith(end)), -1)  # noqa: E731
-    written = all(
-        not t.isnan().any() if t.is_floating_point() else bool((t != poisoned(n)).all()) for n, t in out.items()
-    )
-    res.invariants["every output element written"] = written
-    if not written:
-        res.problems.append("an output element was not written (NaN poison left)")
+    unwritten = [n for n, t in out.items() if (t.isnan().any() if t.is_floating_point() else (t == poisoned(n)).any())]
+    res.invariants["every output element written"] = not unwritten
+    if unwritten:
+        res.problems.append(f"an output element was not written (its poison left): {', '.join(unwritten)}")
     # a kind of many launches (`model`) checks fewer: its parts' grids and repeats are their own kinds' checks
     for g in k.CHECK_GRIDS:
         tick(f"the launch at grid {g}")
@@ -171,6 +174,7 @@ class FaultResult:
     hangs: int = 0
     retries_equal: int = 0
     worst_s: float = 0.0  # the slowest stuck launch: its budget per wait, plus the launch
+    sites_total: int = 0  # the sites this run sticks (a hang ends the key before the later ones)
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -191,6 +195,7 @@ def fault_key(
     clean = k(x, peers, poison=True)
     n_sites = len(k.launch.table.sites)
     sites = range(n_sites) if site is None else [site]
+    res.sites_total = n_sites if site is None else site + 1
     if site is not None and not 0 <= site < n_sites:
         from glm53ctl.errors import UsageError
 
@@ -198,42 +203,87 @@ def fault_key(
     for s in sites:
         tick(f"{res.sites} of {len(sites)} site{'s' if len(sites) != 1 else ''} stuck")
         res.sites += 1
-        watchdog = threading.Timer(wall_s, _hang, args=(res.key, s, wall_s))
+        # the stuck launch and its retry each within the wall bound, or the watchdog reports a hang
+        watchdog = threading.Timer(wall_s, _hang, args=(res, s, wall_s))
         watchdog.start()
-        t0 = time.perf_counter()
         try:
-            k(x, peers, stuck_site=s, budget_ns=budget_ns)
-            res.problems.append(f"site {s}: no LaunchFault")
-        except LaunchFault as e:
-            if e.site == s:
-                res.named += 1
+            t0 = time.perf_counter()
+            try:
+                k(x, peers, stuck_site=s, budget_ns=budget_ns)
+                res.problems.append(f"site {s}: no LaunchFault")
+            except LaunchFault as e:
+                if e.site == s:
+                    res.named += 1
+                else:
+                    res.problems.append(f"site {s}: LaunchFault named site {e.site}")
+            res.worst_s = max(res.worst_s, time.perf_counter() - t0)
+            # poisoned: a retry that writes nothing cannot pass on the bits an earlier launch left behind
+            epoch = k.launch.runtime.epoch
+            if not outputs_equal(clean, k(x, peers, poison=True)):
+                res.problems.append(f"site {s}: the retried launch differs from a clean one")
+            elif k.launch.runtime.epoch != epoch + 1:
+                res.problems.append(f"site {s}: the retried launch did not advance the launch tag once")
             else:
-                res.problems.append(f"site {s}: LaunchFault named site {e.site}")
+                res.retries_equal += 1
         finally:
             watchdog.cancel()
-        took = time.perf_counter() - t0
-        res.worst_s = max(res.worst_s, took)
-        if took > wall_s:
-            res.hangs += 1
-        # poisoned: a retry that writes nothing cannot pass on the bits an earlier launch left behind
-        epoch = k.launch.runtime.epoch
-        if outputs_equal(clean, k(x, peers, poison=True)) and k.launch.runtime.epoch == epoch + 1:
-            res.retries_equal += 1
-        else:
-            res.problems.append(f"site {s}: the retried launch differs from a clean one")
     return res
 
 
-def _hang(key: str, site: int, wall_s: float) -> None:
+# where a hung key's result goes before its process ends (`fault` runs keys in worker processes and reads it)
+HANG_LOG_ENV = "GLM53CTL_HANG_LOG"
+
+
+def _hang(res: FaultResult, site: int, wall_s: float) -> None:
+    """The watchdog: the stuck launch has not returned within `wall_s`. A hung launch cannot be recovered from
+    inside its process, so the key's result, the hang counted, goes to $GLM53CTL_HANG_LOG (a line of JSON) and
+    the process ends; the command that started it reaps it and reports the hang."""
+    import json
     import sys
 
+    res.hangs += 1
+    res.worst_s = max(res.worst_s, wall_s)
+    left = range(site + 1, res.sites_total)
+    later = (
+        f"; site{'s' if len(left) > 1 else ''} {left[0]}{f'..{left[-1]}' if len(left) > 1 else ''} not tried"
+        if left
+        else ""
+    )
+    res.problems.append(f"site {site}: the launch did not return within {wall_s:g} s (a hang){later}")
     # stderr: under --json stdout carries the document alone
-    print(f"Error: {key}: site {site} stuck: the launch did not return within {wall_s:g} s (a hang)", file=sys.stderr)
+    print(f"Error: {res.key}: site {site} stuck: the launch did not return within {wall_s:g} s (a hang)",
+          file=sys.stderr)  # fmt: skip
     sys.stderr.flush()
+    if log := os.environ.get(HANG_LOG_ENV):
+        with open(log, "a") as f:
+            f.write(json.dumps(fault_row(res)) + "\n")
     os._exit(1)
 
 
-__all__ = ["CheckResult", "FaultResult", "build_launches", "check_key", "fault_key", "launch_outputs", "make_harness"]
+def fault_row(res: FaultResult) -> dict:
+    """A key's fault result as a plain dict (what a worker process sends back, or leaves in the hang log)."""
+    return {
+        "key": res.key,
+        "sites": res.sites,
+        "named": res.named,
+        "hangs": res.hangs,
+        "retries_equal": res.retries_equal,
+        "worst_s": round(res.worst_s, 4),
+        "ok": res.ok,
+        "problems": res.problems,
+    }
+
+
+__all__ = [
+    "CheckResult",
+    "FaultResult",
+    "build_launches",
+    "check_key",
+    "fault_key",
+    "fault_row",
+    "launch_outputs",
+    "make_harness",
+]
 
 
 # real ranks (kernels/runtime/ranks.py): `check --gpus T` and `fault --gpus T`

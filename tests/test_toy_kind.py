@@ -74,6 +74,7 @@ def test_run_saves_its_reference_and_its_launch(tmp_path):
         assert p.returncode == 0, p.stderr
         outs[backend] = load_file(str(out))
     ref, got = outs["reference"], outs["triton"]
-    assert set(ref) == set(got) == {"inputs.contexts", "inputs.x", "outputs.y", "outputs.total"}
+    assert set(ref) == set(got) == {"inputs.contexts", "inputs.x", "outputs.y", "outputs.top", "outputs.total"}
     assert (ref["inputs.x"] == got["inputs.x"]).all() and (ref["outputs.y"] == got["outputs.y"]).all()
+    assert (ref["outputs.top"] == got["outputs.top"]).all()
     assert (ref["outputs.total"] - got["outputs.total"]).abs().max() < 1e-5

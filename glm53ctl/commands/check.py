@@ -436,31 +436,64 @@ def _check_row(key, seed: int, weights=None) -> dict:
     }
 
 
-def _per_key(fn, weights, keys, jobs: int, *args, costs: list[float] | None = None):
+def _per_key(fn, weights, keys, jobs: int, *args, costs: list[float] | None = None, reaped: bool = False):
     """(i, fn(key, *args[, weights])) for each resolved key i, as each finishes: in this process, or in `jobs`
     spawned workers (they inherit this process's environment, so TRITON_INTERPRET and the registry's
     $GLM53CTL_KINDS, and draw the same seeded weights). Workers take the heaviest keys first (`costs`): the
-    last key to end is then a light one."""
+    last key to end is then a light one. `reaped` (fault): always in workers, and a worker that a hang ended
+    (its watchdog left the key's result in the hang log, kernels/checks.py) is reaped: its key is reported from
+    the log and the keys not yet done go on in fresh workers."""
     order = sorted(range(len(keys)), key=lambda i: -costs[i]) if costs and jobs > 1 else range(len(keys))
-    if jobs <= 1:
+    if jobs <= 1 and not reaped:
         for i in order:
             yield i, fn(keys[i], *args, weights=weights)
         return
+    pending = list(order)
+    while pending:
+        hung = yield from _in_workers(fn, keys, pending, jobs, args, reaped)
+        for i, row in hung:
+            pending.remove(i)
+            yield i, row
+
+
+def _in_workers(fn, keys, pending: list[int], jobs: int, args: tuple, reaped: bool):
+    """The `pending` keys in a pool of workers, each yielded (and taken from `pending`) as it ends, until all
+    are done or a worker ends: then the keys that the hang log says hung, (i, row) each (`_per_key`)."""
+    import json
     from concurrent.futures import as_completed
     from concurrent.futures.process import BrokenProcessPool
 
-    from glm53ctl.interrupts import worker_pool
+    from glm53ctl.interrupts import kill_workers, worker_pool
+    from glm53ctl.kernels.checks import HANG_LOG_ENV
     from glm53ctl.worktree import finder_code, this_tree
 
-    # workers import this tree's glm53ctl, whatever is installed (a ref's tree runs its own check this way)
-    with worker_pool(jobs, finder_code(this_tree())) as ex:
-        futures = {ex.submit(fn, keys[i], *args): i for i in order}
-        for f in as_completed(futures):
-            i = futures[f]
-            try:
-                yield i, f.result()
-            except BrokenProcessPool:  # a hang ends its worker (os._exit): it printed what hung
-                raise CheckFailed(f"a worker process ended during {keys[i].name}") from None
+    with tempfile.TemporaryDirectory(prefix="glm53ctl-hangs-") as tmp:
+        log = Path(tmp) / "hangs.jsonl"
+        os.environ[HANG_LOG_ENV] = str(log)  # inherited by the workers spawned below
+        try:
+            # workers import this tree's glm53ctl, whatever is installed (a ref's tree runs its own check this way)
+            with worker_pool(jobs, finder_code(this_tree())) as ex:
+                futures = {ex.submit(fn, keys[i], *args): i for i in pending}
+                for f in as_completed(futures):
+                    i = futures[f]
+                    try:
+                        row = f.result()
+                    except BrokenProcessPool:
+                        break
+                    pending.remove(i)
+                    yield i, row
+                else:
+                    return []
+                kill_workers(ex)  # the other workers' keys go on in a fresh pool
+        finally:
+            os.environ.pop(HANG_LOG_ENV, None)
+        rows = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    index = {keys[i].name: i for i in pending}
+    hung = [(index[r["key"]], r) for r in rows if r["key"] in index]
+    if not reaped or not hung:  # no hang said why: a worker died (killed, out of memory)
+        name = keys[pending[0]].name if len(pending) == 1 else f"one of {', '.join(keys[i].name for i in pending)}"
+        raise CheckFailed(f"a worker process ended during {name}")
+    return hung
 
 
 def _cache_given(cache: Path | None) -> None:
@@ -494,21 +527,12 @@ def _weights(key, weights):
 
 def _fault_row(key, site, budget_ns, wall_s, weights=None) -> dict:
     """One key's fault test as a plain dict."""
-    from glm53ctl.kernels.checks import fault_key
+    from glm53ctl.kernels.checks import fault_key, fault_row
     from glm53ctl.kernels.kernel_cache import counting
 
     with Heartbeat(key.name) as beat, counting(key.name):
         res = fault_key(_weights(key, weights), key, site, budget_ns, wall_s, tick=beat)
-    return {
-        "key": res.key,
-        "sites": res.sites,
-        "named": res.named,
-        "hangs": res.hangs,
-        "retries_equal": res.retries_equal,
-        "worst_s": round(res.worst_s, 4),
-        "ok": res.ok,
-        "problems": res.problems,
-    }
+    return fault_row(res)
 
 
 def _site_count(spec, key) -> int:
@@ -652,7 +676,7 @@ def fault(
     costs = _costs(weights.spec, keys, per_site=site is None)
     progress = Progress(len(keys), costs)
     results = [None] * len(keys)
-    ends = closing(_per_key(_fault_row, weights, keys, jobs, site, budget_ns, wall_s, costs=costs))
+    ends = closing(_per_key(_fault_row, weights, keys, jobs, site, budget_ns, wall_s, costs=costs, reaped=True))
     with counted_compiles(cache) as compiles, progress.stops("fault-tested"), ends as ends:
         for i, row in ends:
             results[i] = row

@@ -18,7 +18,7 @@ def draw(rows: int, seed: int, steps: int = 1) -> list[torch.Tensor]:
 
 def reference(x: torch.Tensor) -> dict[str, torch.Tensor]:
     y = 2 * x.float()
-    return {"y": y, "total": y.sum(-1)}
+    return {"y": y, "top": y.argmax(-1).int(), "total": y.sum(-1)}
 
 
 def run_reference(ref, key) -> dict[str, torch.Tensor]:
@@ -52,9 +52,20 @@ class ToyHarness(KindHarness):
         x = x.to(self.device).contiguous()
         fill = float("nan") if poison else 0.0
         y = torch.full((self.rows, WIDTH), fill, device=self.device)
+        top = torch.full((self.rows,), -1, dtype=torch.int32, device=self.device)
         total = torch.full((self.rows,), fill, device=self.device)
-        self.launch(x, y, total, **guard)
-        return {"y": y, "total": total}
+        self.launch(x, y, top, total, **guard)
+        return {"y": y, "top": top, "total": total}
+
+    def invariants(self, out: dict, ref: dict) -> dict[str, bool]:
+        """`top` has no bound (ties would move it): each written one must name its row's largest doubled value
+        (one never written is `check`'s own finding)."""
+        y, top = out["y"].cpu(), out["top"].cpu().long()
+        written = top != -1
+        inside = bool((top[written] < WIDTH).all() & (top[written] >= 0).all())
+        picked = y.gather(1, top.clamp(0, WIDTH - 1)[:, None])[:, 0]
+        largest = inside and bool((picked == y.max(1).values)[written].all())
+        return {"every top is its row's largest": largest}
 
     def reference(self, x) -> dict[str, torch.Tensor]:
         return reference(x.cpu())

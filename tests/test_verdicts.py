@@ -1,0 +1,140 @@
+"""Every verdict of `check` and `fault` shown failing: one defect planted in a real launch (the toy kind's kernel
+built with it, $GLM53CTL_TOY_DEFECT: tests/toy_kind/__init__.py), the command a user runs, its exit code and the
+words of its verdict. Each planted defect is caught by exactly the verdict that exists for it (and, where the
+defect also breaks something else, by that too: a NaN is also an unwritten element)."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.interpreter
+
+
+def glm53ctl(*args, defect: str = "", timeout: int = 300) -> tuple[int, dict | None, str]:
+    """The CLI in a process of its own, the toy kind registered and `defect` planted: (exit code, the --json
+    document, stderr)."""
+    env = {
+        **os.environ,
+        "GLM53CTL_KINDS": "tests.toy_kind",
+        "TRITON_INTERPRET": "1",
+        "GLM53CTL_TOY_DEFECT": defect,
+    }
+    cmd = [sys.executable, "-m", "glm53ctl", *map(str, args), "--json"]
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    try:
+        doc = json.loads(p.stdout)
+    except ValueError:
+        doc = None
+    return p.returncode, doc, p.stderr
+
+
+KEY = ("--kind", "toy", "--tp", "1", "--rows", "4", "-j", "1")
+
+
+def _problems(doc: dict) -> list[str]:
+    (key,) = doc["keys"]
+    return key["problems"]
+
+
+def test_the_toy_without_a_defect_passes_check_and_fault():
+    code, doc, err = glm53ctl("check", *KEY)
+    assert code == 0 and doc["summary"] == "1 of 1 configs pass", err
+    code, doc, err = glm53ctl("fault", *KEY)
+    assert code == 0 and doc["totals"] == {"sites": 4, "named": 4, "hangs": 0, "retries_equal": 4}, err
+
+
+@pytest.mark.parametrize(
+    ("defect", "verdicts"),
+    [
+        # row 0 of y a quarter off: its error over y's bound (0: doubling is exact), and the sums with it
+        (
+            "accuracy",
+            ["y: relative RMS error 0.0689 over its bound 0", "total: relative RMS error 0.557 over its bound"],
+        ),
+        # a NaN in total: never within a bound, and an element whose poison is left; the same bits every launch
+        (
+            "nan",
+            [
+                "total: NaN in the output (relative RMS error inf, its bound 1e-06)",
+                "not written (its poison left): total",
+            ],
+        ),
+        # an integer output never stored: its poison (-1) left, nothing else wrong
+        ("unwritten", ["an output element was not written (its poison left): top"]),
+        # each top a column past its row's largest: the kind's invariant
+        ("invariant", ["invariant broken: every top is its row's largest"]),
+        # the sum one ulp off at an odd program count: grids 1 and 3 differ from the key's 4, grid 64 does not
+        ("grids", ["grid 1 gives other bits than grid 4", "grid 3 gives other bits than grid 4"]),
+        # one ulp off in every second launch: the second and fourth launches in a row differ from the first
+        ("repeats", ["launch 2 in a row gives other bits", "launch 4 in a row gives other bits"]),
+        # the launch leaves its tag where it was
+        ("tag", ["the launch tag did not advance once per launch"]),
+    ],
+)
+def test_check_names_each_planted_defect_and_exits_1(defect, verdicts):
+    code, doc, err = glm53ctl("check", *KEY, defect=defect)
+    assert code == 1, err
+    assert doc["summary"] == "0 of 1 configs pass"
+    problems = _problems(doc)
+    # each verdict said, in order, and nothing else
+    assert len(problems) == len(verdicts) and all(v in p for v, p in zip(verdicts, problems, strict=True)), problems
+    assert "Error: 0 of 1 configs pass" in err
+
+
+@pytest.mark.parametrize(
+    ("defect", "verdict", "totals"),
+    [
+        # the guard not told its site is stuck: the launch runs on, no LaunchFault
+        ("silent", "site {s}: no LaunchFault", {"named": 0, "hangs": 0, "retries_equal": 4}),
+        # the guard sticks the next site: the fault names another than the one stuck
+        ("misnamed", "site {s}: LaunchFault named site {n}", {"named": 0, "hangs": 0, "retries_equal": 4}),
+        # a faulted launch leaves a mark the next adds into y
+        (
+            "scarred",
+            "site {s}: the retried launch differs from a clean one",
+            {"named": 4, "hangs": 0, "retries_equal": 0},
+        ),
+        # the launch does not advance its tag: the retry's bits are right, its tag is not
+        (
+            "tag",
+            "site {s}: the retried launch did not advance the launch tag once",
+            {"named": 4, "hangs": 0, "retries_equal": 0},
+        ),
+    ],
+)
+def test_fault_names_each_planted_defect_and_exits_1(defect, verdict, totals):
+    code, doc, err = glm53ctl("fault", *KEY, defect=defect)
+    assert code == 1, err
+    assert doc["totals"] == {"sites": 4} | totals
+    assert _problems(doc) == [verdict.format(s=s, n=(s + 1) % 4) for s in range(4)]
+    assert "Error: 4 sites tried" in err
+
+
+def test_an_unguarded_wait_is_a_hang_reported_within_its_wall_bound_and_its_process_reaped():
+    """The sum's wait spins with no budget on its stuck site: the watchdog reports the hang at --wall-s, the
+    worker that hung is reaped, the hang is counted in the key's row, and the other key (in a fresh worker) is
+    still tested and reported."""
+    start = time.monotonic()
+    code, doc, err = glm53ctl(
+        "fault", "--kind", "toy", "--tp", "1", "--rows", "2,4", "-j", "2", "--wall-s", "4", defect="unguarded"
+    )
+    took = time.monotonic() - start
+    assert code == 1, err
+    rows = {k["key"]: k for k in doc["keys"]}
+    assert set(rows) == {"tiny/toy/tp1/r2", "tiny/toy/tp1/r4"}
+    for name, n in (("tiny/toy/tp1/r2", 2), ("tiny/toy/tp1/r4", 4)):
+        r = rows[name]
+        assert r["hangs"] == 1 and r["sites"] == 1 and not r["ok"]
+        later = "site 1 not tried" if n == 2 else f"sites 1..{n - 1} not tried"
+        assert r["problems"] == [f"site 0: the launch did not return within 4 s (a hang); {later}"]
+    assert doc["totals"]["hangs"] == 2
+    assert "Error: tiny/toy/tp1/r4: site 0 stuck: the launch did not return within 4 s (a hang)" in err
+    assert took < 120  # the hangs ended at their bound, not at the test's timeout (the command returned: its
+    # workers were killed and reaped, interrupts.kill_workers)
