@@ -118,3 +118,33 @@ def test_the_moe_sites_stuck_are_named(weights):
     for s in [*sites.values(), late]:
         res = fault_key(weights, resolved("kda", 2, 1), s, budget_ns=10**6, wall_s=60)
         assert res.ok and res.named == 1 and res.retries_equal == 1, res.problems
+
+
+def _broken(k, out: dict, ref: dict, **changed) -> list[str]:
+    """The invariants that fail with `changed` in place of the launch's outputs."""
+    return [name for name, holds in k.invariants(out | changed, ref).items() if not holds]
+
+
+def test_each_routing_invariant_fails_on_its_broken_output(weights):
+    """What `check` proves of the routing beyond the bounds, each shown failing on the launch's own outputs with
+    one thing broken (tests/test_verdicts.py shows the command's verdict on a broken invariant)."""
+    k = KdaHarness(weights, resolved("kda", 8, 2, {"grid": 3}))
+    x = k.inputs(seed=7)[0]
+    out = k(x, poison=True)
+    ref = k.reference(x)
+    assert _broken(k, out, ref) == []
+    ids, w = out["moe.ids"], out["moe.weights"]
+    swapped = ids.clone()
+    swapped[0, [0, 1]] = ids[0, [1, 0]]  # the same experts in another order
+    assert _broken(k, out, ref, **{"moe.ids": swapped}) == ["routing equals the reference's (near-ties followed)"]
+    twice = ids.clone()
+    twice[1, 1] = ids[1, 0]
+    distinct = ["routing equals the reference's (near-ties followed)", "experts distinct and in range"]
+    assert _broken(k, out, ref, **{"moe.ids": twice}) == distinct
+    outside = ids.clone()
+    outside[0, 0] = k.spec.moe.experts
+    assert _broken(k, out, ref, **{"moe.ids": outside}) == distinct
+    assert _broken(k, out, ref, **{"moe.weights": w * 1.001}) == ["routing weights sum to the scale"]
+    shared = k.launch.buf["y_m"][k.launch.nslot, : k.rows]
+    shared[1, 0] = float("nan")  # the shared expert's slot not written for row 1
+    assert _broken(k, out, ref) == ["shared expert on"]

@@ -102,3 +102,22 @@ def test_each_choice_is_proven_on_the_launchs_own_inputs(weights):
     bad_idx[1, : spec.indexer.kpool] = idx[1, : spec.indexer.kpool] - spec.indexer.kpool  # another pool
     k.chosen = [{f"layers.{moe_i}.moe.ids": bad_ids, f"layers.{dsa_i}.dsa.idx": bad_idx}]
     assert k.off_choices() == [f"layers.{moe_i}.moe.ids (step 0)", f"layers.{dsa_i}.dsa.idx (step 0)"]
+
+
+def test_the_steps_invariants_fail_on_a_broken_choice(weights):
+    """What `check` proves of a step beyond the bounds, shown failing: a layer's routing that is not the exact
+    top-k of the scores of its own inputs (one expert swapped for one not chosen), and a cache written elsewhere."""
+    k = ModelHarness(weights, resolved("model", 8, 1), steps=1)
+    out = k(k.inputs(seed=4)[0], poison=True)
+    name = "every layer's routing and selection the exact top-k of its own inputs (near-ties followed)"
+    assert k.invariants(out, {}) == {name: True, "caches written at each row's positions only": True}
+    routed = next(n for n in k.chosen[0] if n.endswith("moe.ids"))
+    ids = k.chosen[0][routed]
+    other = next(e for e in range(weights.spec.moe.experts) if e not in ids[0].tolist())
+    k.chosen[0][routed] = torch.cat([ids[:, :-1], torch.full_like(ids[:, -1:], other)], -1)
+    assert k.invariants(out, {}) == {
+        f"{name}: not at {routed} (step 0)": False,
+        "caches written at each row's positions only": True,
+    }
+    k.chosen[0][routed], k.untouched = ids, False
+    assert k.invariants(out, {}) == {name: True, "caches written at each row's positions only": False}

@@ -103,3 +103,32 @@ def test_the_mla_sites_stuck_are_named(weights):
     for s in sites.values():
         res = fault_key(weights, resolved("sparse", 2, 1), s, budget_ns=10**6, wall_s=60)
         assert res.ok and res.named == 1 and res.retries_equal == 1, res.problems
+
+
+def test_each_selection_invariant_fails_on_its_broken_output(weights):
+    """What `check` proves of the selection beyond the bounds (the routing's: tests/kernels/test_kda.py), each
+    shown failing on the launch's own outputs with one thing broken."""
+    k = SparseHarness(weights, resolved("sparse", 8, 2, {"grid": 3}))
+    out = _check(k, seed=9)
+    ref = k.reference(k.inputs(seed=9)[0])
+    broken = lambda **changed: [n for n, ok in k.invariants(out | changed, ref).items() if not ok]  # noqa: E731
+    assert broken() == []
+    idx = out["dsa.idx"]
+    r = int((idx >= 0).sum(-1).argmax())  # the row with the most pools selected
+    assert int((idx[r] >= 0).sum()) >= 2
+    same = "selection equals the reference's (near-ties followed)"
+    valid = "selection ascending, in range, -1 padded"
+    swapped = idx.clone()
+    swapped[r, [0, 1]] = idx[r, [1, 0]]
+    assert broken(**{"dsa.idx": swapped}) == [same, valid]
+    beyond = idx.clone()
+    n = int((idx[r] >= 0).sum())
+    beyond[r, n - 1] = 1 << 20  # past the row's token count
+    assert broken(**{"dsa.idx": beyond}) == [same, valid]
+    if n < idx.shape[1]:
+        unpadded = idx.clone()
+        unpadded[r, n:] = 0
+        assert broken(**{"dsa.idx": unpadded}) == [same, valid]
+    pos, _ = k._last
+    k._last = (pos, False)  # a cache written elsewhere than at the rows' positions
+    assert broken() == ["caches written at each row's position only"]
