@@ -104,7 +104,7 @@ def _usage_error(e: Exception) -> int | None:
     recognized by what they have (its Click is vendored, not a public module)."""
     if not (hasattr(e, "format_message") and isinstance(getattr(e, "exit_code", None), int)):
         return None
-    message = e.format_message()
+    message = _no_such_option(e) or e.format_message()
     path = getattr(getattr(e, "ctx", None), "command_path", None) or "glm53ctl"
     if type(e).__name__ == "NoArgsIsHelpError":  # a group called bare: its help on stderr, then what is missing
         typer.echo(message, err=True)
@@ -112,6 +112,19 @@ def _usage_error(e: Exception) -> int | None:
         return e.exit_code
     print_error(message, f"`{path} -h` shows the usage")
     return e.exit_code
+
+
+def _no_such_option(e: Exception) -> str | None:
+    """An unknown option, with the command's options that are close to it (Click's own cutoff suggests `--gpus`
+    for `--bogus`): a near miss, a typo, suggested; nothing alike, nothing suggested."""
+    import difflib
+
+    ctx, name = getattr(e, "ctx", None), getattr(e, "option_name", None)
+    if type(e).__name__ != "NoSuchOption" or ctx is None or not name:
+        return None
+    names = sorted({o for p in ctx.command.params for o in (*p.opts, *p.secondary_opts) if o.startswith("-")})
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.8)
+    return f"No such option: {name}" + (f" (did you mean {' or '.join(close)}?)" if close else "")
 
 
 def main() -> None:

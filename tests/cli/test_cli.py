@@ -146,6 +146,20 @@ def test_usage_errors_speak_the_projects_style(capsys, args, message):
     assert message in err and "Hint: `glm53ctl" in err and "╭" not in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize(
+    ("typed", "said"),
+    [
+        ("--bogus", "Error: No such option: --bogus\n"),  # nothing alike: Click's own cutoff said --gpus, --rows
+        ("--rowz", "Error: No such option: --rowz (did you mean --rows?)\n"),
+        ("--all-key", "Error: No such option: --all-key (did you mean --all-keys?)\n"),
+        ("--kinds", "Error: No such option: --kinds (did you mean --kind?)\n"),
+    ],
+)
+def test_an_unknown_option_is_suggested_only_what_is_close(capsys, typed, said):
+    code, _, err = invoke(capsys, "check", typed, "2")
+    assert code == 2 and err.startswith(said), err
+
+
 def test_every_line_of_a_multi_line_error_says_error(capsys):
     from glm53ctl.output import print_error
 
