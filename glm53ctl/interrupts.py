@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -104,15 +105,21 @@ def _descendants(pid: int) -> list[int]:
 def run_group(args: list[str], **kwargs) -> subprocess.CompletedProcess:
     """`subprocess.run` in a session of its own, killed with everything it started (a ref's glm53ctl and its
     workers) when this process is interrupted (the group is killed before the child is reaped: its id is not
-    anybody else's yet)."""
-    p = subprocess.Popen(args, start_new_session=True, **kwargs)
+    anybody else's yet). Its temporary files (its own, its workers', its tools') go into a folder of its own,
+    removed after it: a killed child leaves none behind."""
+    tmp = tempfile.mkdtemp(prefix="glm53ctl-child-")
+    env = (kwargs.pop("env", None) or os.environ) | {"TMPDIR": tmp}
     try:
-        out, err = p.communicate()
-    except BaseException:
-        _kill_group(p.pid)
-        p.wait()
-        raise
-    return subprocess.CompletedProcess(args, p.returncode, out, err)
+        p = subprocess.Popen(args, start_new_session=True, env=env, **kwargs)
+        try:
+            out, err = p.communicate()
+        except BaseException:
+            _kill_group(p.pid)
+            p.wait()
+            raise
+        return subprocess.CompletedProcess(args, p.returncode, out, err)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _kill_group(pgid: int) -> None:
@@ -120,3 +127,12 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def whole_line(text: str) -> None:
+    """A line on stderr in one write(2): workers writing at once never run their lines together (a write of
+    under PIPE_BUF bytes is atomic on a pipe; a terminal takes it whole too), as a print's pieces might."""
+    sys.stderr.flush()
+    data = (text + "\n").encode(errors="replace")
+    while data:
+        data = data[os.write(sys.stderr.fileno(), data) :]

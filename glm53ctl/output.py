@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from glm53ctl.interrupts import interrupted
+from glm53ctl.interrupts import interrupted, whole_line
 
 # soft_wrap: an error line names a file and a key path; it must stay one greppable line
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -133,7 +133,7 @@ class Heartbeat:
     def _beat(self) -> None:
         while not self._stop.wait(self.every):
             spent = _mmss(time.monotonic() - self.t0)
-            print(f"    ... {self.key}: {self.at}, {spent} in this key", file=sys.stderr, flush=True)
+            whole_line(f"    ... {self.key}: {self.at}, {spent} in this key")
 
 
 def plural(n: int, noun: str, one: str | None = None) -> str:

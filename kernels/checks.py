@@ -239,21 +239,16 @@ def _hang(res: FaultResult, site: int, wall_s: float) -> None:
     inside its process, so the key's result, the hang counted, goes to $GLM53CTL_HANG_LOG (a line of JSON) and
     the process ends; the command that started it reaps it and reports the hang."""
     import json
-    import sys
+
+    from glm53ctl.interrupts import whole_line
 
     res.hangs += 1
     res.worst_s = max(res.worst_s, wall_s)
     left = range(site + 1, res.sites_total)
-    later = (
-        f"; site{'s' if len(left) > 1 else ''} {left[0]}{f'..{left[-1]}' if len(left) > 1 else ''} not tried"
-        if left
-        else ""
-    )
+    later = {0: "", 1: f"; site {site + 1} not tried"}.get(len(left), f"; sites {site + 1}..{left[-1]} not tried")
     res.problems.append(f"site {site}: the launch did not return within {wall_s:g} s (a hang){later}")
     # stderr: under --json stdout carries the document alone
-    print(f"Error: {res.key}: site {site} stuck: the launch did not return within {wall_s:g} s (a hang)",
-          file=sys.stderr)  # fmt: skip
-    sys.stderr.flush()
+    whole_line(f"Error: {res.key}: site {site} stuck: the launch did not return within {wall_s:g} s (a hang)")
     if log := os.environ.get(HANG_LOG_ENV):
         with open(log, "a") as f:
             f.write(json.dumps(fault_row(res)) + "\n")

@@ -4,6 +4,11 @@ silence inside `check --kind model` or `fault --kind dense,kda,sparse`)."""
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
+
 import pytest
 
 from glm53ctl import output
@@ -35,10 +40,37 @@ def test_the_heaviest_keys_go_first_and_costs_follow_the_tables():
 
 
 @pytest.mark.slow
-def test_a_long_key_says_where_it_is(capsys, monkeypatch):
-    """Every GLM53CTL_HEARTBEAT_S seconds a line from inside the key: where it is and how long it has been there."""
+def test_a_long_key_says_where_it_is(capfd, monkeypatch):
+    """Every GLM53CTL_HEARTBEAT_S seconds a line from inside the key: where it is and how long it has been there
+    (fault's keys run in a worker process: its lines reach the terminal by file descriptor 2)."""
     monkeypatch.setenv("GLM53CTL_HEARTBEAT_S", "0.2")
-    code, _, err = invoke(capsys, "fault", "--kind", "tail", "--tp", "2", "--rows", "8", "--jobs", "1")
+    code, _, err = invoke(capfd, "fault", "--kind", "tail", "--tp", "2", "--rows", "8", "--jobs", "1")
     beats = [ln for ln in err.splitlines() if ln.startswith("    ... tiny/tail/tp2/r8: ")]
     assert code == 0 and beats, err
     assert any(" sites stuck, " in b for b in beats) and all(b.endswith(" in this key") for b in beats), beats
+
+
+BEATING = """
+import sys, time
+from glm53ctl.output import Heartbeat
+with Heartbeat(sys.argv[1] * 300, every=0.0005) as beat:
+    for i in range(400):
+        beat(f"step {i} " + sys.argv[1] * 200)
+        time.sleep(0.001)
+"""
+
+
+def test_workers_heartbeats_never_run_together_on_one_line():
+    """Two workers beating at once into one pipe (the parent's stderr): every line is one worker's, whole."""
+    r, w = os.pipe()
+    procs = [
+        subprocess.Popen([sys.executable, "-c", BEATING, name], stderr=w, stdout=subprocess.DEVNULL) for name in "ab"
+    ]
+    os.close(w)
+    with os.fdopen(r) as f:
+        lines = f.read().splitlines()
+    assert all(p.wait() == 0 for p in procs)
+    whole = re.compile(r"    \.\.\. (a{300}|b{300}): (starting|step \d+ (a{200}|b{200})), 0:0\d in this key")
+    assert len(lines) > 20 and all(whole.fullmatch(line) and len(set(line[8:308])) == 1 for line in lines), [
+        line[:80] for line in lines if not whole.fullmatch(line)
+    ][:3]
