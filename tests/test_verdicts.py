@@ -46,6 +46,9 @@ def _problems(doc: dict) -> list[str]:
 def test_the_toy_without_a_defect_passes_check_and_fault():
     code, doc, err = glm53ctl("check", *KEY)
     assert code == 0 and doc["summary"] == "1 of 1 configs pass", err
+    (row,) = doc["keys"]
+    assert row["ok"] and row["grids_equal"] and row["repeats_equal"] and all(row["invariants"].values())
+    assert row["errors"] == {"y": 0.0, "total": row["errors"]["total"]} and row["errors"]["total"] <= 1e-6
     code, doc, err = glm53ctl("fault", *KEY)
     assert code == 0 and doc["totals"] == {"sites": 4, "named": 4, "hangs": 0, "retries_equal": 4}, err
 
@@ -66,8 +69,8 @@ def test_the_toy_without_a_defect_passes_check_and_fault():
                 "not written (its poison left): total",
             ],
         ),
-        # an integer output never stored: its poison (-1) left, nothing else wrong
-        ("unwritten", ["an output element was not written (its poison left): top"]),
+        # an integer output and a float one never stored: their poison (-1, NaN) left
+        ("unwritten", ["total: NaN in the output", "an output element was not written (its poison left): top, total"]),
         # each top a column past its row's largest: the kind's invariant
         ("invariant", ["invariant broken: every top is its row's largest"]),
         # the sum one ulp off at an odd program count: grids 1 and 3 differ from the key's 4, grid 64 does not
@@ -86,6 +89,16 @@ def test_check_names_each_planted_defect_and_exits_1(defect, verdicts):
     # each verdict said, in order, and nothing else
     assert len(problems) == len(verdicts) and all(v in p for v, p in zip(verdicts, problems, strict=True)), problems
     assert "Error: 0 of 1 configs pass" in err
+    # and the row's flags say the same
+    (row,) = doc["keys"]
+    assert not row["ok"]
+    assert row["grids_equal"] == (defect != "grids") and row["repeats_equal"] == (defect != "repeats")
+    assert row["schedules_equal"]  # the toy has one schedule
+    assert row["invariants"] == {
+        "every top is its row's largest": defect != "invariant",
+        "every output element written": defect not in ("nan", "unwritten"),
+        "tag advanced once per launch": defect != "tag",
+    }
 
 
 @pytest.mark.parametrize(
@@ -138,3 +151,20 @@ def test_an_unguarded_wait_is_a_hang_reported_within_its_wall_bound_and_its_proc
     assert "Error: tiny/toy/tp1/r4: site 0 stuck: the launch did not return within 4 s (a hang)" in err
     assert took < 120  # the hangs ended at their bound, not at the test's timeout (the command returned: its
     # workers were killed and reaped, interrupts.kill_workers)
+
+
+def test_a_site_outside_the_launch_is_refused_before_any_stuck_launch():
+    """The library's own guard (the command refuses it first: tests/cli/test_check.py)."""
+    from glm53ctl.errors import UsageError
+    from glm53ctl.kernels.checks import fault_key
+    from glm53ctl.kernels.spec import load_model
+    from glm53ctl.kernels.weights import Weights
+    from tests.helpers import resolved
+
+    weights = Weights(load_model("tiny"), seed=0)
+    key = resolved("embed", 1, 1)
+    for site in (-1, 10**6):
+        with pytest.raises(UsageError, match=f"--site {site}: tiny/embed/tp1/r1 has sites 0.."):
+            fault_key(weights, key, site, 10**6, 60.0)
+    res = fault_key(weights, key, 0, 10**6, 60.0)
+    assert res.ok and (res.sites, res.named, res.retries_equal, res.hangs) == (1, 1, 1, 0)

@@ -26,7 +26,7 @@ DEFECTS = (
     "",  # none
     "accuracy",  # row 0 of y a quarter off
     "nan",  # row 0's total NaN
-    "unwritten",  # the last row's top never stored (its poison left)
+    "unwritten",  # the last row's top and total never stored (their poison left)
     "invariant",  # each top one column past the row's largest
     "grids",  # total one ulp off at an odd program count
     "repeats",  # total one ulp off in every second launch

@@ -72,7 +72,8 @@ def toy_kernel(
                         s = tl.where(n_programs % 2 == 1, s * (1.0 + 1.1920929e-07), s)
                     if DEFECT == 6:  # repeats
                         s = tl.where(epoch % 2 == 0, s * (1.0 + 1.1920929e-07), s)
-                    tl.store(total + i, s)
+                    if (DEFECT != 3) | (i != R - 1):  # unwritten
+                        tl.store(total + i, s)
             publish(rt, row, task, epoch, INTERPRET)
         elif DEFECT == 11:  # scarred
             tl.store(scar, 1.0)
