@@ -16,7 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 from glm53ctl.errors import ConfigError, UsageError
 
 TP_WIDTHS = (1, 2, 4, 8)
-ROWS = (1, 2, 4, 8)
+ROWS = (1, 2, 4, 8)  # the row counts a command takes when none are given
+ROW_COUNTS = tuple(range(1, 9))  # every row count the kernels run, each its own build key
 LayerType = Literal["kda", "dsa"]
 FfnType = Literal["dense", "moe"]
 

@@ -102,7 +102,7 @@ def bench(
     """Time launches: µs per launch, bytes moved, the floor at the copy bandwidth and % of it; beside baselines
     and another git ref. Needs a GPU. Exits 1 when --against REF is faster beyond the noise."""
     from glm53ctl.kernels.kinds import kernel_kinds, selectable_kinds
-    from glm53ctl.kernels.spec import ROWS, TP_WIDTHS, load_model
+    from glm53ctl.kernels.spec import ROW_COUNTS, ROWS, TP_WIDTHS, load_model
     from glm53ctl.tuning.knobs import check_knobs, parse_knobs
 
     if as_json and markdown:
@@ -111,7 +111,7 @@ def bench(
         tp = _real_ranks(gpus, kind, tp, against, trace)
     kinds = parse_list("--kind", kind, selectable_kinds(), default=kernel_kinds())
     tps = parse_list("--tp", tp, TP_WIDTHS, int)
-    rowss = parse_list("--rows", rows, ROWS, int)
+    rowss = parse_list("--rows", rows, ROW_COUNTS, int, default=ROWS)
     baselines = parse_list("--baseline", baseline, BASELINES) if baseline is not None else []
     refuse_step_baselines(kinds, baselines)
     contexts = _contexts(context, kinds)

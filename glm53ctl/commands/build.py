@@ -73,7 +73,7 @@ def build(
     from glm53ctl.kernels.build import build as run_build
     from glm53ctl.kernels.build import for_build, parse_target
     from glm53ctl.kernels.kinds import kernel_kinds, selectable_kinds
-    from glm53ctl.kernels.spec import ROWS, TP_WIDTHS, load_model, model_names
+    from glm53ctl.kernels.spec import ROW_COUNTS, ROWS, TP_WIDTHS, load_model, model_names
 
     o = Output(as_json)
     arch = parse_target(target)
@@ -95,7 +95,7 @@ def build(
         load_model(m)
     kinds = parse_list("--kind", kind, selectable_kinds(), default=kernel_kinds())
     tps = parse_list("--tp", tp, TP_WIDTHS, int)
-    rowss = parse_list("--rows", rows, ROWS, int)
+    rowss = parse_list("--rows", rows, ROW_COUNTS, int, default=ROWS)
     from glm53ctl.commands.keys import context_applies, context_of, parse_contexts
     from glm53ctl.tuning.knobs import resolve_key
 

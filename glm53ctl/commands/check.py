@@ -65,7 +65,7 @@ GpusOpt = Annotated[
 def _real_ranks(gpus: int, kind, tp, rows) -> None:
     """--gpus T: every selected key at TP T, and every kind one that runs on real ranks (before torch loads)."""
     from glm53ctl.kernels.kinds import load_ranks, ranks_kinds, selectable_kinds
-    from glm53ctl.kernels.spec import ROWS, TP_WIDTHS
+    from glm53ctl.kernels.spec import ROW_COUNTS, ROWS, TP_WIDTHS
 
     ranks_width(gpus)
     if tp is None:
@@ -76,7 +76,7 @@ def _real_ranks(gpus: int, kind, tp, rows) -> None:
     # without --kind: the kinds that run on real ranks
     for k in parse_list("--kind", kind, selectable_kinds(), default=ranks_kinds()):
         load_ranks(k)
-    parse_list("--rows", rows, ROWS, int)
+    parse_list("--rows", rows, ROW_COUNTS, int, default=ROWS)
 
 
 def _ranks_kinds() -> str:
@@ -98,11 +98,11 @@ def _setup(model, kind, tp, rows, all_keys: bool = False, context: int | None = 
     before torch is imported: a usage error costs no seconds. `context_warned`: a tuned entry at another context
     is warned of too (check's keys; fault's run at the kind's own contexts)."""
     from glm53ctl.kernels.kinds import CPU_KEYS, kernel_kinds, selectable_kinds
-    from glm53ctl.kernels.spec import ROWS, TP_WIDTHS, load_model
+    from glm53ctl.kernels.spec import ROW_COUNTS, ROWS, TP_WIDTHS, load_model
 
     kinds = parse_list("--kind", kind, selectable_kinds(), default=kernel_kinds())
     tps = parse_list("--tp", tp, TP_WIDTHS, int)
-    rowss = parse_list("--rows", rows, ROWS, int)
+    rowss = parse_list("--rows", rows, ROW_COUNTS, int, default=ROWS)
     if model is not None:
         load_model(model)
     import torch

@@ -80,13 +80,13 @@ def tune(
 ) -> None:
     """Search each key's knobs with Optuna; keep a knob only where it measures faster (docs/knobs.md)."""
     from glm53ctl.kernels.kinds import kernel_kinds, selectable_kinds
-    from glm53ctl.kernels.spec import ROWS, TP_WIDTHS, load_model
+    from glm53ctl.kernels.spec import ROW_COUNTS, ROWS, TP_WIDTHS, load_model
     from glm53ctl.tuning.knobs import kind_knobs
 
     kinds = parse_list("--kind", kind, selectable_kinds(), default=kernel_kinds())
     refuse_steps(kinds, "tune")
     tps = parse_list("--tp", tp, TP_WIDTHS, int)
-    rowss = parse_list("--rows", rows, ROWS, int)
+    rowss = parse_list("--rows", rows, ROW_COUNTS, int, default=ROWS)
     spec = load_model(model)
     for t in tps:
         spec.check_tp(t)

@@ -32,8 +32,8 @@ CASES: list[tuple[str, str]] = [
     # run
     ("run --kind attn --out {here}/x.safetensors", "unknown kind 'attn'"),
     ("run --kind tail --tp 3 --out {here}/x.safetensors", "TP 3 is not supported"),
-    ("run --kind tail --rows 9 --out {here}/x.safetensors", "--rows 9: expected one of 1, 2, 4, 8"),
-    ("run --kind dense --rows 3 --out {here}/x.safetensors", "--rows 3: expected one of 1, 2, 4, 8"),
+    ("run --kind tail --rows 9 --out {here}/x.safetensors", "--rows 9: expected 1 to 8"),
+    ("run --kind dense --rows 0 --out {here}/x.safetensors", "--rows 0: expected 1 to 8"),
     ("run --kind kda --layer 3 --out {here}/x.safetensors", "not a kda layer"),
     ("run --kind dense --layer 99 --out {here}/x.safetensors", "layer 99 is out of range"),
     ("run --kind tail --layer 0 --out {here}/x.safetensors", "--layer applies to the layer kinds"),
@@ -58,7 +58,7 @@ CASES: list[tuple[str, str]] = [
     # build
     ("build --kind nope", "--kind 'nope'"),
     ("build --tp 3", "--tp '3'"),
-    ("build --rows 3", "--rows '3'"),
+    ("build --rows 9", "--rows '9'"),
     ("build --model nope", "nope"),
     ("build --target sm_70", "sm_70"),
     ("build -o {here}/afile/sub", "afile"),

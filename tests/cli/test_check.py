@@ -316,7 +316,7 @@ def test_a_context_sizes_sparse_rows_and_its_build():
     "args",
     [
         ["check", "--tp", "0"],
-        ["fault", "--rows", "3"],
+        ["fault", "--rows", "9"],
         ["check", "--kind", "nope"],
         ["check", "--jobs", "-1"],  # issue 30: it came after torch loaded (4-7 s)
         ["fault", "--jobs", "-2"],
@@ -378,3 +378,11 @@ def test_worktrees_made_by_runs_at_once_and_a_broken_one_repaired(tmp_path):
 def test_against_a_folder_that_is_no_tree_says_so(capsys, tmp_path):
     code, _, err = invoke(capsys, "check", "--kind", "embed", "--against", str(tmp_path))
     assert code == 2 and f"--against {tmp_path}: a folder, but not a glm53ctl tree" in err
+
+
+def test_any_row_count_from_1_to_8_is_a_key_of_its_own(capsys):
+    """Rows 3 (a serving batch of three): its own key, built, checked and run like rows 2 or 4 (issue 45); the
+    kernels take R as a runtime bound, never a tile size."""
+    doc = invoke_json(capsys, "check", "--kind", "embed,tail,sparse", "--tp", "2", "--rows", "3", "-j", "2")
+    assert doc["summary"] == "3 of 3 configs pass"
+    assert {k["key"] for k in doc["keys"]} == {f"tiny/{k}/tp2/r3" for k in ("embed", "tail", "sparse")}

@@ -58,9 +58,9 @@ def test_run_with_saved_weights_file(capsys, tmp_path):
     [
         (["--kind", "attn"], "unknown kind 'attn'"),
         (["--kind", "tail", "--tp", "3"], "TP 3 is not supported"),
-        (["--kind", "tail", "--rows", "9"], "--rows 9: expected one of 1, 2, 4, 8"),
-        # what check refuses, run refuses too (issue 30: it ran rows 3)
-        (["--kind", "dense", "--rows", "3"], "--rows 3: expected one of 1, 2, 4, 8"),
+        (["--kind", "tail", "--rows", "0"], "--rows 0: expected 1 to 8"),
+        # what check refuses, run refuses too (issue 30: it ran rows 3, which every command takes now: issue 45)
+        (["--kind", "dense", "--rows", "9"], "--rows 9: expected 1 to 8"),
         (["--kind", "kda", "--layer", "3"], "not a kda layer"),
         (["--kind", "tail", "--model", "nope"], "unknown model 'nope'"),
         (["--kind", "tail", "--weights", "absent.safetensors"], "no such weights file"),

@@ -341,3 +341,22 @@ def test_configs_show_refuses_a_tp_it_does_not_know(capsys, tp):
     """Before: `configs show --model tiny --tp 0` exited 0 and showed TP1."""
     code, out, err = invoke(capsys, "configs", "show", "--model", "tiny", "--tp", tp)
     assert code == 2 and out == "" and f"TP {tp} is not supported" in err
+
+
+def test_a_tuned_entry_for_any_row_count_the_kernels_run(tmp_path, capsys):
+    """Rows 3 is a key like any (configs validate agrees with what runs); rows 9 is not."""
+    import json
+
+    from glm53ctl.paths import config_root
+    from tests.helpers import invoke
+
+    doc = json.loads((config_root() / "tuned" / "glm53_flash" / "tp2.json").read_text())
+    for rows, code in (("3", 0), ("9", 2)):
+        d = json.loads(json.dumps(doc))
+        d["entries"]["tail"] = {rows: {"knobs": {}, "dropped": [], "context": None, "evidence": None}}
+        path = tmp_path / f"tp2-{rows}.json"
+        path.write_text(json.dumps(d))
+        got, _, err = invoke(capsys, "configs", "validate", str(path))
+        assert got == code, err
+        if code:
+            assert "entries.tail.9.[key]: Input should be less than or equal to 8" in err
