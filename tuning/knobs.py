@@ -69,9 +69,11 @@ def resolve_key(
     capability or Triton minor version; with `context_warned`, for a kind that reads caches, an entry tuned at
     another context than `context`, None being the check's contexts) and the command prints them once."""
     from glm53ctl.kernels.kinds import get_kind
+    from glm53ctl.kernels.kinds.dims import check_runs
     from glm53ctl.kernels.spec import load_model
 
     entry, spec = get_kind(kind), load_model(model)  # a model by name or by its .toml's path: its name's file
+    check_runs(spec, kind, tp)  # a model the kernels cannot run: exit 2 before anything is built or launched
     knobs, source, said = _tuned(spec.name, kind, tp, rows, entry.defaults(), device, context, context_warned)
     knobs = {**knobs, **(overrides or {})}
     check_knobs(kind, knobs)

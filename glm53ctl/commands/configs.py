@@ -200,6 +200,42 @@ def _validate_one(path: Path) -> int | None:
     raise ConfigError(f"{path}: not a config file (expected .toml or .json)")
 
 
+def _kernels_of(path: Path) -> dict:
+    """A valid model file: per kind with kernels, the TP widths its kernels run it at, and for each width they do
+    not, the first rule it breaks (kinds/dims.py)."""
+    from glm53ctl.kernels.kinds import kernel_kinds
+    from glm53ctl.kernels.kinds.dims import runnable
+    from glm53ctl.kernels.spec import TP_WIDTHS, load_model_file
+
+    spec = load_model_file(path)
+    out = {}
+    for kind, per_tp in runnable(spec, [*kernel_kinds(), "model"], TP_WIDTHS).items():
+        out[kind] = {
+            "tp": [t for t, bad in per_tp.items() if not bad],
+            "not": {t: str(bad[0]) for t, bad in per_tp.items() if bad},
+        }
+    return out
+
+
+def _kernels_said(kernels: dict) -> str:
+    """'the kernels of every kind run it at TP 1/2/4/8', or per kind where they differ."""
+    widths = {k: f"TP {'/'.join(map(str, v['tp']))}" if v["tp"] else "no TP width" for k, v in kernels.items()}
+    if len(set(widths.values())) == 1:
+        return f"the kernels of every kind run it at {next(iter(widths.values()))}"
+    return "the kernels run it: " + ", ".join(f"{k} at {w}" for k, w in widths.items())
+
+
+def _why_not(kernels: dict) -> list[str]:
+    """Per kind, each rule its kernels break, with the widths where it does: one line each."""
+    lines = []
+    for kind, k in kernels.items():
+        by_why: dict[str, list[int]] = {}
+        for t, why in k["not"].items():
+            by_why.setdefault(why, []).append(t)
+        lines += [f"{kind} at TP {'/'.join(map(str, ts))}: {why}" for why, ts in by_why.items()]
+    return lines
+
+
 def _older(schema: int | None) -> bool:
     """A tuned file at an older schema: it reads (migrated in memory), and `configs migrate` rewrites it."""
     return schema is not None and schema < tuned.SCHEMA_VERSION
@@ -219,13 +255,16 @@ def validate(
     for p in files:
         try:
             schema = _validate_one(p)
+            kernels = _kernels_of(p) if p.suffix == ".toml" else None
+            said = f"ok, schema v{schema}: wants migrating" if _older(schema) else "ok"
             results.append(
                 {
                     "file": str(p),
                     "ok": True,
                     "error": None,
                     "schema_version": schema,
-                    "result": f"ok, schema v{schema}: wants migrating" if _older(schema) else "ok",
+                    "result": said + (f"; {_kernels_said(kernels)}" if kernels else ""),
+                    **({"kernels": kernels} if kernels else {}),
                 }
             )
         except ConfigError as e:
@@ -241,6 +280,9 @@ def validate(
             f"{r['file']}: schema v{r['schema_version']}: `glm53ctl configs migrate {r['file']}` brings it to "
             f"v{tuned.SCHEMA_VERSION}"
         )
+    for r in results:  # a model file the kernels cannot run everywhere: why, per kind and width, one line each
+        for line in _why_not(r.get("kernels") or {}):
+            out.text(f"{r['file']}: {line}")
     if any(not r["ok"] for r in results):
         raise typer.Exit(2)
     out.text(

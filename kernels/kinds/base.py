@@ -94,6 +94,7 @@ class Kind:
     # (kernels/runtime/ranks.py); None: the kind runs on one device only (its peers emulated) so far
     ranks: Callable[[], Callable] | None = None
     colour: str = "#dd8452"  # its segments in a step's picture (bench --save)
+    dims: tuple = ()  # what its kernels need of a model's dimensions (kinds/dims.py `Dim`)
 
     @property
     def has_kernels(self) -> bool:
@@ -110,10 +111,12 @@ class Kind:
 
 
 def facts(module) -> dict:
-    """A kind folder's facts (its __init__.py: KNOBS, RUNTIME, RUNTIME_DEFAULTS, BOUNDS) as `Kind` fields."""
+    """A kind folder's facts (its __init__.py: KNOBS, RUNTIME, RUNTIME_DEFAULTS, BOUNDS, and DIMS where its kernels
+    need more of a model than TP sharding) as `Kind` fields."""
     return {
         "knobs": module.KNOBS,
         "runtime": module.RUNTIME,
         "runtime_defaults": MappingProxyType(module.RUNTIME_DEFAULTS),
         "bounds": MappingProxyType(module.BOUNDS),
+        "dims": getattr(module, "DIMS", ()),
     }

@@ -6,6 +6,7 @@ Knob defaults: the best of the H200 sweeps and traces in docs/perf/dense.md.
 """
 
 from glm53ctl.kernels.kinds.base import LAUNCH, Knob
+from glm53ctl.kernels.kinds.dims import Dim, exactly, power_of_two, power_of_two_or_multiple
 
 KNOBS = (
     LAUNCH,
@@ -143,3 +144,34 @@ BOUNDS = {
     "kda.conv": 1e-2,
     "kda.recurrent": 1e-2,
 }
+
+# what the layer kernel needs of every layer's dimensions (layer/table.py `Dims` asserts the K tiles; block_k 128
+# and ksplit 2, the defaults, set the multiples; a folded norm sums four streams)
+LAYER_DIMS = (
+    # the column chunks (chunk_cols) and the router's four K slices of whole block_k tiles
+    Dim("model.hidden_size", power_of_two_or_multiple(128, 512), "the column chunks and the router's K slices"),
+    Dim("mhc.streams", exactly(4), "a GEMV with the norm folded in sums four streams a row"),
+    Dim("kda.gate_rank", power_of_two_or_multiple(16, 128), "the gates' GEMV K tiles"),
+)
+KDA_DIMS = (
+    Dim("kda.head_dim", power_of_two(4), "the KDA recurrence's tl.arange over a head"),
+    Dim(
+        "kda.heads",
+        power_of_two_or_multiple(16, 256),
+        "o_proj's K slices of whole tiles",
+        per_rank=True,
+        times="kda.head_dim",
+    ),  # fmt: skip
+)
+DIMS = (
+    LAYER_DIMS
+    + KDA_DIMS
+    + (
+        Dim(
+            "moe.dense_intermediate_size",
+            power_of_two_or_multiple(16, 256),
+            "down_proj's K slices of whole tiles",
+            per_rank=True,
+        ),  # fmt: skip
+    )
+)

@@ -14,8 +14,9 @@ attention half and the FFN gate here (no expert folds the norm: each reads x̂ a
 
 from glm53ctl.kernels.kinds.base import Knob
 from glm53ctl.kernels.kinds.dense import BOUNDS as DENSE_BOUNDS
+from glm53ctl.kernels.kinds.dense import KDA_DIMS, LAYER_DIMS, RUNTIME, RUNTIME_DEFAULTS
 from glm53ctl.kernels.kinds.dense import KNOBS as DENSE_KNOBS
-from glm53ctl.kernels.kinds.dense import RUNTIME, RUNTIME_DEFAULTS
+from glm53ctl.kernels.kinds.dims import Dim, Rule, exactly
 
 __all__ = ["BOUNDS", "KNOBS", "RUNTIME", "RUNTIME_DEFAULTS"]
 
@@ -32,3 +33,17 @@ KNOBS = DENSE_KNOBS + (
 # the routing weights follow x̂ through the router (the launch's x̂ is the launch's, as ffn.x_hat's bound says;
 # tiny measured 5e-4 to 1e-3); the routed ids are checked exactly (check's routing invariants)
 BOUNDS = DENSE_BOUNDS | {"moe.weights": 1e-2}
+
+# an expert's down GEMV: one K slice of whole block_k tiles, and its output tile (32768 // I, at most 128 rows) a
+# power of two: I up to 256 a power of two, or a multiple of 128 from 512 up (block_n_down 0, the default)
+EXPERT_DOWN = Rule(
+    lambda i: (i >= 16 and i <= 256 and i & (i - 1) == 0) or (i >= 512 and i % 128 == 0),
+    "a power of two from 16 to 256, or a multiple of 128 from 512 up",
+)
+MOE_DIMS = (
+    Dim(
+        "moe.intermediate_size", EXPERT_DOWN, "an expert's down GEMV: its K tiles and its output tile", per_rank=True
+    ),  # fmt: skip
+    Dim("moe.n_group", exactly(1), "the launch routes by a plain top-k, with no expert groups"),
+)
+DIMS = LAYER_DIMS + KDA_DIMS + MOE_DIMS

@@ -5,6 +5,7 @@ sweeps in docs/perf/tail.md (TP4/TP8, rows 1/8).
 """
 
 from glm53ctl.kernels.kinds.base import LAUNCH, Knob
+from glm53ctl.kernels.kinds.dims import Dim, exactly, power_of_two
 
 KNOBS = (
     LAUNCH,
@@ -40,3 +41,8 @@ RUNTIME = ("grid", "warps", "handoff", "poll", "stages")
 RUNTIME_DEFAULTS = {"stages": 3}
 # a GEMV over bf16 inputs with fp32 accumulation: a few bf16 roundings (about 2^-9 each)
 BOUNDS = {"h_hat": 1e-2, "logits": 1e-2}
+DIMS = (
+    # the final norm's tl.arange over the row; a PDL-chained step's prefetch of D * 2 // 128 lines
+    Dim("model.hidden_size", power_of_two(64), "the final norm's tl.arange over the hidden size"),
+    Dim("mhc.streams", exactly(4), "lm_head with the norm folded in sums four streams a row"),
+)

@@ -1,0 +1,151 @@
+"""What a kind's kernels need of a model's dimensions (issue 45): each kind's folder declares its rules (`DIMS` in
+its __init__.py, read by the registry), each a model field, per rank or whole, and what its value must be. A
+model file the kernels cannot run is refused by every command before it launches (exit 2: the dimension, the
+rule, the nearest valid value), and `configs validate` says which kinds and TP widths a model file can run.
+
+The rules are the kernels' at their default knobs (a tuned knob can only narrow them, and its key's tables
+assert the rest when they are built): a `tl.arange` over the dimension needs a power of two; a GEMV's K slices
+must be whole K tiles (`layer/table.py` `Dims`: block_k 128, ksplit 2); `tl.dot` needs K of 16 or more; the
+norm folded into a GEMV sums exactly four streams.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from glm53ctl.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What a value must be: `holds(v)`, and `says`, in words."""
+
+    holds: Callable[[int], bool]
+    says: str
+
+
+def _pow2(v: int) -> bool:
+    return v > 0 and v & (v - 1) == 0
+
+
+def power_of_two(least: int = 1) -> Rule:
+    return Rule(lambda v: _pow2(v) and v >= least, "a power of two" + (f" ≥ {least}" if least > 1 else ""))
+
+
+def power_of_two_or_multiple(least: int, multiple: int) -> Rule:
+    """Whole K tiles: a power of two from `least` (one tile of itself), or whole tiles of `multiple`."""
+    return Rule(
+        lambda v: (_pow2(v) and v >= least) or (v > 0 and v % multiple == 0),
+        f"a power of two ≥ {least} or a multiple of {multiple}",
+    )
+
+
+def power_of_two_below(bound: int) -> Rule:
+    """A tile of min(bound, v): a power of two below `bound`, anything from it up (masked)."""
+    return Rule(lambda v: v >= bound or _pow2(v), f"a power of two, or {bound} or more")
+
+
+def multiple_of(n: int) -> Rule:
+    return Rule(lambda v: v > 0 and v % n == 0, f"a multiple of {n}")
+
+
+def exactly(n: int) -> Rule:
+    return Rule(lambda v: v == n, f"{n}")
+
+
+@dataclass(frozen=True)
+class Dim:
+    """One rule of a kind's kernels on a model dimension. `field`: the model file's key (`moe.intermediate_size`);
+    `per_rank`: the rule is on the field divided by the TP width; `of`: the value a product of fields (a
+    projection's K width: heads x head_dim); `why`: where the kernels need it."""
+
+    field: str
+    rule: Rule
+    why: str
+    per_rank: bool = False
+    times: str | None = None  # a second field the value is multiplied by (heads x head_dim)
+
+    def value(self, spec, tp: int) -> int:
+        v = _get(spec, self.field) * (_get(spec, self.times) if self.times else 1)
+        return v // tp if self.per_rank else v
+
+    def name(self) -> str:
+        whole = self.field + (f" × {self.times}" if self.times else "")
+        return f"{whole} / TP" if self.per_rank else whole
+
+    def nearest(self, spec, tp: int) -> int | None:
+        """The nearest value of `field` (the others as they are) that holds at this width, None past twice it."""
+        v = _get(spec, self.field)
+        other = _get(spec, self.times) if self.times else 1
+        step = tp if self.per_rank else 1
+        for d in range(0, 2 * v + 1):
+            for w in (v - d, v + d):
+                if w > 0 and w % step == 0 and self.rule.holds(w * other // (tp if self.per_rank else 1)):
+                    return w
+        return None
+
+
+def _get(spec, field: str) -> int:
+    group, name = field.split(".")
+    return getattr(getattr(spec, group), name)
+
+
+@dataclass(frozen=True)
+class Broken:
+    """A rule a model breaks at a TP width, in words: `model.hidden_size = 100: tail needs a power of two ≥ 64
+    (...); nearest 128`."""
+
+    kind: str
+    tp: int
+    dim: Dim
+    value: int  # what the rule judged (per rank, or the product)
+    whole: int  # the field's value in the model file
+    nearest: int | None
+
+    def __str__(self) -> str:
+        d = self.dim
+        said = f"{d.field} = {self.whole}"
+        if d.per_rank or d.times:
+            said = f"{d.name()} = {self.value}" + (f" at TP {self.tp}" if d.per_rank else "") + f" ({said})"
+        near = f"; nearest {d.field} = {self.nearest}" if self.nearest is not None else ""
+        return f"{said}: {self.kind} needs {d.rule.says} ({d.why}){near}"
+
+
+def broken(spec, kind: str, tp: int) -> list[Broken]:
+    """The rules of `kind`'s kernels (a step's: every part's, and its own) that `spec` breaks at TP `tp`."""
+    from glm53ctl.kernels.kinds import get_kind
+
+    entry = get_kind(kind)
+    out = []
+    for name in (kind, *entry.parts):
+        for dim in get_kind(name).dims:
+            v = dim.value(spec, tp)
+            if not dim.rule.holds(v):
+                who = name if name == kind else f"{kind} ({name})"
+                out.append(Broken(who, tp, dim, v, _get(spec, dim.field), dim.nearest(spec, tp)))
+    return list({str(b): b for b in out}.values())
+
+
+def check_runs(spec, kind: str, tp: int) -> None:
+    """Exit 2 before anything launches where `kind`'s kernels cannot run `spec` at TP `tp`."""
+    bad = broken(spec, kind, tp)
+    if bad:
+        raise UsageError(
+            f"model {spec.name!r} cannot run on the {kind} kernels at TP {tp}: "
+            + "; ".join(str(b) for b in bad[:3])
+            + (f"; and {len(bad) - 3} more" if len(bad) > 3 else ""),
+            hint="`glm53ctl configs validate FILE` says which kinds and TP widths a model file can run; "
+            "the reference backend (`run --backend reference`) runs any",
+        )
+
+
+def runnable(spec, kinds: list[str], tps: tuple[int, ...]) -> dict[str, dict[int, list[Broken]]]:
+    """Per kind, per TP width that shards the model: what it breaks there (empty: it runs)."""
+    out: dict[str, dict[int, list[Broken]]] = {}
+    for kind in kinds:
+        out[kind] = {}
+        for tp in tps:
+            if all(v % tp == 0 for v in spec.sharded_dims().values()):
+                out[kind][tp] = broken(spec, kind, tp)
+    return out
