@@ -242,17 +242,23 @@ def _hang(res: FaultResult, site: int, wall_s: float) -> None:
 
     from glm53ctl.interrupts import whole_line
 
-    res.hangs += 1
-    res.worst_s = max(res.worst_s, wall_s)
-    left = range(site + 1, res.sites_total)
-    later = {0: "", 1: f"; site {site + 1} not tried"}.get(len(left), f"; sites {site + 1}..{left[-1]} not tried")
-    res.problems.append(f"site {site}: the launch did not return within {wall_s:g} s (a hang){later}")
-    # stderr: under --json stdout carries the document alone
-    whole_line(f"Error: {res.key}: site {site} stuck: the launch did not return within {wall_s:g} s (a hang)")
-    if log := os.environ.get(HANG_LOG_ENV):
-        with open(log, "a") as f:
-            f.write(json.dumps(fault_row(res)) + "\n")
-    os._exit(1)
+    try:  # whatever goes wrong in saying it, the process ends: a watchdog that raised would leave the hang
+        res.hangs += 1
+        res.worst_s = max(res.worst_s, wall_s)
+        left = range(site + 1, res.sites_total)
+        later = ""
+        if len(left) == 1:
+            later = f"; site {left[0]} not tried"
+        elif left:
+            later = f"; sites {left[0]}..{left[-1]} not tried"
+        res.problems.append(f"site {site}: the launch did not return within {wall_s:g} s (a hang){later}")
+        # stderr: under --json stdout carries the document alone
+        whole_line(f"Error: {res.key}: site {site} stuck: the launch did not return within {wall_s:g} s (a hang)")
+        if log := os.environ.get(HANG_LOG_ENV):
+            with open(log, "a") as f:
+                f.write(json.dumps(fault_row(res)) + "\n")
+    finally:
+        os._exit(1)
 
 
 def fault_row(res: FaultResult) -> dict:

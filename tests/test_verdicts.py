@@ -163,8 +163,16 @@ def test_a_site_outside_the_launch_is_refused_before_any_stuck_launch():
 
     weights = Weights(load_model("tiny"), seed=0)
     key = resolved("embed", 1, 1)
-    for site in (-1, 10**6):
-        with pytest.raises(UsageError, match=f"--site {site}: tiny/embed/tp1/r1 has sites 0.."):
+    for site in (-1, 1, 10**6):  # embed at TP1 rows 1 has one site, 0
+        with pytest.raises(UsageError, match=rf"^--site {site}: tiny/embed/tp1/r1 has sites 0\.\.0$"):
             fault_key(weights, key, site, 10**6, 60.0)
     res = fault_key(weights, key, 0, 10**6, 60.0)
     assert res.ok and (res.sites, res.named, res.retries_equal, res.hangs) == (1, 1, 1, 0)
+
+
+def test_a_hang_at_one_site_asked_for_leaves_no_later_site_untried():
+    """`--site 1`: the run sticks that site alone, so its hang says nothing of sites not tried."""
+    code, doc, err = glm53ctl("fault", *KEY, "--site", "1", "--wall-s", "4", defect="unguarded")
+    assert code == 1, err
+    assert _problems(doc) == ["site 1: the launch did not return within 4 s (a hang)"]
+    assert doc["totals"] == {"sites": 1, "named": 0, "hangs": 1, "retries_equal": 0}
