@@ -86,6 +86,12 @@ class Dim:
         return None
 
 
+def o_proj_width(heads: str, head_dim: str) -> Dim:
+    """o_proj's K, a rank's heads x head_dim: two K slices (ksplit 2) of whole block_k tiles."""
+    why = "o_proj's K slices of whole tiles"
+    return Dim(heads, power_of_two_or_multiple(16, 256), why, per_rank=True, times=head_dim)
+
+
 def _get(spec, field: str) -> int:
     group, name = field.split(".")
     return getattr(getattr(spec, group), name)

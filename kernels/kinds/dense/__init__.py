@@ -6,7 +6,7 @@ Knob defaults: the best of the H200 sweeps and traces in docs/perf/dense.md.
 """
 
 from glm53ctl.kernels.kinds.base import LAUNCH, Knob
-from glm53ctl.kernels.kinds.dims import Dim, exactly, power_of_two, power_of_two_or_multiple
+from glm53ctl.kernels.kinds.dims import Dim, exactly, o_proj_width, power_of_two, power_of_two_or_multiple
 
 KNOBS = (
     LAUNCH,
@@ -155,23 +155,8 @@ LAYER_DIMS = (
 )
 KDA_DIMS = (
     Dim("kda.head_dim", power_of_two(4), "the KDA recurrence's tl.arange over a head"),
-    Dim(
-        "kda.heads",
-        power_of_two_or_multiple(16, 256),
-        "o_proj's K slices of whole tiles",
-        per_rank=True,
-        times="kda.head_dim",
-    ),  # fmt: skip
+    o_proj_width("kda.heads", "kda.head_dim"),
 )
-DIMS = (
-    LAYER_DIMS
-    + KDA_DIMS
-    + (
-        Dim(
-            "moe.dense_intermediate_size",
-            power_of_two_or_multiple(16, 256),
-            "down_proj's K slices of whole tiles",
-            per_rank=True,
-        ),  # fmt: skip
-    )
-)
+# down_proj's K: two K slices (ksplit 2) of whole block_k tiles
+DOWN = Dim("moe.dense_intermediate_size", power_of_two_or_multiple(16, 256), "down_proj's K tiles", per_rank=True)
+DIMS = LAYER_DIMS + KDA_DIMS + (DOWN,)

@@ -41,9 +41,7 @@ EXPERT_DOWN = Rule(
     "a power of two from 16 to 256, or a multiple of 128 from 512 up",
 )
 MOE_DIMS = (
-    Dim(
-        "moe.intermediate_size", EXPERT_DOWN, "an expert's down GEMV: its K tiles and its output tile", per_rank=True
-    ),  # fmt: skip
+    Dim("moe.intermediate_size", EXPERT_DOWN, "an expert's down GEMV: its K and output tiles", per_rank=True),
     Dim("moe.n_group", exactly(1), "the launch routes by a plain top-k, with no expert groups"),
 )
 DIMS = LAYER_DIMS + KDA_DIMS + MOE_DIMS

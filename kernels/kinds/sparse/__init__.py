@@ -11,7 +11,14 @@ Knobs: `kda`'s (those only the KDA attention reads give the same launch here, so
 
 from glm53ctl.kernels.kinds.base import Knob
 from glm53ctl.kernels.kinds.dense import LAYER_DIMS
-from glm53ctl.kernels.kinds.dims import Dim, multiple_of, power_of_two, power_of_two_below, power_of_two_or_multiple
+from glm53ctl.kernels.kinds.dims import (
+    Dim,
+    multiple_of,
+    o_proj_width,
+    power_of_two,
+    power_of_two_below,
+    power_of_two_or_multiple,
+)
 from glm53ctl.kernels.kinds.kda import BOUNDS as KDA_BOUNDS
 from glm53ctl.kernels.kinds.kda import KNOBS as KDA_KNOBS
 from glm53ctl.kernels.kinds.kda import MOE_DIMS, RUNTIME, RUNTIME_DEFAULTS
@@ -44,13 +51,7 @@ DIMS = (
         Dim("mla.kv_lora_rank", power_of_two(16), "the latent's tl.arange and the scores' tl.dot K"),
         Dim("mla.qk_nope_head_dim", power_of_two_or_multiple(16, 128), "the absorb's K tiles within a head"),
         Dim("mla.v_head_dim", power_of_two_below(64), "W_UV's output tile"),
-        Dim(
-            "mla.heads",
-            power_of_two_or_multiple(16, 256),
-            "o_proj's K slices of whole tiles",
-            per_rank=True,
-            times="mla.v_head_dim",
-        ),  # fmt: skip
+        o_proj_width("mla.heads", "mla.v_head_dim"),
         Dim("mla.q_lora_rank", multiple_of(16), "q_b's tl.dot K tile"),
         Dim("indexer.head_dim", power_of_two(16), "the indexer's tl.arange and its scores' tl.dot K"),
         Dim("indexer.heads", power_of_two(), "the indexer's tl.arange over its heads"),
