@@ -56,32 +56,39 @@ def exactly(n: int) -> Rule:
 
 @dataclass(frozen=True)
 class Dim:
-    """One rule of a kind's kernels on a model dimension. `field`: the model file's key (`moe.intermediate_size`);
-    `per_rank`: the rule is on the field divided by the TP width; `of`: the value a product of fields (a
-    projection's K width: heads x head_dim); `why`: where the kernels need it."""
+    """One rule of a kind's kernels on a model dimension. `field`: the model file's key that sets it
+    (`moe.intermediate_size`); `per_rank`: the rule is on the field divided by the TP width; `times`: a second
+    field the value is multiplied by (a projection's K width: heads x head_dim); `of`: the value derived from the
+    whole model instead (its layers' shapes); `why`: where the kernels need it."""
 
     field: str
     rule: Rule
     why: str
     per_rank: bool = False
-    times: str | None = None  # a second field the value is multiplied by (heads x head_dim)
+    times: str | None = None
+    of: Callable | None = None
+    named: str | None = None  # what `of` counts, in words
 
     def value(self, spec, tp: int) -> int:
+        if self.of is not None:
+            return self.of(spec)
         v = _get(spec, self.field) * (_get(spec, self.times) if self.times else 1)
         return v // tp if self.per_rank else v
 
     def name(self) -> str:
+        if self.named:
+            return self.named
         whole = self.field + (f" × {self.times}" if self.times else "")
         return f"{whole} / TP" if self.per_rank else whole
 
     def nearest(self, spec, tp: int) -> int | None:
         """The nearest value of `field` (the others as they are) that holds at this width, None past twice it."""
         v = _get(spec, self.field)
-        other = _get(spec, self.times) if self.times else 1
-        step = tp if self.per_rank else 1
         for d in range(0, 2 * v + 1):
-            for w in (v - d, v + d):
-                if w > 0 and w % step == 0 and self.rule.holds(w * other // (tp if self.per_rank else 1)):
+            for w in dict.fromkeys((v - d, v + d)):
+                if w < 0 or (self.per_rank and w % tp):
+                    continue
+                if self.rule.holds(self.value(_with(spec, self.field, w), tp)):
                     return w
         return None
 
@@ -90,6 +97,12 @@ def o_proj_width(heads: str, head_dim: str) -> Dim:
     """o_proj's K, a rank's heads x head_dim: two K slices (ksplit 2) of whole block_k tiles."""
     why = "o_proj's K slices of whole tiles"
     return Dim(heads, power_of_two_or_multiple(16, 256), why, per_rank=True, times=head_dim)
+
+
+def _with(spec, field: str, value: int):
+    """`spec` with one field changed (not validated: only its dimensions are read)."""
+    group, name = field.split(".")
+    return spec.model_copy(update={group: getattr(spec, group).model_copy(update={name: value})})
 
 
 def _get(spec, field: str) -> int:
@@ -112,7 +125,7 @@ class Broken:
     def __str__(self) -> str:
         d = self.dim
         said = f"{d.field} = {self.whole}"
-        if d.per_rank or d.times:
+        if d.per_rank or d.times or d.of:
             said = f"{d.name()} = {self.value}" + (f" at TP {self.tp}" if d.per_rank else "") + f" ({said})"
         near = f"; nearest {d.field} = {self.nearest}" if self.nearest is not None else ""
         return f"{said}: {self.kind} needs {d.rule.says} ({d.why}){near}"

@@ -6,6 +6,7 @@ parts' launches chain.
 """
 
 from glm53ctl.kernels.kinds.base import Knob
+from glm53ctl.kernels.kinds.dims import Dim, exactly
 
 KNOBS = (
     Knob(
@@ -44,3 +45,23 @@ BOUNDS = {
     "dsa.index_gate": 5e-2,
     "dsa.pooled_key": 5e-2,
 }
+
+
+def _uncovered(spec) -> int:
+    """The step's layers whose shape (attention, FFN) no layer kind's kernels run: a DSA layer with the dense MLP."""
+    from glm53ctl.kernels.kinds import KINDS
+
+    shapes = {k.layer for k in KINDS.values() if k.layer is not None and k.has_kernels}
+    return sum(1 for shape in spec.layers if shape not in shapes)
+
+
+# every layer of the step is one of the layer kinds' shapes (the first DSA layer comes after the dense ones)
+DIMS = (
+    Dim(
+        "model.first_dense_layers",
+        exactly(0),
+        "every layer is one a layer kind runs: no DSA layer with the dense MLP",
+        of=_uncovered,
+        named="layers no layer kind runs",
+    ),
+)
