@@ -51,6 +51,8 @@ def test_the_toy_without_a_defect_passes_check_and_fault():
     assert row["errors"] == {"y": 0.0, "total": row["errors"]["total"]} and row["errors"]["total"] <= 1e-6
     code, doc, err = glm53ctl("fault", *KEY)
     assert code == 0 and doc["totals"] == {"sites": 4, "named": 4, "hangs": 0, "retries_equal": 4}, err
+    (row,) = doc["keys"]
+    assert row["ok"] and 0 < row["worst_s"] < 60  # the slowest stuck launch, in seconds
 
 
 @pytest.mark.parametrize(
