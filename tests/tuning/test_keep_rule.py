@@ -181,6 +181,7 @@ def test_nothing_unproven_reaches_a_tuned_file(weights, tmp_path, monkeypatch):
         )
 
     ev = CheckedOnTheCpu(weights, key, us)
+    assert ev.check(ev.default | {"warps": 8}) is None  # within the registry's bounds: a numeric knob passes
     ev.bounds = dict.fromkeys(ev.bounds, 0.0)
     default = ev.default
     assert {n: default[n] for n in space} == {"block_n": 64, "warps": 4, "gathers": "last", "handoff": "box"}
@@ -195,6 +196,7 @@ def test_nothing_unproven_reaches_a_tuned_file(weights, tmp_path, monkeypatch):
         )
     assert not any(any(k[n] == v for n, v in fast.items()) for k in ev.timed)  # none of them timed
     res = decide(ev, study, default, space, rounds=15, where="at TP2 rows 2")
+    assert res.trials["rejected"] == len([t for t in study.get_trials() if t.state == PRUNED]) == 14
     env = measure.environment("glm53ctl tune --kind tail --tp 2 --rows 2 --write")
     result = {"kind": "tail", "tp": 2, "rows": 2, "space": list(space), "base": {}} | res.to_json()
     (path,), _ = write_results("tiny", [result], env, root=tmp_path)
