@@ -23,7 +23,16 @@ from glm53ctl.errors import Interrupted
 _received: list[str] = []  # the signals that reached this process, by name
 
 # first in a worker's initializer code (a string: it runs before the worker imports any glm53ctl)
-WORKER_INIT = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+# a worker ignores SIGINT (the command stops it), and dies with the command (Linux: PR_SET_PDEATHSIG), so a
+# command killed outright (SIGKILL, a test's timeout) leaves no worker spinning in a hung launch
+WORKER_INIT = """import signal
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+try:
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+except (OSError, AttributeError):
+    pass
+"""
 
 
 def _raise(signum, frame) -> None:

@@ -178,3 +178,56 @@ def test_a_hang_at_one_site_asked_for_leaves_no_later_site_untried():
     assert code == 1, err
     assert _problems(doc) == ["site 1: the launch did not return within 4 s (a hang)"]
     assert doc["totals"] == {"sites": 1, "named": 0, "hangs": 1, "retries_equal": 0}
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+def test_a_command_killed_outright_leaves_no_worker_spinning():
+    """`fault` SIGKILLed (no handler runs: a CI job's timeout, the OOM killer) while its worker spins in an unguarded
+    wait: the worker dies with it (PR_SET_PDEATHSIG), where before it spun on, a core each, for good."""
+    import signal
+
+    env = {
+        **os.environ,
+        "GLM53CTL_KINDS": "tests.toy_kind",
+        "TRITON_INTERPRET": "1",
+        "GLM53CTL_TOY_DEFECT": "unguarded",
+    }
+    cmd = [sys.executable, "-m", "glm53ctl", "fault", *KEY, "--wall-s", "600"]
+    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        workers: list[int] = []
+        while time.monotonic() < deadline and len(workers) < 2:  # the resource tracker and the worker
+            time.sleep(0.5)
+            workers = _children(p.pid)
+        assert workers, "no worker started"
+        time.sleep(8)  # the worker in its stuck launch
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and any(_alive(w) for w in workers):
+            time.sleep(0.5)
+        assert not [w for w in workers if _alive(w)]
+    finally:
+        p.kill()
+        for w in _children(p.pid):
+            os.kill(w, signal.SIGKILL)

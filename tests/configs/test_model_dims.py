@@ -101,13 +101,9 @@ BREAKS = [
     ("mla.q_lora_rank", 100, "sparse", 96),
     ("indexer.head_dim", 24, "sparse", None),
     ("indexer.heads", 6, "sparse", None),
-    ("indexer.kpool", 3, "sparse", None),
-    (
-        "model.first_dense_layers",
-        4,
-        "model",
-        3,
-    ),  # layer 3, the first DSA one, with the dense MLP: no kind runs it  # with indexer.topk 24, a multiple of it (the schema's rule)
+    ("indexer.kpool", 3, "sparse", None),  # with indexer.topk 24, a multiple of it (the schema's rule)
+    # layer 3, the first DSA one, with the dense MLP: no layer kind runs it
+    ("model.first_dense_layers", 4, "model", 3),
 ]
 
 
