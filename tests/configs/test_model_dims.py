@@ -18,6 +18,15 @@ from tests.helpers import invoke, invoke_json
 KINDS = [*kernel_kinds(), "model"]
 
 
+@pytest.fixture(autouse=True)
+def _forget_model_files(monkeypatch):
+    """A model file a command loads by its path is known by its name from then on, in this process: not past
+    this test (`configs show` elsewhere lists the shipped models)."""
+    from glm53ctl.kernels.spec import MODEL_FILES_ENV
+
+    monkeypatch.setenv(MODEL_FILES_ENV, "")
+
+
 def _model(tmp_path: Path, name: str, **changed) -> Path:
     """tiny's file as `name`, with `changed` ("moe.intermediate_size": 96) in it."""
     text = (config_root() / "models" / "tiny.toml").read_text().replace('name = "tiny"', f'name = "{name}"')
