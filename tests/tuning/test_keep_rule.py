@@ -78,10 +78,23 @@ def test_a_knob_that_gives_the_same_launch_is_dropped_as_such(tmp_path):
     default = {"fast": 0, "alias": 0}
     ev = SyntheticEvaluator(lambda k: 97.0 if k["fast"] else 100.0, canonical=lambda k: {"fast": k["fast"]}, seed=3)
     res = _decided(ev, space, default, [(default, 100.0), ({"fast": 1, "alias": 1}, 96.0)], tmp_path)
+    assert res.best_trial == {"number": 1, "us": 96.0, "knobs": {"fast": 1, "alias": 1}}  # the search's fastest
     by = {d.knob: d for d in res.decisions}
     assert not by["alias"].kept and by["alias"].reason == "alias=1: the same launch at TP4"
     assert by["alias"].ratio is None  # not timed
     assert by["fast"].kept and res.kept == {"fast": 1}
+
+
+def test_the_best_few_are_re_measured_not_the_first_alone(tmp_path):
+    """Screening ranked a=1 first (95 µs) and b=1 second (97), but a is no faster than the default re-measured and b
+    is: the top candidates are all measured against the default, and b is the one kept."""
+    space = {"a": (0, 1), "b": (0, 1)}
+    default = {"a": 0, "b": 0}
+    ev = SyntheticEvaluator(lambda k: 97.0 if k["b"] and not k["a"] else 100.0, seed=8)
+    trials = [(default, 100.0), ({"a": 1, "b": 0}, 95.0), ({"a": 0, "b": 1}, 97.0)]
+    res = _decided(ev, space, default, trials, tmp_path)
+    assert [c["knobs"] for c in res.candidates] == [{"a": 1}, {"b": 1}]
+    assert res.kept == {"b": 1}
 
 
 def test_a_knob_the_others_need_is_kept_with_why(tmp_path):
