@@ -25,25 +25,25 @@ class Rule:
     says: str
 
 
-def _pow2(v: int) -> bool:
+def is_power_of_two(v: int) -> bool:
     return v > 0 and v & (v - 1) == 0
 
 
 def power_of_two(least: int = 1) -> Rule:
-    return Rule(lambda v: _pow2(v) and v >= least, "a power of two" + (f" ≥ {least}" if least > 1 else ""))
+    return Rule(lambda v: is_power_of_two(v) and v >= least, "a power of two" + (f" ≥ {least}" if least > 1 else ""))
 
 
 def power_of_two_or_multiple(least: int, multiple: int) -> Rule:
     """Whole K tiles: a power of two from `least` (one tile of itself), or whole tiles of `multiple`."""
     return Rule(
-        lambda v: (_pow2(v) and v >= least) or (v > 0 and v % multiple == 0),
+        lambda v: (is_power_of_two(v) and v >= least) or (v > 0 and v % multiple == 0),
         f"a power of two ≥ {least} or a multiple of {multiple}",
     )
 
 
 def power_of_two_below(bound: int) -> Rule:
     """A tile of min(bound, v): a power of two below `bound`, anything from it up (masked)."""
-    return Rule(lambda v: v >= bound or _pow2(v), f"a power of two, or {bound} or more")
+    return Rule(lambda v: v >= bound or is_power_of_two(v), f"a power of two, or {bound} or more")
 
 
 def multiple_of(n: int) -> Rule:

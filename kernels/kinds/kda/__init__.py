@@ -16,7 +16,7 @@ from glm53ctl.kernels.kinds.base import Knob
 from glm53ctl.kernels.kinds.dense import BOUNDS as DENSE_BOUNDS
 from glm53ctl.kernels.kinds.dense import KDA_DIMS, LAYER_DIMS, RUNTIME, RUNTIME_DEFAULTS
 from glm53ctl.kernels.kinds.dense import KNOBS as DENSE_KNOBS
-from glm53ctl.kernels.kinds.dims import Dim, Rule, exactly
+from glm53ctl.kernels.kinds.dims import Dim, Rule, exactly, is_power_of_two
 
 __all__ = ["BOUNDS", "KNOBS", "RUNTIME", "RUNTIME_DEFAULTS"]
 
@@ -37,7 +37,7 @@ BOUNDS = DENSE_BOUNDS | {"moe.weights": 1e-2}
 # an expert's down GEMV: one K slice of whole block_k tiles, and its output tile (32768 // I, at most 128 rows) a
 # power of two: I up to 256 a power of two, or a multiple of 128 from 512 up (block_n_down 0, the default)
 EXPERT_DOWN = Rule(
-    lambda i: (i >= 16 and i <= 256 and i & (i - 1) == 0) or (i >= 512 and i % 128 == 0),
+    lambda i: (16 <= i <= 256 and is_power_of_two(i)) or (i >= 512 and i % 128 == 0),
     "a power of two from 16 to 256, or a multiple of 128 from 512 up",
 )
 MOE_DIMS = (
