@@ -1,10 +1,14 @@
 """The glm53ctl command line. `main()` is the only error boundary.
 
-No module-level torch/triton/optuna here or in commands/: `--help` stays fast.
+The commands' modules import torch and the kernels at their top, so this one names them (`COMMANDS`) and loads a
+command's module only when that command runs or shows its help: `glm53ctl -h`, `--version` and a mistyped
+command load none of them.
 """
 
 from __future__ import annotations
 
+import difflib
+import importlib
 import os
 import signal
 import sys
@@ -15,11 +19,81 @@ from typing import Annotated
 import typer
 
 from glm53ctl import __version__, interrupts
-from glm53ctl.commands import bench, build, check, compare, configs, prune, run, tune
 from glm53ctl.errors import EXIT_INTERRUPTED, EXIT_USAGE, Glm53Error
 from glm53ctl.output import print_error
 
+# Each command: the module that registers it (`register(app)`, or its own Typer `app` for a group) and its line in
+# `glm53ctl -h` (the command's own first sentence: tests/cli/test_help.py holds them equal), in the help's order.
+COMMANDS = {
+    "run": (
+        "run",
+        "Run one launch kind and save every output and every write (plus its inputs) to a safetensors file.",
+    ),
+    "build": (
+        "build",
+        "Compile every kernel per build key ahead of time; registers, spills, shared memory, stack, code hash.",
+    ),
+    "check": (
+        "check",
+        "Accuracy against the reference, determinism, invariants; with --against, bitwise equality with REF; "
+        "with --gpus T, every rank's outputs on real ranks bitwise equal to the one-device emulation.",
+    ),
+    "fault": (
+        "check",
+        "Stick each guarded wait on purpose: LaunchFault names it, nothing hangs, the retry is bitwise clean.",
+    ),
+    "compare": (
+        "compare",
+        "Every tensor of two saved runs: bitwise equal or not, B's relative RMS error against A, the largest "
+        "difference; the worst first.",
+    ),
+    "bench": (
+        "bench",
+        "Time launches: µs per launch, bytes moved, the floor at the copy bandwidth and % of it; beside baselines "
+        "and another git ref.",
+    ),
+    "tune": ("tune", "Search each key's knobs with Optuna; keep a knob only where it measures faster (docs/knobs.md)."),
+    "prune": (
+        "prune",
+        "Remove what --against and build keep in the cache folder: the worktrees of other refs, their builds, and "
+        "build's compile cache; nothing else there.",
+    ),
+    "configs": ("configs", "Show, validate, diff and migrate the model and tuned-config files."),
+}
+
+
+def load_command(name: str):
+    """The Click command `name` (COMMANDS), its module imported."""
+    module = importlib.import_module(f"glm53ctl.commands.{COMMANDS[name][0]}")
+    holder = typer.Typer(add_completion=False, rich_markup_mode=None)  # as the root's own
+    if hasattr(module, "register"):
+        module.register(holder)
+    else:
+        holder.add_typer(module.app)
+    return typer.main.get_group(holder).commands[name]
+
+
+class Commands(typer.core.TyperGroup):
+    """The root group: its commands listed from COMMANDS, each loaded when asked for."""
+
+    def list_commands(self, ctx) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx, name: str):
+        return load_command(name) if name in COMMANDS else None
+
+    def format_commands(self, ctx, formatter) -> None:
+        """Click's list of commands, each line from COMMANDS (shortened as Click shortens a command's help)."""
+        limit = formatter.width - 6 - max(map(len, COMMANDS))
+        rows = [
+            (n, typer.core.TyperCommand(n, help=said).get_short_help_str(limit)) for n, (_, said) in COMMANDS.items()
+        ]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
 app = typer.Typer(
+    cls=Commands,
     name="glm53ctl",
     help="Build, prove, fault-inject, tune and benchmark the GLM-5.3-Flash decode kernels on Hopper.",
     no_args_is_help=True,
@@ -44,16 +118,6 @@ def root(
     ] = False,
 ) -> None:
     """glm53ctl: one persistent Triton launch per kind, proven against a PyTorch reference and other git refs."""
-
-
-app.add_typer(configs.app)
-run.register(app)
-build.register(app)
-check.register(app)
-compare.register(app)
-bench.register(app)
-tune.register(app)
-prune.register(app)
 
 
 def run_cli(argv: list[str] | None = None) -> int:
@@ -117,8 +181,6 @@ def _usage_error(e: Exception) -> int | None:
 def _no_such_option(e: Exception) -> str | None:
     """An unknown option, with the command's options that are close to it (Click's own cutoff suggests `--gpus`
     for `--bogus`): a near miss, a typo, suggested; nothing alike, nothing suggested."""
-    import difflib
-
     ctx, name = getattr(e, "ctx", None), getattr(e, "option_name", None)
     if type(e).__name__ != "NoSuchOption" or ctx is None or not name:
         return None

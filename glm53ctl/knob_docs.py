@@ -25,6 +25,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from glm53ctl.kernels.kinds import KINDS
+from glm53ctl.tuning.knobs import kind_knobs
+
 DOC = Path(__file__).resolve().parent.parent / "docs" / "knobs.md"
 COMMAND = "python -m glm53ctl.knob_docs --write"
 SHARED = "shared"
@@ -48,8 +51,6 @@ class _Entry:
 
 def registry() -> dict[str, dict]:
     """Every kind's knobs by name, in registry order (`kind_knobs`: the shared ones first, then its own)."""
-    from glm53ctl.kernels.kinds import KINDS
-    from glm53ctl.tuning.knobs import kind_knobs
 
     return {kind: kind_knobs(kind) for kind in KINDS}
 

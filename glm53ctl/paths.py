@@ -6,6 +6,8 @@ import os
 import sys
 from pathlib import Path
 
+from glm53ctl.errors import ConfigError
+
 ENV_CONFIG_DIR = "GLM53CTL_CONFIG_DIR"
 
 
@@ -30,8 +32,6 @@ def config_roots() -> list[Path]:
     env = os.environ.get(ENV_CONFIG_DIR)
     if env:
         if not Path(env).is_dir():
-            from glm53ctl.errors import ConfigError
-
             if Path(env).exists():  # a file (a tuned file, say) where its folder was meant
                 raise ConfigError(
                     f"{ENV_CONFIG_DIR}={env}: is a file, not a folder",
@@ -53,7 +53,6 @@ def config_root() -> Path:
 
 def read_text(path: Path) -> str:
     """A config file's text; anything that keeps it from being read is a ConfigError naming it."""
-    from glm53ctl.errors import ConfigError
 
     try:
         return Path(path).read_text(encoding="utf-8")

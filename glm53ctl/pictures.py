@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from html import escape
 
+from glm53ctl.kernels.kinds import KINDS
+
 
 def key_label(r: dict) -> str:
     """A benched key in words: 'sparse TP4 r1 32K' (the context, for the kinds that read caches)."""
@@ -18,7 +20,6 @@ def _tokens(n: int) -> str:
 
 def _colour(kind: str) -> str:
     """A part's colour in a step's picture: its kind's (the registry's); the gaps' yellow for what is no kind."""
-    from glm53ctl.kernels.kinds import KINDS
 
     return KINDS[kind].colour if kind in KINDS else "#f0e442"
 

@@ -14,12 +14,15 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from glm53ctl.errors import ConfigError, Glm53Error
+from glm53ctl.files import write_atomic as write
+from glm53ctl.kernels.kinds import KINDS, get_kind
+from glm53ctl.kernels.spec import format_validation_error, load_model
+from glm53ctl.paths import read_text
 
 SCHEMA_VERSION = 2
 
 
 def _kind(v: str) -> str:
-    from glm53ctl.kernels.kinds import KINDS  # the kind registry: no torch
 
     if v not in KINDS:
         raise ValueError(f"Input should be one of {', '.join(map(repr, KINDS))}")
@@ -126,7 +129,6 @@ class TunedConfig(_Strict):
 
 
 def _render(path: Path, err: ValidationError) -> str:
-    from glm53ctl.kernels.spec import format_validation_error
 
     return format_validation_error(path, err)
 
@@ -140,7 +142,6 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def read_document(path: Path) -> dict[str, Any]:
-    from glm53ctl.paths import read_text
 
     return read_document_text(path, read_text(path))
 
@@ -212,8 +213,6 @@ def load_document(path: Path, doc: dict[str, Any]) -> TunedConfig:
 def _check_knobs(path: Path, cfg: TunedConfig) -> None:
     """The model is one glm53ctl knows and every knob kept or dropped is one of its kind's, at one of its values
     (the knob registry): a file naming another is refused here, naming the file and the key path, not later."""
-    from glm53ctl.kernels.kinds import get_kind
-    from glm53ctl.kernels.spec import load_model
 
     try:
         load_model(cfg.model)
@@ -264,7 +263,6 @@ def dump(cfg: TunedConfig) -> str:
 
 def write_atomic(path: Path, text: str) -> None:
     """The text, fsynced, written atomically (glm53ctl.files)."""
-    from glm53ctl.files import write_atomic as write
 
     write(path, text)
 

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import glm53ctl
 from glm53ctl.errors import UsageError
 from glm53ctl.interrupts import run_group
 from glm53ctl.paths import checkout_root
@@ -62,7 +63,6 @@ def finder_code(root: Path) -> str:
 
 def this_tree() -> Path:
     """The folder holding the running glm53ctl's glm53ctl/ (and, in a checkout, kernels/ and tuning/)."""
-    import glm53ctl
 
     return Path(glm53ctl.__file__).resolve().parent.parent
 

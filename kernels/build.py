@@ -19,9 +19,16 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from glm53ctl import __version__
 from glm53ctl.errors import Glm53Error, UsageError
 from glm53ctl.files import write_atomic
+from glm53ctl.interrupts import interrupted, worker_pool
+from glm53ctl.kernels import kernel_cache
 from glm53ctl.kernels.key import ResolvedKey
+from glm53ctl.kernels.kinds import load_harness
+from glm53ctl.kernels.runtime.stages import SeparateLaunches
+from glm53ctl.kernels.spec import load_model
+from glm53ctl.worktree import finder_code, this_tree
 
 # grid 0 resolves per device: a build, for no device, takes an H200's (3 x 132; kda_split 0 reads it)
 BUILD_GRID = 396
@@ -88,8 +95,6 @@ def find_ptxas() -> Path:
 
 def launches(key: ResolvedKey) -> list[tuple[str, object]]:
     """The launch objects of one key (laid out on the CPU; nothing runs): the kind harness's."""
-    from glm53ctl.kernels.kinds import load_harness
-    from glm53ctl.kernels.spec import load_model
 
     spec = load_model(key.model)
     spec.check_tp(key.tp)
@@ -174,14 +179,9 @@ def carried_launches(key: ResolvedKey, name: str, vkey: ResolvedKey) -> list[tup
     baselines: the key's persistent launch cut at its stages, each stage a launch), `steps=1` (a step timed one
     step at a time: its caches' capacity), else `vkey`'s own."""
     if name == "steps=1":
-        from glm53ctl.kernels.kinds import load_harness
-        from glm53ctl.kernels.spec import load_model
-
         return load_harness(key.kind).build_launches(load_model(key.model), vkey, steps=1)
     if name not in ("separate", "separate-pdl"):
         return launches(vkey)
-    from glm53ctl.kernels.kinds import load_harness
-    from glm53ctl.kernels.runtime.stages import SeparateLaunches
 
     harness = load_harness(key.kind)
     whole = next(la for role, la in launches(vkey) if role == "launch")
@@ -197,8 +197,6 @@ def _compile_one(
     cache carries beside them) its resources read by ptxas, which takes as long again."""
     import triton
     from triton.backends.compiler import GPUTarget
-
-    from glm53ctl.kernels import kernel_cache
 
     kernel_cache.settle_keys()  # the keys every other process derives (kernel_cache.settle_keys)
     fn, src, parsed = _source(launch, target)
@@ -257,14 +255,9 @@ def build(keys: list[ResolvedKey], target: int, out: Path, jobs: int, progress=N
 
     import triton
 
-    from glm53ctl import __version__
-
     find_ptxas()
     for key in keys:  # refuse a key the model cannot shard before any work
-        from glm53ctl.kernels.spec import load_model
-
         load_model(key.model).check_tp(key.tp)
-    from glm53ctl.kernels import kernel_cache
 
     cache = out / "cache"
     kernels = out / "kernels"
@@ -273,12 +266,11 @@ def build(keys: list[ResolvedKey], target: int, out: Path, jobs: int, progress=N
     variants = variants or {}
     t0 = time.perf_counter()
     results: dict[ResolvedKey, dict] = {}
-    from glm53ctl.interrupts import interrupted, worker_pool
-    from glm53ctl.worktree import finder_code, this_tree
 
-    # workers import this tree's kernels even when another glm53ctl is installed (--against runs a ref's tree);
+    # workers import this tree's kernels even when another glm53ctl is installed (--against runs a ref's tree), and
+    # build real ones: the JIT decorators read TRITON_INTERPRET when a kernel's module is imported, so it goes first;
     # whatever the compiler prints goes to stderr: stdout carries the manifest (--json) alone
-    init = "import os\nos.dup2(2, 1)\n" + finder_code(this_tree())
+    init = "import os\nos.dup2(2, 1)\nos.environ.pop('TRITON_INTERPRET', None)\n" + finder_code(this_tree())
     try:
         with worker_pool(jobs, init) as pool:
             futures = {

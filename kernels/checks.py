@@ -18,10 +18,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from glm53ctl.errors import UsageError
+from glm53ctl.interrupts import whole_line
 from glm53ctl.kernels.key import ResolvedKey
 from glm53ctl.kernels.kinds import load_harness, load_ranks
 from glm53ctl.kernels.numerics import bits, rel_rms
 from glm53ctl.kernels.runtime import LaunchFault
+from glm53ctl.kernels.runtime.ranks import RankFailed, RankLayout, given_to_ranks, run_ranks, run_ranks_through
 from glm53ctl.kernels.weights import Weights
 
 
@@ -69,30 +72,10 @@ def outputs_equal(a: dict, b: dict) -> bool:
     )
 
 
-def make_harness(weights: Weights, key: ResolvedKey, *legacy, **extra):
+def make_harness(weights: Weights, key: ResolvedKey, **extra):
     """The launch harness of one resolved key (the kind registry's harness class); `extra`, what a kind's harness
-    takes of its own (a step's `timing`). (The form of before resolved keys, `make_harness(weights, kind, tp,
-    rows, knobs, device, context=None)`, still works: `legacy_key`.)"""
-    if legacy or isinstance(key, str):
-        context = extra.pop("context", None)
-        key = legacy_key(weights.spec.name, key, *legacy[:4], context)
+    takes of its own (a step's `timing`)."""
     return load_harness(key.kind)(weights, key, **extra)
-
-
-def legacy_key(model: str, kind: str, tp: int, rows: int, knobs: dict | None, device, context=None) -> ResolvedKey:
-    """A key resolved as a command resolves it, for the callers of before resolved keys that pass (kind, tp, rows,
-    knobs, device): the bench workers of older trees (before glm53ctl-bench 1), which drive this tree's kernels when
-    an older tree runs `bench --against` this one (the way to compare across the protocol's start). The one place
-    below the commands that reads a tuned file, and prints the lookup's warnings as `knobs_for` did, as those
-    workers expect; this tree's own callers resolve their keys (pyproject's import contracts name it)."""
-    import sys
-
-    from glm53ctl.tuning.knobs import resolve_key
-
-    key = resolve_key(model, kind, tp, rows, knobs, device, context)
-    for w in key.warnings:
-        print(f"Warning: {w}", file=sys.stderr)
-    return key
 
 
 def build_launches(spec, key: ResolvedKey) -> list[tuple[str, object]]:
@@ -197,8 +180,6 @@ def fault_key(
     sites = range(n_sites) if site is None else [site]
     res.sites_total = n_sites if site is None else site + 1
     if site is not None and not 0 <= site < n_sites:
-        from glm53ctl.errors import UsageError
-
         raise UsageError(f"--site {site}: {res.key} has sites 0..{n_sites - 1}")
     for s in sites:
         tick(f"{res.sites} of {len(sites)} site{'s' if len(sites) != 1 else ''} stuck")
@@ -239,8 +220,6 @@ def _hang(res: FaultResult, site: int, wall_s: float) -> None:
     inside its process, so the key's result, the hang counted, goes to $GLM53CTL_HANG_LOG (a line of JSON) and
     the process ends; the command that started it reaps it and reports the hang."""
     import json
-
-    from glm53ctl.interrupts import whole_line
 
     try:  # whatever goes wrong in saying it, the process ends: a watchdog that raised would leave the hang
         res.hangs += 1
@@ -302,11 +281,6 @@ def _on_ranks(weights: Weights, key: ResolvedKey, seed: int, launches: int):
     return want, [given_to_ranks(x) for x in xs]
 
 
-def given_to_ranks(x):
-    """An input as the ranks' processes are given it: a tensor as nested lists, a layer's input on the CPU."""
-    return x.tolist() if isinstance(x, torch.Tensor) else x.to("cpu")
-
-
 def _rank_view(fn, want: dict, rank: int, tp: int) -> dict:
     """What rank `rank` should return of the emulation's outputs: all of them, or (a kind whose ranks write
     slices of a state, `fn.rank_view`) its slices of those writes."""
@@ -319,7 +293,6 @@ def ranks_key(weights: Weights, key: ResolvedKey, seed: int, launches: int | Non
     `launches` launches in a row (default: the harness's RANK_LAUNCHES, 3; a step's 1, itself two steps) from
     the key's seeded inputs: every rank's every output bitwise equal to the one-device emulation's
     (`check --gpus T`)."""
-    from glm53ctl.kernels.runtime.ranks import RankLayout, run_ranks
 
     launches = launches or load_harness(key.kind).RANK_LAUNCHES
     tp = key.tp
@@ -346,30 +319,13 @@ def run_on_ranks(weights: Weights, key: ResolvedKey, run_key, source) -> dict[st
     what a one-device run saves (its inputs, rank 0's outputs of the last step as `outputs.*`, a layer's state
     or caches after it as `writes.*`) and every rank's outputs as `ranks.<r>.*` (the harness's `run_ranks`). A
     rank whose launch faults fails the run, named."""
-    return load_harness(key.kind).run_ranks(weights, run_key, key, source)
-
-
-def steps_on_ranks(key: ResolvedKey, xs: list, source, chain: bool = True) -> list[list[dict]]:
-    """Per rank, per input of `xs`, what its rank function returned (`chain`: each launch after the first
-    reading the state its rank's launch before wrote: a run's steps). A fault fails the run, named."""
-    from glm53ctl.errors import CheckFailed
-    from glm53ctl.kernels.runtime.ranks import RankLayout, run_ranks
-
-    layout = RankLayout(key.tp, key.tp, torch.device(key.device).type)
-    chained = (True,) if chain else ()  # the layer kinds' rank functions take it; the stateless ones have none
-    out = run_ranks(layout, load_ranks(key.kind), key, [given_to_ranks(x) for x in xs], [], None, source, *chained)
-    for r, per_step in enumerate(out):
-        for i, got in enumerate(per_step):
-            if not isinstance(got, dict):
-                raise CheckFailed(f"rank {r} of {key.tp}, step {i + 1}: {got}")
-    return out
+    return load_harness(key.kind).run_ranks(weights, run_key, key, source, load_ranks(key.kind))
 
 
 def ranks_fault_key(weights: Weights, key: ResolvedKey, budget_ns: int, wall_s: float) -> dict:
     """Each rank in turn never publishes (its launch runs; its tag never goes out): every other rank's launch
     raises LaunchFault naming that peer, no rank hangs (`wall_s` for the whole run), and the next launch on every
     rank gives the emulation's bits (`fault --gpus T`)."""
-    from glm53ctl.kernels.runtime.ranks import RankFailed, RankLayout, run_ranks
 
     tp = key.tp
     layout = RankLayout(tp, tp, torch.device(key.device).type)
@@ -413,7 +369,6 @@ def _killed_ranks(layout, fn, key: ResolvedKey, given: list, budget_ns: int, wal
     """Each rank in turn killed (SIGKILL) during its launch, before it publishes: the run reports it dead, every
     other rank's guard names it as the peer it waited for, within the budget (no rank runs on to the timeout),
     and nothing is left running (run_ranks_through joins every process). Returns (killed, reported)."""
-    from glm53ctl.kernels.runtime.ranks import run_ranks_through
 
     tp, reported = key.tp, 0
     for q in range(tp):

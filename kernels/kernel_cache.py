@@ -29,7 +29,9 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from glm53ctl import __version__
 from glm53ctl.errors import UsageError
+from glm53ctl.files import write_atomic
 
 FORMAT = 1
 HEADER = "CACHE.json"
@@ -125,8 +127,6 @@ def _sha(path: Path) -> str:
 
 
 def write_header(root: Path, target: int) -> None:
-    from glm53ctl import __version__
-    from glm53ctl.files import write_atomic
 
     root.mkdir(parents=True, exist_ok=True)
     head = {"format": FORMAT, "glm53ctl": __version__} | toolchain(target)

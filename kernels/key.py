@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from glm53ctl.kernels.ops.gemv.kernel import folds
+
 
 @dataclass(frozen=True)
 class ResolvedKey:
@@ -43,7 +45,6 @@ class ResolvedKey:
     def norm_folds(self) -> bool:
         """Whether knob `norm` folds the norm into the GEMV after it at these rows (`gemv.folds`); False for a
         kind without one."""
-        from glm53ctl.kernels.ops.gemv.kernel import folds
 
         knobs = self.knobs
         return "norm" in knobs and folds(knobs["norm"], self.rows, self.streams)

@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass
 
 from glm53ctl.errors import UsageError
+from glm53ctl.kernels.kinds import get_kind
 from glm53ctl.kernels.spec import ModelSpec
 
 
@@ -37,7 +38,6 @@ def check_positions(spec: ModelSpec, context: int, steps: int = 1, flag: str = "
 
 def dsa_layers(spec: ModelSpec, kind: str) -> int:
     """The DSA layers whose caches a key of `kind` holds: a step's every one, a layer kind's one, else none."""
-    from glm53ctl.kernels.kinds import get_kind
 
     k = get_kind(kind)
     if k.composite:
@@ -76,7 +76,6 @@ def run_needs(spec: ModelSpec, kind: str, rows: int, context: int, steps: int, d
     """`run`: the reference's caches (its dtype, the state before and after) and the prefill of the longest row,
     which holds every token's index scores against every pool ([T, heads, T/kpool]) and its keys and values
     expanded per head; a KDA layer's prefill holds its projections of every token."""
-    from glm53ctl.kernels.kinds import get_kind
 
     k = get_kind(kind)
     if k.layer is None and not k.composite or context == 0:

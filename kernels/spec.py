@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 
 from glm53ctl.errors import ConfigError, UsageError
+from glm53ctl.paths import config_roots, read_text, shipped_root
 
 TP_WIDTHS = (1, 2, 4, 8)
 ROWS = (1, 2, 4, 8)  # the row counts a command takes when none are given
@@ -284,7 +285,6 @@ class Shards:
 
 def models_dir() -> Path:
     """The shipped models folder."""
-    from glm53ctl.paths import shipped_root
 
     return shipped_root() / "models"
 
@@ -297,7 +297,6 @@ MODEL_FILES_ENV = "GLM53CTL_MODEL_FILES"
 def model_files() -> dict[str, Path]:
     """Model name -> file; the files loaded by path first, then $GLM53CTL_CONFIG_DIR/models, then the shipped
     ones."""
-    from glm53ctl.paths import config_roots
 
     found: dict[str, Path] = {}
     for p in filter(None, os.environ.get(MODEL_FILES_ENV, "").split(os.pathsep)):
@@ -331,7 +330,6 @@ def format_validation_error(path: Path | str, err: ValidationError) -> str:
 
 
 def load_model_file(path: Path) -> ModelSpec:
-    from glm53ctl.paths import read_text
 
     try:
         doc = tomllib.loads(read_text(path))

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from glm53ctl.errors import Glm53Error
 from glm53ctl.tuning import measure
+from glm53ctl.worktree import finder_code, this_tree
 
 HERE = Path(__file__).resolve().parent
 MEASURE = HERE / "measure.py"  # the timing code both trees' workers load: this checkout's
@@ -55,7 +56,6 @@ class Worker:
     checked here, `set_up` one key, then each call is the µs per launch of one graph replay."""
 
     def __init__(self, tree: Path) -> None:
-        from glm53ctl.worktree import finder_code
 
         self.tree = tree
         worker = tree / "tuning" / "bench_worker.py"
@@ -93,7 +93,6 @@ class Worker:
         )
 
     def _refused(self, what: str, older: bool) -> WorkerRefused:
-        from glm53ctl.worktree import this_tree
 
         # a bench from before the protocol runs its own worker for both trees, over each tree's library: an older
         # tree's bench drives this tree's kernels (through kernels/checks.py's make_harness)

@@ -1,6 +1,6 @@
 """`glm53ctl bench`: µs per launch of a key against the copy-bandwidth floor, beside its baselines and another
 tree (docs/design.md §8). Built on tuning/measure.py; a kind is benched through its harness (`timed`, `stock`:
-kernels/harness.py), so a kind added to the registry is benched with no change here.
+kernels/kinds/harness.py), so a kind added to the registry is benched with no change here.
 
 - µs per launch: a CUDA graph of launches over rotated copies of what a launch streams (each copy comes back
   only after more than twice the L2 has streamed), replayed; the median over rounds.
@@ -24,10 +24,18 @@ from dataclasses import replace
 
 import torch
 
-from glm53ctl.kernels.checks import key_seed, legacy_key, make_harness, outputs_equal
+from glm53ctl.kernels import kernel_cache
+from glm53ctl.kernels.checks import build_launches, key_seed, make_harness, outputs_equal
 from glm53ctl.kernels.key import ResolvedKey
 from glm53ctl.kernels.kinds import get_kind, load_harness
+from glm53ctl.kernels.runtime.launch import on_device
+from glm53ctl.kernels.runtime.task_types import TYPE_NAMES
+from glm53ctl.kernels.runtime.trace import summarize
+from glm53ctl.kernels.spec import load_model
+from glm53ctl.kernels.weights import Weights
 from glm53ctl.tuning import measure
+from glm53ctl.tuning.bench_ranks import time_on_ranks
+from glm53ctl.tuning.knobs import defaults, kind_knobs, legacy_key
 
 BASELINES = ("separate", "separate-pdl", "torch", "compile", "defaults", "persistent", "stages", "chain")
 SCHEDULES = ("persistent", "stages")  # knob `launch`: the key in this schedule, another harness
@@ -147,8 +155,6 @@ def time_key(
     if on_ranks:
         import gc
 
-        from glm53ctl.tuning.bench_ranks import time_on_ranks
-
         x = x.to("cpu")
         gc.collect()  # the harnesses and graphs of the emulation's timing (a step's harness holds cycles)
         torch.cuda.empty_cache()
@@ -160,7 +166,6 @@ def time_key(
 def _time_emulation(weights, key: ResolvedKey, baselines, rounds: int, seed: int, copy_tb_s, trace: bool, log=None):
     """time_key's row of the one-device launch and its baselines, and the input it timed (every harness, timer
     and graph it made dies with this call)."""
-    from glm53ctl.tuning.knobs import defaults
 
     kind, tp, rows, context = key.kind, key.tp, key.rows, key.context
     step = get_kind(kind).composite
@@ -266,7 +271,6 @@ def trace_key(k, x, peers) -> dict | None:
     """Where one launch's time goes (runtime/trace.py): per task type and per stage (the separate launches'
     grouping) the first claim, last publish, mean wait and work, and the critical path. Needs a launch with a
     traced build (`tracing`). A step (`model`): every part traced in one replay of the step (`step_trace`)."""
-    from glm53ctl.kernels.runtime.trace import summarize
 
     if hasattr(k.launch, "parts"):
         return step_trace(k, x, peers)
@@ -300,7 +304,6 @@ def _replay(k, x, peers) -> None:
 def stage_rows(s: dict, stages) -> list[dict]:
     """A traced launch's task types grouped as its kind's stages: each stage's tasks, first claim, last publish,
     mean wait and work."""
-    from glm53ctl.kernels.kinds.task_types import TYPE_NAMES
 
     out = []
     for group in stages:
@@ -323,7 +326,6 @@ def stage_rows(s: dict, stages) -> list[dict]:
 def path_by_stage(s: dict, stages) -> dict[str, float]:
     """µs of a traced launch's critical path in each of its kind's stages: each step's work (ready to publish)
     and the hand-off before it, to the stage of its task type ("other" for a type in none)."""
-    from glm53ctl.kernels.kinds.task_types import TYPE_NAMES
 
     stage_of = {TYPE_NAMES[int(t)]: "+".join(TYPE_NAMES[int(u)] for u in g) for g in stages for t in g}
     out: dict[str, float] = {}
@@ -339,7 +341,6 @@ def step_trace(k, x, peers) -> dict:
     the step; per part its traced µs (first claim to last publish) and the stage that holds its critical path
     (`path_by_stage`); per kind the mean of its parts and the stage that holds the most of their paths: which
     layer kind and which stage a missed target waits on."""
-    from glm53ctl.kernels.runtime.trace import summarize
 
     traced = [(n, h) for n, h in k.launch.parts if hasattr(h.launch, "tracing")]
     for _, h in traced:
@@ -384,7 +385,6 @@ def _compile(job: tuple) -> str:
     """One key's kernels compiled into Triton's cache (and Inductor's, for baselines that use torch.compile), in
     a worker process: the launch's (and its peers') at its resolved key, then each baseline run once."""
     full, baselines = job
-    from glm53ctl.kernels import kernel_cache
 
     with kernel_cache.counting(full.name):
         return _compile_key(full, baselines)
@@ -392,10 +392,6 @@ def _compile(job: tuple) -> str:
 
 def _compile_key(full, baselines) -> str:
     kind, tp, rows = full.kind, full.tp, full.rows
-    from glm53ctl.kernels.checks import build_launches
-    from glm53ctl.kernels.runtime.launch import on_device
-    from glm53ctl.kernels.spec import load_model
-    from glm53ctl.tuning.knobs import kind_knobs
 
     spec = load_model(full.model)
     step = get_kind(kind).composite
@@ -411,8 +407,6 @@ def _compile_key(full, baselines) -> str:
     # a step's baselines need every layer's weights: too much for each of several workers (compiled at bench)
     others = [b for b in baselines if b not in ("defaults", "chain") and b not in SCHEDULES] if not step else []
     if others:
-        from glm53ctl.kernels.weights import Weights
-
         k = make_harness(Weights(spec, seed=0, device="cuda"), full)
         x = k.inputs(0)[0]
         peers = k.peer_partials(x)

@@ -17,6 +17,10 @@ import time
 
 import torch
 
+from glm53ctl.kernels.kinds import load_ranks
+from glm53ctl.kernels.runtime.ranks import RankLayout, WeightsSource, compile_on_rank, given_to_ranks, run_ranks
+from glm53ctl.kernels.spec import load_model
+
 # back-to-back launches per round on the ranks (a launch is tens to thousands of µs: one round is milliseconds)
 LAUNCHES = 20
 
@@ -24,8 +28,6 @@ LAUNCHES = 20
 def time_on_ranks(key, x, rounds: int, launches: int = LAUNCHES, source=None, timeout_s: float = 1800.0) -> dict:
     """`key` (resolved) on key.tp real ranks from input x (a harness's input, on the CPU): µs per launch (the
     median over `rounds` of the slowest rank's), each rank's median, and the rounds' figures."""
-    from glm53ctl.kernels.checks import given_to_ranks
-    from glm53ctl.kernels.runtime.ranks import RankLayout, run_ranks
 
     layout = RankLayout(key.tp, key.tp, torch.device(key.device).type)
     per_rank = run_ranks(layout, _time_rank, key, given_to_ranks(x), rounds, launches, source, timeout_s=timeout_s)
@@ -45,9 +47,6 @@ def _median(xs: list[float]) -> float:
 def _time_rank(group, key, x, rounds: int, launches: int, source) -> list[float]:
     """On one rank: its part of the key, compiled, then `rounds` rounds of `launches` launches; µs per launch
     per round."""
-    from glm53ctl.kernels.kinds import load_ranks
-    from glm53ctl.kernels.runtime.ranks import WeightsSource, compile_on_rank
-    from glm53ctl.kernels.spec import load_model
 
     weights = (source or WeightsSource()).load(load_model(key.model), group.device)
     fn = load_ranks(key.kind)

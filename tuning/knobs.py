@@ -10,8 +10,16 @@ must stay within the reference tolerance. Kernels contain no tuned numbers: a co
 
 from __future__ import annotations
 
+import sys
+
+from glm53ctl import tuned
+from glm53ctl.errors import UsageError
 from glm53ctl.kernels.key import ResolvedKey, resolve_grid
+from glm53ctl.kernels.kinds import get_kind
 from glm53ctl.kernels.kinds.base import RUNTIME_KNOBS, Knob, KnobClass
+from glm53ctl.kernels.kinds.fits import check_runs
+from glm53ctl.kernels.spec import load_model
+from glm53ctl.paths import tuned_path
 
 __all__ = [
     "RUNTIME_KNOBS",
@@ -29,7 +37,6 @@ __all__ = [
 
 def kind_knobs(kind: str) -> dict[str, Knob]:
     """Every knob of a kind, by name: the runtime knobs it takes (with its defaults), then its own."""
-    from glm53ctl.kernels.kinds import get_kind
 
     return get_kind(kind).all_knobs()
 
@@ -39,7 +46,6 @@ def defaults(kind: str) -> dict[str, object]:
 
 
 def check_knobs(kind: str, knobs: dict) -> None:
-    from glm53ctl.errors import UsageError
 
     known = kind_knobs(kind)
     for name, value in knobs.items():
@@ -68,9 +74,6 @@ def resolve_key(
     to every part). Nothing is printed: the key carries the lookup's warnings (an entry measured on another GPU
     capability or Triton minor version; with `context_warned`, for a kind that reads caches, an entry tuned at
     another context than `context`, None being the check's contexts) and the command prints them once."""
-    from glm53ctl.kernels.kinds import get_kind
-    from glm53ctl.kernels.kinds.dims import check_runs
-    from glm53ctl.kernels.spec import load_model
 
     entry, spec = get_kind(kind), load_model(model)  # a model by name or by its .toml's path: its name's file
     check_runs(spec, kind, tp)  # a model the kernels cannot run: exit 2 before anything is built or launched
@@ -99,9 +102,6 @@ def resolve_key(
 
 def _tuned(model, kind, tp, rows, knobs, device, context, context_warned) -> tuple[dict, str, list[str]]:
     """The tuned entry over the defaults, its source and what to warn of (each line naming the file)."""
-    from glm53ctl import tuned
-    from glm53ctl.kernels.kinds import get_kind
-    from glm53ctl.paths import tuned_path
 
     path = tuned_path(model, tp)
     if not path.exists():
@@ -123,7 +123,6 @@ def _tuned(model, kind, tp, rows, knobs, device, context, context_warned) -> tup
 def parse_knobs(text: str | None, kind: str) -> dict:
     """`--knobs name=value,...` as a kind's typed knob values ("4" is the int 4 where the knob's values are
     ints); an unknown knob or value is a usage error naming what the kind takes."""
-    from glm53ctl.errors import UsageError
 
     if not text:
         return {}
@@ -147,3 +146,12 @@ def parse_knobs(text: str | None, kind: str) -> dict:
             raise UsageError(f"knob {name}={raw!r}: expected one of {', '.join(map(str, k.values))}")
         out[name] = match[0]
     return out
+
+
+def legacy_key(model: str, kind: str, tp: int, rows: int, knobs: dict | None, device, context=None) -> ResolvedKey:
+    """A key resolved as a command resolves it, for the callers that pass (kind, tp, rows, knobs, device) as before
+    resolved keys (`bench`'s `time_key`, the tune evaluator's older form); prints the lookup's warnings."""
+    key = resolve_key(model, kind, tp, rows, knobs, device, context)
+    for w in key.warnings:
+        print(f"Warning: {w}", file=sys.stderr)
+    return key

@@ -27,8 +27,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from glm53ctl.errors import CheckFailed, UsageError
+from glm53ctl.kernels.checks import build_launches, key_seed, make_harness
+from glm53ctl.kernels.key import resolve_grid
+from glm53ctl.kernels.kinds import get_kind
+from glm53ctl.kernels.numerics import rel_rms
 from glm53ctl.tuning import measure
-from glm53ctl.tuning.knobs import Knob
+from glm53ctl.tuning.bench import timer_for
+from glm53ctl.tuning.knobs import Knob, defaults, kind_knobs, legacy_key
 from glm53ctl.tuning.storage import DEFAULT_STORAGE as DEFAULT_STORAGE  # the storage's forms: tuning/storage.py
 from glm53ctl.tuning.storage import storage_of as storage_of
 
@@ -82,8 +88,6 @@ class TuneResult:
 def space_of(knobs: dict[str, Knob], names: list[str] | None = None) -> dict[str, tuple]:
     """The knobs searched, name -> values: all of the kind's (grid as its listed program counts), or `names`."""
     if names:
-        from glm53ctl.errors import UsageError
-
         bad = [n for n in names if n not in knobs]
         if bad:
             raise UsageError(f"--space: {', '.join(bad)} not a knob here", hint=f"knobs: {', '.join(knobs)}")
@@ -215,8 +219,6 @@ def decide(
     default_trials = [t for t in complete if t.user_attrs.get("identity") == default_id]
     result = TuneResult(study.study_name, default, None, None, trials=counts)
     if not default_trials:
-        from glm53ctl.errors import CheckFailed
-
         raise CheckFailed(f"{where}: the default's trial is not in the study's finished trials (it failed its check?)")
     result.default_us = default_trials[0].value
     seen, picks = {default_id}, []
@@ -336,12 +338,9 @@ class GpuEvaluator:
         self, weights, key, *legacy, seed: int = 0, device: str = "cuda", context=None, base: dict | None = None
     ) -> None:
         """One resolved key's evaluator (`GpuEvaluator(weights, key, seed=...)`); or, as before resolved keys,
-        `(weights, kind, tp, rows[, seed], device=..., context=...)` (checks.legacy_key). `base`: knobs held at
+        `(weights, kind, tp, rows[, seed], device=..., context=...)` (knobs.legacy_key). `base`: knobs held at
         other values than the registry's defaults while the search runs (a search of part of the space keeps the
         key's tuned knobs outside it, `base_of`); the search's "default" is the defaults with them."""
-        from glm53ctl.kernels.checks import key_seed, legacy_key
-        from glm53ctl.kernels.kinds import get_kind
-        from glm53ctl.tuning.knobs import defaults, kind_knobs
 
         if isinstance(key, str):
             tp, rows, *rest = legacy
@@ -364,8 +363,6 @@ class GpuEvaluator:
     def _harness(self, knobs: dict):
         ident = self.identity(knobs)
         if ident not in self.harnesses:
-            from glm53ctl.kernels.checks import make_harness
-
             self.harnesses[ident] = make_harness(self.weights, self.key.with_knobs(knobs))
         return self.harnesses[ident]
 
@@ -373,15 +370,12 @@ class GpuEvaluator:
         return {n: t.clone() for n, t in k(self.x, poison=True).items()} | k.writes()
 
     def identity(self, knobs: dict) -> str:
-        from glm53ctl.kernels.checks import build_launches
 
         launches = build_launches(self.weights.spec, self.key.with_knobs(knobs))
         return launch_identity([la for _, la in launches])
 
     def check(self, knobs: dict) -> str | None:
         import torch
-
-        from glm53ctl.kernels.numerics import rel_rms
 
         try:
             out = self._outputs(self._harness(knobs))
@@ -399,7 +393,6 @@ class GpuEvaluator:
         return f"outside the bounds ({', '.join(numeric)} changed): {'; '.join(worse)}" if worse else None
 
     def timer(self, knobs: dict) -> Callable[[], float]:
-        from glm53ctl.tuning.bench import timer_for
 
         k = self._harness(knobs)
         peers = k.peer_partials(self.x)
@@ -420,8 +413,6 @@ def base_of(key, space) -> dict:
     """The knobs of a resolved key that a search of `space` holds where the tuned file put them: those outside the
     space that differ from the registry's defaults (a search of `launch` alone keeps a tuned `block_n_down`, so
     what it measures is what the key will run, and `--write` keeps that knob)."""
-    from glm53ctl.kernels.key import resolve_grid
-    from glm53ctl.tuning.knobs import defaults
 
     default = resolve_grid(defaults(key.kind), key.device)
     return {n: v for n, v in key.knobs.items() if n not in space and n in default and v != default[n]}

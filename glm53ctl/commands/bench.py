@@ -25,8 +25,22 @@ from glm53ctl.commands.keys import (
     use_kernel_cache,
 )
 from glm53ctl.errors import CheckFailed, UsageError
+from glm53ctl.files import write_atomic_with
+from glm53ctl.kernels import kernel_cache
+from glm53ctl.kernels.checks import key_seed
+from glm53ctl.kernels.kernel_cache import open_cache
+from glm53ctl.kernels.kinds import kernel_kinds, load_ranks, selectable_kinds
+from glm53ctl.kernels.runtime.ranks import RankLayout
+from glm53ctl.kernels.runtime.trace import format_summary
+from glm53ctl.kernels.spec import ROW_COUNTS, ROWS, TP_WIDTHS, load_model
+from glm53ctl.kernels.weights import Weights
 from glm53ctl.output import Output, Progress, err_console, plural, print_warning
 from glm53ctl.pictures import key_label, matrix_picture, saved_steps, step_picture
+from glm53ctl.tuning import measure
+from glm53ctl.tuning.ab import against
+from glm53ctl.tuning.bench import compile_workers, environment_ok, precompile, time_key
+from glm53ctl.tuning.knobs import check_knobs, defaults, parse_knobs, resolve_key
+from glm53ctl.worktree import checkout, repo_root, resolve, this_tree
 
 BASELINES = ("separate", "separate-pdl", "torch", "compile", "defaults", "persistent", "stages", "chain")
 
@@ -101,9 +115,6 @@ def bench(
 ) -> None:
     """Time launches: µs per launch, bytes moved, the floor at the copy bandwidth and % of it; beside baselines
     and another git ref. Needs a GPU. Exits 1 when --against REF is faster beyond the noise."""
-    from glm53ctl.kernels.kinds import kernel_kinds, selectable_kinds
-    from glm53ctl.kernels.spec import ROW_COUNTS, ROWS, TP_WIDTHS, load_model
-    from glm53ctl.tuning.knobs import check_knobs, parse_knobs
 
     if as_json and markdown:
         raise UsageError("--json and --markdown: choose one")
@@ -129,24 +140,15 @@ def bench(
     ref_sha = _resolve_ref(against) if against is not None else None
 
     if cache is not None:
-        from glm53ctl.kernels.kernel_cache import open_cache
-
         open_cache(cache)
-    from glm53ctl.tuning.bench import environment_ok
 
     environment_ok()  # exit 2 without a GPU, before anything is built
     use_kernel_cache(cache)
-    from glm53ctl.kernels import kernel_cache
 
     with kernel_cache.tallied() as compiles:  # every key's compiles and loads, this process's and its workers'
         if gpus > 1:
-            from glm53ctl.kernels.runtime.ranks import RankLayout
-
             RankLayout(gpus, gpus, "cuda")  # exit 2 with fewer GPUs than ranks
         context_fits(spec, list(contexts), rowss, readers, "cuda")  # memory, before a cache is made
-        from glm53ctl.kernels.weights import Weights
-        from glm53ctl.tuning import measure
-        from glm53ctl.tuning.bench import time_key
 
         ref_tree = _checkout(against, worktrees) if against is not None else None
         err_console.print(f"bench {model}: warming clocks, measuring the copy bandwidth")
@@ -154,8 +156,6 @@ def bench(
         bw = measure.copy_bandwidth()
         err_console.print(f"  copy bandwidth {bw:.3f} TB/s")
         weights = Weights(spec, seed=0, device="cuda")
-        from glm53ctl.tuning.bench import compile_workers, precompile
-        from glm53ctl.tuning.knobs import defaults, resolve_key
 
         keys = []  # each resolved once (its overrides over the tuned file), what its lookup said printed once
         for k in kinds:
@@ -181,9 +181,6 @@ def bench(
                     weights, key, baselines, rounds, seed, bw, trace, on_ranks=gpus > 1, log=err_console.print
                 )
             if ref_tree is not None:
-                from glm53ctl.kernels.checks import key_seed
-                from glm53ctl.worktree import this_tree
-
                 s = key_seed(seed, key.name)
                 row["against"] = _against(this_tree(), ref_tree, model, k, t, r, overrides[k], s, rounds, c)
             results.append(row)
@@ -234,8 +231,6 @@ def bench(
 
 def _real_ranks(gpus: int, kind: str | None, tp: str | None, against: str | None, trace: bool) -> str:
     """--gpus T: the TP width (T; --tp, if given, must say it), and every kind one that runs on real ranks."""
-    from glm53ctl.kernels.kinds import load_ranks, selectable_kinds
-    from glm53ctl.kernels.spec import TP_WIDTHS
 
     ranks_width(gpus)
     wrong = [t for t in parse_list("--tp", tp, TP_WIDTHS, int) if t != gpus] if tp is not None else []
@@ -259,7 +254,6 @@ def _contexts(context: str | None, kinds: list[str]) -> dict[str, list[int]]:
 
 def _resolve_ref(against: str) -> str:
     """The ref's commit (a usage error, exit 2, for a ref git does not know), or the folder given."""
-    from glm53ctl.worktree import repo_root, resolve
 
     if "/" in against or against.startswith("."):
         if not (Path(against) / "glm53ctl" / "__init__.py").is_file():
@@ -269,14 +263,12 @@ def _resolve_ref(against: str) -> str:
 
 
 def _checkout(against: str, cache: Path) -> Path:
-    from glm53ctl.worktree import checkout
 
     tree, _ = checkout(against, cache)
     return tree
 
 
 def _against(this: Path, ref: Path, model, kind, tp, rows, knobs, seed, rounds, context=None) -> dict:
-    from glm53ctl.tuning.ab import against
 
     return against(this, ref, model, kind, tp, rows, knobs, seed, rounds, context)
 
@@ -394,7 +386,6 @@ def format_step_trace(t: dict) -> str:
 
 def format_trace(t: dict) -> str:
     """A traced launch: per stage, then per task type and the critical path (runtime/trace.py)."""
-    from glm53ctl.kernels.runtime.trace import format_summary
 
     lines = [
         "| stage | tasks | first claim µs | last publish µs | mean wait µs | mean work µs |",
@@ -409,7 +400,6 @@ def format_trace(t: dict) -> str:
 
 
 def _save(folder: Path, doc: dict) -> None:
-    from glm53ctl.files import write_atomic_with
 
     folder.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H%M%S")
@@ -432,7 +422,6 @@ def _save(folder: Path, doc: dict) -> None:
             print_warning(f"{folder / name}: not a bench JSON this version reads; left out of the matrix picture")
         picture = folder / f"bench-{doc['model']}-model-matrix.svg"
         title = f"{doc['model']} step on {doc['environment'].get('gpu_name', 'the GPU')}"
-        from glm53ctl.kernels.spec import ROWS, TP_WIDTHS
 
         drawn = matrix_picture(steps, title, TP_WIDTHS, ROWS)  # every key of the matrix: the missing ones say so
         write_atomic_with(picture, lambda tmp: tmp.write_text(drawn))

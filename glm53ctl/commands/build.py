@@ -10,8 +10,18 @@ from typing import Annotated
 import typer
 
 from glm53ctl.commands import Command
+from glm53ctl.commands.keys import context_applies, context_of, parse_contexts
 from glm53ctl.errors import UsageError
+from glm53ctl.files import check_folder_writable, check_replaceable
+from glm53ctl.kernels.build import build as run_build
+from glm53ctl.kernels.build import compare, for_build, parse_target
+from glm53ctl.kernels.checks import other_schedule
+from glm53ctl.kernels.kinds import get_kind, kernel_kinds, load_harness, selectable_kinds
+from glm53ctl.kernels.sizes import check_positions
+from glm53ctl.kernels.spec import ROW_COUNTS, ROWS, TP_WIDTHS, load_model, model_names
 from glm53ctl.output import Output, Progress, err_console, plural, print_warning
+from glm53ctl.tuning.knobs import defaults, kind_knobs, resolve_key
+from glm53ctl.worktree import checkout, run_cli
 
 
 def parse_list(flag: str, text: str | None, allowed: tuple, cast=str, default: tuple | None = None) -> list:
@@ -69,11 +79,6 @@ def build(
 ) -> None:
     """Compile every kernel per build key ahead of time; registers, spills, shared memory, stack, code hash. Every
     kernel goes into the kernel cache DIR/kernels, which `--cache` loads on a GPU machine of the same target."""
-    from glm53ctl.files import check_folder_writable, check_replaceable
-    from glm53ctl.kernels.build import build as run_build
-    from glm53ctl.kernels.build import for_build, parse_target
-    from glm53ctl.kernels.kinds import kernel_kinds, selectable_kinds
-    from glm53ctl.kernels.spec import ROW_COUNTS, ROWS, TP_WIDTHS, load_model, model_names
 
     o = Output(as_json)
     arch = parse_target(target)
@@ -96,16 +101,12 @@ def build(
     kinds = parse_list("--kind", kind, selectable_kinds(), default=kernel_kinds())
     tps = parse_list("--tp", tp, TP_WIDTHS, int)
     rowss = parse_list("--rows", rows, ROW_COUNTS, int, default=ROWS)
-    from glm53ctl.commands.keys import context_applies, context_of, parse_contexts
-    from glm53ctl.tuning.knobs import resolve_key
 
     readers = context_applies(kinds, context is not None)
     contexts = parse_contexts(context) if context is not None else [None]
     for m in models:
         for c in contexts:
             if c is not None:
-                from glm53ctl.kernels.sizes import check_positions
-
                 check_positions(load_model(m), c)
     # each key resolved once, for no device (a build's grid: `for_build`); no GPU, so no lookup warns
     keys = list(
@@ -121,8 +122,6 @@ def build(
     variants = {k: carried_variants(k) for k in keys} if carry else {}
     theirs = None
     if against is not None:
-        from glm53ctl.worktree import checkout, run_cli
-
         tree, sha = checkout(against, out)
         o.log(f"building {against} ({sha[:12]}) in {tree}")
         args = [
@@ -169,7 +168,6 @@ def build(
         o.json(manifest)
         _table(o, manifest)
         return
-    from glm53ctl.kernels.build import compare
 
     rows_ = compare(manifest, theirs)
     changed = sum(r["status"] != "unchanged" for r in rows_)
@@ -210,10 +208,6 @@ def carried_variants(key) -> list[tuple[str, object]]:
     its other schedule (knob `launch`) and its other grids, `bench` its baselines of this project's kernels
     (`separate`, `separate-pdl`, `defaults`; a step's other `chain`). A tune's trials are not known ahead: they
     compile there."""
-    from glm53ctl.kernels.build import for_build
-    from glm53ctl.kernels.checks import other_schedule
-    from glm53ctl.kernels.kinds import get_kind, load_harness
-    from glm53ctl.tuning.knobs import defaults, kind_knobs
 
     harness, knobs = load_harness(key.kind), key.knobs
     out = []

@@ -25,8 +25,26 @@ from glm53ctl.commands.keys import (
     ranks_width,
 )
 from glm53ctl.errors import CheckFailed, UsageError
-from glm53ctl.interrupts import interrupted
+from glm53ctl.interrupts import interrupted, kill_workers, worker_pool
+from glm53ctl.kernels.checks import (
+    HANG_LOG_ENV,
+    CheckResult,
+    build_launches,
+    check_key,
+    fault_key,
+    fault_row,
+    launch_outputs,
+    ranks_fault_key,
+    ranks_key,
+)
+from glm53ctl.kernels.kernel_cache import counting, open_cache
+from glm53ctl.kernels.kinds import CPU_KEYS, kernel_kinds, load_ranks, ranks_kinds, selectable_kinds
+from glm53ctl.kernels.numerics import bits
+from glm53ctl.kernels.spec import ROW_COUNTS, ROWS, TP_WIDTHS, load_model
+from glm53ctl.kernels.weights import Weights
 from glm53ctl.output import Heartbeat, Output, Progress, err_console, plural, print_warning
+from glm53ctl.tuning.knobs import resolve_key
+from glm53ctl.worktree import checkout, finder_code, run_cli, this_tree
 
 ModelOpt = Annotated[
     str | None, typer.Option("--model", "-m", help="Model (default: tiny on a CPU, glm53_flash on a GPU).")
@@ -64,8 +82,6 @@ GpusOpt = Annotated[
 
 def _real_ranks(gpus: int, kind, tp, rows) -> None:
     """--gpus T: every selected key at TP T, and every kind one that runs on real ranks (before torch loads)."""
-    from glm53ctl.kernels.kinds import load_ranks, ranks_kinds, selectable_kinds
-    from glm53ctl.kernels.spec import ROW_COUNTS, ROWS, TP_WIDTHS
 
     ranks_width(gpus)
     if tp is None:
@@ -80,7 +96,6 @@ def _real_ranks(gpus: int, kind, tp, rows) -> None:
 
 
 def _ranks_kinds() -> str:
-    from glm53ctl.kernels.kinds import ranks_kinds
 
     return ",".join(ranks_kinds())
 
@@ -97,8 +112,6 @@ def _setup(model, kind, tp, rows, all_keys: bool = False, context: int | None = 
     key; on a CPU, unless --tp or --rows says otherwise, the registry's CPU key set. The options are checked
     before torch is imported: a usage error costs no seconds. `context_warned`: a tuned entry at another context
     is warned of too (check's keys; fault's run at the kind's own contexts)."""
-    from glm53ctl.kernels.kinds import CPU_KEYS, kernel_kinds, selectable_kinds
-    from glm53ctl.kernels.spec import ROW_COUNTS, ROWS, TP_WIDTHS, load_model
 
     kinds = parse_list("--kind", kind, selectable_kinds(), default=kernel_kinds())
     tps = parse_list("--tp", tp, TP_WIDTHS, int)
@@ -110,7 +123,6 @@ def _setup(model, kind, tp, rows, all_keys: bool = False, context: int | None = 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"  # before any kernel module is imported
-    from glm53ctl.kernels.weights import Weights
 
     spec = load_model(model or ("glm53_flash" if device == "cuda" else "tiny"))
     for t in tps:
@@ -129,7 +141,6 @@ def _setup(model, kind, tp, rows, all_keys: bool = False, context: int | None = 
 
 def resolved(model: str, kind: str, tp: int, rows: int, device, context: int | None, context_warned: bool = False):
     """One key as a command starts it (tuning/knobs.py `resolve_key`), what its lookup said printed once."""
-    from glm53ctl.tuning.knobs import resolve_key
 
     key = resolve_key(model, kind, tp, rows, None, device, context, context_warned)
     for w in key.warnings:
@@ -176,8 +187,6 @@ def check(
     _jobs_given(jobs)
     _cache_given(cache)
     if context is not None:  # before torch is imported: a usage error costs no seconds
-        from glm53ctl.kernels.kinds import kernel_kinds, selectable_kinds
-
         context_applies(parse_list("--kind", kind, selectable_kinds(), default=kernel_kinds()), True)
     if gpus > 1:
         if against is not None or context is not None or save is not None:
@@ -229,7 +238,6 @@ def check(
 
 def _check_ranks(o: Output, weights, keys, seed: int, device: str) -> None:
     """`check --gpus T`: each key on T real ranks against the one-device emulation, bit for bit."""
-    from glm53ctl.kernels.checks import ranks_key
 
     err_console.print(f"running {plural(len(keys), 'keys')} of {weights.spec.name} on real ranks ({device})")
     progress = Progress(len(keys))
@@ -260,9 +268,6 @@ def _check_ranks(o: Output, weights, keys, seed: int, device: str) -> None:
 def _save_outputs(weights, keys, seed: int, save: Path) -> None:
     from safetensors.torch import save_file
 
-    from glm53ctl.kernels.checks import launch_outputs
-    from glm53ctl.kernels.kernel_cache import counting
-
     save.mkdir(parents=True, exist_ok=True)
     for i, key in enumerate(keys, 1):
         path = str(save / (key.name.replace("/", "_") + ".safetensors"))
@@ -276,7 +281,6 @@ def _run_ref(
 ) -> Path:
     """REF's outputs for the same keys, saved into ref_dir by REF's own glm53ctl in a process of its own: one
     run for a full TP x rows matrix, else one per (TP, rows) pair (REF may not know this tree's key sets)."""
-    from glm53ctl.worktree import checkout, run_cli
 
     tree, sha = checkout(against, cache)
     base = ["check", "--save", str(ref_dir), "--seed", str(seed), "--model", weights.spec.name]
@@ -297,8 +301,6 @@ def _run_ref(
 def _check_keys(weights, keys, jobs: int, seed: int, device: str, ref_dir: Path | None) -> list[dict]:
     """Every key's check (and, with ref_dir, its bits against REF's), a progress line on stderr as each ends."""
     from safetensors.torch import load_file
-
-    from glm53ctl.kernels.checks import launch_outputs
 
     where = f" with {jobs} processes" if jobs > 1 else ""
     err_console.print(f"checking {plural(len(keys), 'keys')} of {weights.spec.name} on {device}{where}")
@@ -326,7 +328,6 @@ def _costs(spec, keys, per_site: bool = False) -> list[float]:
     """What each key weighs in the estimate of the time left and in the order workers take keys (the heaviest
     first): the tasks its launches run (the interpreter's time goes with them), times its sites for `fault`
     (a stuck launch and its retry each). From the tables alone: nothing is launched."""
-    from glm53ctl.kernels.checks import build_launches
 
     costs = []
     for key in keys:
@@ -413,8 +414,6 @@ def _table_row(r: dict, against: bool, verbose: bool) -> tuple:
 
 def _check_row(key, seed: int, weights=None) -> dict:
     """One key's check as a plain dict (what a worker process sends back)."""
-    from glm53ctl.kernels.checks import CheckResult, check_key
-    from glm53ctl.kernels.kernel_cache import counting
 
     weights = _weights(key, weights)
     try:
@@ -463,10 +462,6 @@ def _in_workers(fn, keys, pending: list[int], jobs: int, args: tuple, reaped: bo
     from concurrent.futures import as_completed
     from concurrent.futures.process import BrokenProcessPool
 
-    from glm53ctl.interrupts import kill_workers, worker_pool
-    from glm53ctl.kernels.checks import HANG_LOG_ENV
-    from glm53ctl.worktree import finder_code, this_tree
-
     with tempfile.TemporaryDirectory(prefix="glm53ctl-hangs-") as tmp:
         log = Path(tmp) / "hangs.jsonl"
         os.environ[HANG_LOG_ENV] = str(log)  # inherited by the workers spawned below
@@ -499,8 +494,6 @@ def _in_workers(fn, keys, pending: list[int], jobs: int, args: tuple, reaped: bo
 def _cache_given(cache: Path | None) -> None:
     """--cache as given, before torch is imported (exit 2 unless a kernel cache)."""
     if cache is not None:
-        from glm53ctl.kernels.kernel_cache import open_cache
-
         open_cache(cache)
 
 
@@ -517,9 +510,6 @@ def _jobs(jobs: int, device: str, keys: list) -> int:
 
 def _weights(key, weights):
     if weights is None:
-        from glm53ctl.kernels.spec import load_model
-        from glm53ctl.kernels.weights import Weights
-
         # seeded: the same tensors in every process
         weights = Weights(load_model(key.model), seed=0, device=key.device)
     return weights
@@ -527,8 +517,6 @@ def _weights(key, weights):
 
 def _fault_row(key, site, budget_ns, wall_s, weights=None) -> dict:
     """One key's fault test as a plain dict."""
-    from glm53ctl.kernels.checks import fault_key, fault_row
-    from glm53ctl.kernels.kernel_cache import counting
 
     with Heartbeat(key.name) as beat, counting(key.name):
         res = fault_key(_weights(key, weights), key, site, budget_ns, wall_s, tick=beat)
@@ -543,7 +531,6 @@ def _site_count(spec, key) -> int:
 def _waits(spec, key) -> list[str]:
     """Each guarded wait of a key's launch (rank 0's: its stage launches in a stages build, every part's in a
     step) as 'waiter <- producer', in site order, from the tables alone."""
-    from glm53ctl.kernels.checks import build_launches
 
     out = []
     for name, la in build_launches(spec, key):
@@ -578,7 +565,6 @@ def _names(diff: list[str]) -> list[str]:
 def _bitwise(ours: dict, theirs: dict) -> list[str]:
     """Per differing tensor, its name and the first differing element; bits compared, so -0.0 != +0.0
     and two NaNs with the same bits are equal."""
-    from glm53ctl.kernels.numerics import bits
 
     out = []
     for name in sorted(set(ours) | set(theirs)):
@@ -704,7 +690,6 @@ def fault(
 def _fault_ranks(o: Output, weights, keys, device: str, budget_ns: int, wall_s: float) -> None:
     """`fault --gpus T`: per key, each rank in turn never publishes its tag; then each in turn is killed during
     its launch."""
-    from glm53ctl.kernels.checks import ranks_fault_key
 
     err_console.print(
         f"muting each rank of {plural(len(keys), 'keys')} of {weights.spec.name} in turn ({device})", highlight=False

@@ -9,6 +9,7 @@ import typer
 
 from glm53ctl.commands import Command
 from glm53ctl.errors import CheckFailed, UsageError
+from glm53ctl.kernels.numerics import bits, rel_rms
 from glm53ctl.output import Output, plural
 
 
@@ -43,8 +44,6 @@ def compare_tensors(a: dict, b: dict) -> list[dict]:
     """Per tensor name: bitwise equality, B's relative RMS error against A, the largest difference; the worst
     first (missing or mismatched tensors, then NaN, then by relative error)."""
     import torch
-
-    from glm53ctl.kernels.numerics import bits, rel_rms
 
     rows = []
     for name in sorted(set(a) | set(b)):

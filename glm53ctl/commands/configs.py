@@ -11,6 +11,9 @@ from glm53ctl import tuned
 from glm53ctl.commands import Command
 from glm53ctl.errors import ConfigError, Glm53Error, UsageError
 from glm53ctl.files import check_replaceable
+from glm53ctl.kernels.kinds import kernel_kinds
+from glm53ctl.kernels.kinds.fits import runnable
+from glm53ctl.kernels.spec import TP_WIDTHS, load_model, load_model_file, model_files
 from glm53ctl.output import Output, plural, print_error
 from glm53ctl.paths import config_root
 
@@ -26,7 +29,6 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output o
 
 
 def _model_row(spec) -> dict:
-    from glm53ctl.kernels.spec import TP_WIDTHS
 
     kda = sum(1 for a, _ in spec.layers if a == "kda")
     tps = []
@@ -66,7 +68,6 @@ def show(
     as_json: JsonOpt = False,
 ) -> None:
     """The models, the tuned files, and with --model a model's per-rank shard shapes."""
-    from glm53ctl.kernels.spec import load_model, load_model_file, model_files
 
     out = Output(as_json)
     root = config_root()
@@ -181,14 +182,12 @@ def _tuned_entries(root: Path, model: str, tp: int) -> list[dict]:
 
 
 def _all_files(root: Path) -> list[Path]:
-    from glm53ctl.kernels.spec import model_files
 
     return list(model_files().values()) + tuned.tuned_files(root)
 
 
 def _validate_one(path: Path) -> int | None:
     """Raise on an invalid file; a tuned file's schema_version (as written: an older one reads migrated)."""
-    from glm53ctl.kernels.spec import load_model_file
 
     if path.suffix == ".toml":
         load_model_file(path)
@@ -203,9 +202,6 @@ def _validate_one(path: Path) -> int | None:
 def _kernels_of(path: Path) -> dict:
     """A valid model file: per kind with kernels, the TP widths its kernels run it at, and for each width they do
     not, the first rule it breaks (kinds/dims.py)."""
-    from glm53ctl.kernels.kinds import kernel_kinds
-    from glm53ctl.kernels.kinds.dims import runnable
-    from glm53ctl.kernels.spec import TP_WIDTHS, load_model_file
 
     spec = load_model_file(path)
     out = {}

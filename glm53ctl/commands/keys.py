@@ -10,11 +10,16 @@ from typing import Annotated
 import typer
 
 from glm53ctl.errors import UsageError
+from glm53ctl.kernels import kernel_cache
+from glm53ctl.kernels.kernel_cache import Counts
+from glm53ctl.kernels.kinds import context_kinds, get_kind
+from glm53ctl.kernels.sizes import check_fits, check_positions, launch_needs
+from glm53ctl.kernels.spec import TP_WIDTHS
+from glm53ctl.output import print_warning
 
 
 def context_applies(kinds: list[str], given: bool) -> list[str]:
     """The selected kinds that read caches (`--context` sizes them); refused when it is given and none does."""
-    from glm53ctl.kernels.kinds import context_kinds
 
     readers = [k for k in kinds if k in context_kinds()]
     if given and not readers:
@@ -37,7 +42,6 @@ def parse_contexts(text: str) -> list[int]:
 
 def context_of(kind: str, context: int | None) -> int | None:
     """The context a key of `kind` runs at: the one given, for a kind that reads caches; else None."""
-    from glm53ctl.kernels.kinds import get_kind
 
     return context if get_kind(kind).reads_context else None
 
@@ -45,7 +49,6 @@ def context_of(kind: str, context: int | None) -> int | None:
 def context_fits(spec, kinds: list[str], rowss: list[int], contexts: list[int], device: str | None = None) -> None:
     """Each --context within the model's positions (kernels/sizes.py); with `device`, each key's caches within
     the memory there and on the host, before a task table or a cache of that size is made."""
-    from glm53ctl.kernels.sizes import check_fits, check_positions, launch_needs
 
     for c in contexts:
         check_positions(spec, c)
@@ -65,7 +68,6 @@ def context_fits(spec, kinds: list[str], rowss: list[int], contexts: list[int], 
 def refuse_steps(kinds: list[str], verb: str) -> None:
     """A step of many launches (`model`) is not tuned (its parts are, as their kinds; bench times its `chain`
     knob beside it): a clear error, not a traceback."""
-    from glm53ctl.kernels.kinds import get_kind
 
     steps = [k for k in kinds if get_kind(k).composite]
     if steps:
@@ -81,7 +83,6 @@ STEP_BASELINES = ("torch", "compile", "persistent", "stages", "chain")
 
 
 def refuse_step_baselines(kinds: list[str], baselines: list[str]) -> None:
-    from glm53ctl.kernels.kinds import get_kind
 
     steps = [k for k in kinds if get_kind(k).composite]
     if "chain" in baselines and len(steps) < len(kinds):
@@ -100,7 +101,6 @@ def refuse_step_baselines(kinds: list[str], baselines: list[str]) -> None:
 
 def ranks_width(gpus: int) -> None:
     """--gpus N (N > 1) of check, fault, run and bench: one rank per GPU, so N is a TP width."""
-    from glm53ctl.kernels.spec import TP_WIDTHS
 
     if gpus not in TP_WIDTHS:
         raise UsageError(f"--gpus {gpus}: one rank per GPU at a TP width ({', '.join(map(str, TP_WIDTHS))})")
@@ -122,7 +122,6 @@ KernelCacheOpt = Annotated[
 def counted_compiles(cache):
     """Around a command's launches: --cache DIR in use (exit 2 unless it is one) and every key's compiles and loads
     counted, this process's and its workers'; yields a function that gives them (kernel_cache.Counts by key)."""
-    from glm53ctl.kernels import kernel_cache
 
     use_kernel_cache(cache)
     with kernel_cache.tallied() as so_far:
@@ -131,7 +130,6 @@ def counted_compiles(cache):
 
 def attach_kernels(rows: list[dict], counts: dict) -> None:
     """Each result row (its "key" a key's name) gets what its launches loaded and compiled (JSON: "kernels")."""
-    from glm53ctl.kernels.kernel_cache import Counts
 
     for r in rows:
         r["kernels"] = counts.get(r["key"], Counts()).as_dict()
@@ -143,12 +141,8 @@ def use_kernel_cache(cache) -> None:
     counted per key either way."""
     import os
 
-    from glm53ctl.kernels import kernel_cache
-
     root = kernel_cache.open_cache(cache) if cache is not None else None
     if root is not None and os.environ.get("TRITON_INTERPRET") == "1":
-        from glm53ctl.output import print_warning
-
         print_warning(f"--cache {cache}: the interpreter compiles nothing, so it loads nothing from a kernel cache")
     kernel_cache.activate(root)
 

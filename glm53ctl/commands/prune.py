@@ -13,6 +13,7 @@ import typer
 from glm53ctl.commands import Command
 from glm53ctl.errors import UsageError
 from glm53ctl.output import Output, plural
+from glm53ctl.worktree import git, repo_root
 
 
 def register(app: typer.Typer) -> None:
@@ -26,7 +27,6 @@ def _is_compile_cache(path: Path) -> bool:
 
 def _forget_worktrees() -> None:
     """`git worktree prune` in the repository, so it forgets the removed worktrees (none to do outside one)."""
-    from glm53ctl.worktree import git, repo_root
 
     try:
         root = repo_root()

@@ -9,10 +9,23 @@ from typing import Annotated
 
 import typer
 
+from glm53ctl import __version__
 from glm53ctl.commands import Command
 from glm53ctl.commands.keys import KernelCacheOpt, counted_compiles, print_kernels, ranks_width
 from glm53ctl.errors import UsageError
+from glm53ctl.files import check_replaceable, write_atomic_with
+from glm53ctl.kernels.checks import run_on_ranks
+from glm53ctl.kernels.kernel_cache import counting
+from glm53ctl.kernels.kinds import KINDS, ranks_kinds
+from glm53ctl.kernels.kinds.run_key import RunKey, check_run_key, layer_for, run_reference, run_triton
+from glm53ctl.kernels.numerics import FP32, FP64
+from glm53ctl.kernels.reference import Reference
+from glm53ctl.kernels.runtime.ranks import WeightsSource
+from glm53ctl.kernels.sizes import check_fits, check_positions, launch_needs, run_needs
+from glm53ctl.kernels.spec import ROW_COUNTS, load_model
+from glm53ctl.kernels.weights import Weights, load_weights, save_weights
 from glm53ctl.output import Output, print_warning
+from glm53ctl.tuning.knobs import resolve_key
 
 
 class Backend(StrEnum):
@@ -34,7 +47,6 @@ def register(app: typer.Typer) -> None:
 
 def _kinds_in_words() -> str:
     """The registry's kinds as `--kind`'s help says them: "embed, dense, kda, sparse, tail or model"."""
-    from glm53ctl.kernels.kinds import KINDS
 
     *most, last = KINDS
     return f"{', '.join(most)} or {last}" if most else last
@@ -88,9 +100,6 @@ def run(
     """Run one launch kind and save every output and every write (plus its inputs) to a safetensors file."""
     import time
 
-    from glm53ctl.kernels.run_key import RunKey, check_run_key, layer_for
-    from glm53ctl.kernels.spec import ROW_COUNTS, load_model
-
     # every check before the progress line and the heavy imports: a usage error costs no torch
     o = Output(as_json)
     spec = load_model(model)
@@ -103,7 +112,6 @@ def run(
     token_ids = parse_ids(tokens) if tokens is not None else None
     key = RunKey(kind, tp, rows, context, steps, seed, layer, token_ids)
     check_run_key(key)
-    from glm53ctl.kernels.sizes import check_positions
 
     check_positions(spec, context, steps)
     if layer is not None:
@@ -120,12 +128,6 @@ def run(
     from safetensors import SafetensorError
     from safetensors.torch import save_file
 
-    from glm53ctl import __version__
-    from glm53ctl.kernels.kinds import run_reference
-    from glm53ctl.kernels.numerics import FP32, FP64
-    from glm53ctl.kernels.reference import Reference
-    from glm53ctl.kernels.weights import Weights, load_weights, save_weights
-
     num = FP64 if precision is Precision.fp64 else FP32
     _fits(spec, key, backend, num.dtype.itemsize, "cuda" if torch.cuda.is_available() else "cpu")
     weights = load_weights(weights_file, spec, partial=True) if weights_file else Weights(spec, weights_seed)
@@ -138,17 +140,12 @@ def run(
         if device == "cpu":
             # no GPU: the kernels run in Triton's interpreter (set before any kernel is defined)
             os.environ["TRITON_INTERPRET"] = "1"
-        from glm53ctl.kernels.kinds import run_triton
-        from glm53ctl.tuning.knobs import resolve_key
 
         # the key resolved once (the tuned file, the grid for the device), what its lookup said printed once
         resolved = resolve_key(model, kind, tp, rows, None, device)
         for w in resolved.warnings:
             print_warning(w)
         if gpus > 1:
-            from glm53ctl.kernels.checks import run_on_ranks
-            from glm53ctl.kernels.runtime.ranks import WeightsSource
-
             # every rank its own weights, as this run's: the file's slice, or the seed's drawn as here (on the CPU)
             source = WeightsSource(weights_seed, "cpu", str(weights_file) if weights_file else None)
             o.log(f"on {gpus} real ranks ({device}), one process each")
@@ -161,8 +158,6 @@ def run(
             else:
                 o.log("every rank's outputs bitwise equal to rank 0's (outputs.*; every rank's as ranks.<r>.*)")
         else:
-            from glm53ctl.kernels.kernel_cache import counting
-
             with counted_compiles(cache) as compiles, counting(resolved.name):
                 tensors = run_triton(weights, key, resolved)
                 counts = compiles()
@@ -188,7 +183,6 @@ def run(
         # what the numbers were computed in: the reference's dtype, or the kernels' own
         "precision": precision.value if backend is Backend.reference else KERNEL_PRECISION,
     }
-    from glm53ctl.files import write_atomic_with
 
     for path, write in (
         (out, lambda tmp: save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata)),
@@ -241,7 +235,6 @@ def _as_rank0(name: str) -> str:
 
 def _check_ranks(kind: str, tp: int, gpus: int, backend: Backend) -> None:
     """--gpus T: the kernels (the reference has no ranks), at TP T, of a kind that runs on real ranks."""
-    from glm53ctl.kernels.kinds import ranks_kinds
 
     ranks_width(gpus)
     if backend is not Backend.triton:
@@ -259,7 +252,6 @@ def _check_ranks(kind: str, tp: int, gpus: int, backend: Backend) -> None:
 def _fits(spec, key, backend: Backend, dtype_bytes: int, device: str) -> None:
     """Refuse a key whose reference prefill and caches (and, with the kernels on a GPU, the launch's caches)
     need more memory than there is, before any of it is allocated."""
-    from glm53ctl.kernels.sizes import check_fits, launch_needs, run_needs
 
     needs = run_needs(spec, key.kind, key.rows, key.context, key.steps, dtype_bytes)
     if backend is Backend.triton:
@@ -277,7 +269,6 @@ def _fits(spec, key, backend: Backend, dtype_bytes: int, device: str) -> None:
 def check_writable(flag: str, path: Path) -> None:
     """Refuse an output path before any work is done: a .safetensors file, and where one is there already, a
     safetensors file (a run replaces an earlier run's, never another kind of file that has the name)."""
-    from glm53ctl.files import check_replaceable
 
     if path.suffix != ".safetensors":
         raise UsageError(f"{flag} {path}: expected a .safetensors file")

@@ -12,6 +12,7 @@ import typer
 from rich.markup import escape
 
 from glm53ctl.commands import Command
+from glm53ctl.commands.bench import key_label
 from glm53ctl.commands.build import parse_list
 from glm53ctl.commands.keys import (
     KernelCacheOpt,
@@ -23,7 +24,18 @@ from glm53ctl.commands.keys import (
     refuse_steps,
 )
 from glm53ctl.errors import UsageError
+from glm53ctl.kernels.kernel_cache import Counts, counting
+from glm53ctl.kernels.kinds import kernel_kinds, selectable_kinds
+from glm53ctl.kernels.spec import ROW_COUNTS, ROWS, TP_WIDTHS, load_model
+from glm53ctl.kernels.weights import Weights
 from glm53ctl.output import Output, err_console, print_warning
+from glm53ctl.tuning import measure
+from glm53ctl.tuning import tune as tuning
+from glm53ctl.tuning.bench import compile_workers, environment_ok, gpu_count, precompile
+from glm53ctl.tuning.knobs import defaults, kind_knobs, resolve_key
+from glm53ctl.tuning.storage import DEFAULT_STORAGE, check_storage, shown
+from glm53ctl.tuning.tune import base_of, space_of
+from glm53ctl.tuning.write import write_results
 
 
 def register(app: typer.Typer) -> None:
@@ -79,9 +91,6 @@ def tune(
     as_json: Annotated[bool, typer.Option("--json", help="Results as JSON on stdout.")] = False,
 ) -> None:
     """Search each key's knobs with Optuna; keep a knob only where it measures faster (docs/knobs.md)."""
-    from glm53ctl.kernels.kinds import kernel_kinds, selectable_kinds
-    from glm53ctl.kernels.spec import ROW_COUNTS, ROWS, TP_WIDTHS, load_model
-    from glm53ctl.tuning.knobs import kind_knobs
 
     kinds = parse_list("--kind", kind, selectable_kinds(), default=kernel_kinds())
     refuse_steps(kinds, "tune")
@@ -91,7 +100,6 @@ def tune(
     for t in tps:
         spec.check_tp(t)
     names = [n.strip() for n in space.split(",") if n.strip()] if space else None
-    from glm53ctl.tuning.tune import space_of
 
     spaces = {k: space_of(kind_knobs(k), names) for k in kinds}
     context_applies(kinds, context is not None)
@@ -104,10 +112,6 @@ def tune(
         raise UsageError("--write and --search-only: a worker decides nothing, so writes nothing")
     if plots is not None:
         _plot_folder_ok(plots)
-    from glm53ctl.tuning import measure
-    from glm53ctl.tuning import tune as tuning
-    from glm53ctl.tuning.bench import environment_ok, gpu_count
-    from glm53ctl.tuning.storage import DEFAULT_STORAGE, check_storage, shown
 
     url = storage or DEFAULT_STORAGE
     plot_only = plots is not None and not gpu_count()  # the studies a GPU ran, plotted here from their storage
@@ -117,7 +121,6 @@ def tune(
     if plot_only:
         code = measure.code_digest(folders=("kernels",))  # a study's trials stand while the kernels do
         store = tuning.storage_of(url, create=False)  # read only: a failed --plots leaves nothing behind
-        from glm53ctl.tuning.knobs import resolve_key
 
         names = [
             study
@@ -133,15 +136,11 @@ def tune(
             _plots(s, plots)
         return
     environment_ok()
-    from glm53ctl.kernels.kernel_cache import Counts, counting
 
     with counted_compiles(cache) as compiles:  # every key's kernels loaded or compiled, its trials' included
-        from glm53ctl.kernels.weights import Weights
-
         store = tuning.storage_of(url)
         if plots is not None:
             _plot_folder(plots)  # before the search: a folder that cannot be made fails now, not after it
-        from glm53ctl.tuning.knobs import resolve_key
 
         keys = {}  # each resolved once, what its lookup said printed once (a trial is the key with its knobs)
         for k, t, r in [(k, t, r) for k in kinds for t in tps for r in rowss]:
@@ -190,8 +189,6 @@ def tune(
             return
         env = measure.environment(command, study=study, seed=seed)
         if write:
-            from glm53ctl.tuning.write import write_results
-
             written, warnings = write_results(model, results, env)
             for w in warnings:
                 print_warning(w)
@@ -218,10 +215,6 @@ def _precompile(keys: dict, spaces, trials: int, jobs: int) -> None:
     import itertools
     import math
 
-    from glm53ctl.tuning.bench import compile_workers, precompile
-    from glm53ctl.tuning.knobs import defaults
-    from glm53ctl.tuning.tune import base_of
-
     todo = []
     for k in dict.fromkeys(kind for kind, _, _ in keys):
         space = spaces[k]
@@ -238,7 +231,6 @@ def _precompile(keys: dict, spaces, trials: int, jobs: int) -> None:
 
 
 def _row(r: dict) -> list:
-    from glm53ctl.commands.bench import key_label
 
     e = r["evidence"]
     kept = "\n".join(f"{n}={v}" for n, v in r["kept"].items()) or "defaults"

@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib
 import os
 
+from glm53ctl.errors import ConfigError, UsageError
 from glm53ctl.kernels.kinds import dense, embed, kda, model, sparse, tail
 from glm53ctl.kernels.kinds.base import Kind, facts
 
@@ -26,157 +27,64 @@ from glm53ctl.kernels.kinds.base import Kind, facts
 ENV_KINDS = "GLM53CTL_KINDS"
 
 
-def _embed_harness():
-    from glm53ctl.kernels.kinds.embed.harness import EmbedHarness
-
-    return EmbedHarness
-
-
-def _dense_harness():
-    from glm53ctl.kernels.kinds.dense.harness import DenseHarness
-
-    return DenseHarness
-
-
-def _kda_harness():
-    from glm53ctl.kernels.kinds.kda.harness import KdaHarness
-
-    return KdaHarness
-
-
-def _sparse_harness():
-    from glm53ctl.kernels.kinds.sparse.harness import SparseHarness
-
-    return SparseHarness
-
-
-def _tail_harness():
-    from glm53ctl.kernels.kinds.tail.harness import TailHarness
-
-    return TailHarness
-
-
-def _model_harness():
-    from glm53ctl.kernels.kinds.model.harness import ModelHarness
-
-    return ModelHarness
-
-
-def _embed_reference():
-    from glm53ctl.kernels.harness import run_embed
-
-    return run_embed
-
-
-def _layer_reference():
-    from glm53ctl.kernels.harness import run_layer
-
-    return run_layer
-
-
-def _tail_reference():
-    from glm53ctl.kernels.harness import run_tail
-
-    return run_tail
-
-
-def _model_reference():
-    from glm53ctl.kernels.harness import run_model
-
-    return run_model
-
-
-def _embed_ranks():
-    from glm53ctl.kernels.kinds.embed.ranks import rank_launches
-
-    return rank_launches
-
-
-def _layer_ranks():
-    from glm53ctl.kernels.kinds.dense.ranks import rank_launches
-
-    return rank_launches
-
-
-def _sparse_ranks():
-    from glm53ctl.kernels.kinds.sparse.ranks import rank_launches
-
-    return rank_launches
-
-
-def _tail_ranks():
-    from glm53ctl.kernels.kinds.tail.ranks import rank_launches
-
-    return rank_launches
-
-
-def _model_ranks():
-    from glm53ctl.kernels.kinds.model.ranks import rank_launches
-
-    return rank_launches
-
-
 IN_TREE = (
     Kind(
         "embed",
         "token ids -> H (vocab-parallel gather + all-reduce)",
-        _embed_reference,
-        _embed_harness,
+        "glm53ctl.kernels.kinds.harness:run_embed",
+        "glm53ctl.kernels.kinds.embed.harness:EmbedHarness",
         takes_tokens=True,
-        ranks=_embed_ranks,
+        ranks="glm53ctl.kernels.kinds.embed.ranks:rank_launches",
         colour="#8c8c8c",
         **facts(embed),
     ),
     Kind(
         "dense",
         "one KDA layer with the dense MLP (layers 0-2)",
-        _layer_reference,
-        _dense_harness,
-        layer=("kda", "dense"),
-        ranks=_layer_ranks,
+        "glm53ctl.kernels.kinds.harness:run_layer",
+        "glm53ctl.kernels.kinds.dense.harness:DenseHarness",
+        ranks="glm53ctl.kernels.kinds.dense.ranks:rank_launches",
         colour="#4c72b0",
         **facts(dense),
     ),
     Kind(
         "kda",
         "one KDA layer with the MoE (router, 8 routed experts, the shared expert)",
-        _layer_reference,
-        _kda_harness,
-        layer=("kda", "moe"),
-        ranks=_layer_ranks,
+        "glm53ctl.kernels.kinds.harness:run_layer",
+        "glm53ctl.kernels.kinds.kda.harness:KdaHarness",
+        ranks="glm53ctl.kernels.kinds.dense.ranks:rank_launches",
         colour="#55a868",
         **facts(kda),
     ),
     Kind(
         "sparse",
         "one DSA layer with the MoE (MLA, the k-pool indexer and its top pools, the MoE)",
-        _layer_reference,
-        _sparse_harness,
-        layer=("dsa", "moe"),
+        "glm53ctl.kernels.kinds.harness:run_layer",
+        "glm53ctl.kernels.kinds.sparse.harness:SparseHarness",
         reads_context=True,
-        ranks=_sparse_ranks,
+        ranks="glm53ctl.kernels.kinds.sparse.ranks:rank_launches",
         colour="#c44e52",
         **facts(sparse),
     ),
     Kind(
         "tail",
         "mean of the streams, final norm, lm_head -> logits",
-        _tail_reference,
-        _tail_harness,
-        ranks=_tail_ranks,
+        "glm53ctl.kernels.kinds.harness:run_tail",
+        "glm53ctl.kernels.kinds.tail.harness:TailHarness",
+        ranks="glm53ctl.kernels.kinds.tail.ranks:rank_launches",
         colour="#8172b2",
         **facts(tail),
     ),
     Kind(
         "model",
         "the whole decode step: embed, the layers in order, tail (each its kind's launch, chained)",
-        _model_reference,
-        _model_harness,
+        "glm53ctl.kernels.kinds.harness:run_model",
+        "glm53ctl.kernels.kinds.model.harness:ModelHarness",
         takes_tokens=True,
         reads_context=True,
         composite=True,
         parts=("embed", "dense", "kda", "sparse", "tail"),
-        ranks=_model_ranks,
+        ranks="glm53ctl.kernels.kinds.model.ranks:rank_launches",
         **facts(model),
     ),
 )
@@ -184,7 +92,6 @@ IN_TREE = (
 
 def _extra_kinds() -> tuple[Kind, ...]:
     """The kinds of the modules $GLM53CTL_KINDS names (module doc)."""
-    from glm53ctl.errors import ConfigError
 
     out = []
     for name in (n.strip() for n in os.environ.get(ENV_KINDS, "").split(",") if n.strip()):
@@ -202,8 +109,6 @@ def _registry() -> dict[str, Kind]:
     kinds: dict[str, Kind] = {}
     for k in IN_TREE + _extra_kinds():
         if k.name in kinds:
-            from glm53ctl.errors import ConfigError
-
             raise ConfigError(f"{ENV_KINDS}: kind {k.name!r} is already registered")
         kinds[k.name] = k
     return kinds
@@ -234,7 +139,6 @@ def selectable_kinds() -> tuple[str, ...]:
 
 
 def get_kind(name: str) -> Kind:
-    from glm53ctl.errors import UsageError
 
     if name not in KINDS:
         raise UsageError(f"unknown kind {name!r}", hint=f"one of {names(with_kernels=False)}")
@@ -242,41 +146,23 @@ def get_kind(name: str) -> Kind:
 
 
 def load_harness(name: str):
-    """The harness class of a kind (`Harness(weights, key)` is one key's launch: kernels/harness.py)."""
-    from glm53ctl.errors import UsageError
+    """The harness class of a kind (`Harness(weights, key)` is one key's launch: kernels/kinds/harness.py)."""
 
     kind = get_kind(name)
     if kind.harness is None:
         raise UsageError(f"the Triton backend has no {name} launch yet", hint=f"kinds with kernels: {names()}")
-    return kind.harness()
+    return kind.load_harness()
 
 
 def load_ranks(name: str):
     """What one rank runs with real ranks: `fn(group, key, inputs, mute, budget_ns)` -> per launch its outputs (a
     dict) or its fault in words (kernels/kinds/embed/ranks.py)."""
-    from glm53ctl.errors import UsageError
 
     kind = get_kind(name)
     if kind.ranks is None:
         real = ", ".join(ranks_kinds()) or "none"
         raise UsageError(f"{name} runs on one device only so far (its peers emulated)", hint=f"--gpus: {real}")
-    return kind.ranks()
-
-
-def run_reference(ref, key):
-    """`glm53ctl run`'s reference run of the key's kind (kernels/harness.py): inputs.*, outputs.*, writes.*."""
-    from glm53ctl.kernels.run_key import check_run_key
-
-    check_run_key(key)
-    return get_kind(key.kind).reference()(ref, key)
-
-
-def run_triton(weights, key, resolved):
-    """`glm53ctl run --backend triton`: the saved tensors of run_reference's layout, the launch at `resolved`."""
-    from glm53ctl.kernels.run_key import check_run_key
-
-    check_run_key(key)
-    return load_harness(key.kind).run(weights, key, resolved)
+    return kind.load_ranks()
 
 
 def ranks_kinds() -> tuple[str, ...]:

@@ -1,13 +1,15 @@
 """What a kind and a knob are (docs/design.md §2, §5): the registry's definitions, a leaf that imports nothing of
 the project, so that the registry, the tuned files and the commands read them for no torch and no circle.
 
-A `Kind` names its harness, its reference run and (where it has them) its real-rank launches by *loaders*: small
-functions whose body imports the thing and returns it, so an editor follows a key from a command to the kernel,
-while importing the registry still loads none of them.
+A `Kind` names its harness, its reference run and (where it has them) its real-rank launches by where they are,
+`"module:attribute"` (as a package's entry points do): importing the registry loads none of them (no torch), and
+`Kind.load_harness()` and the others import the one asked for. None of those modules imports the registry's
+module back for its own sake: the kinds' code sits below the registry (the layers contract, pyproject.toml).
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -71,14 +73,15 @@ def _empty() -> MappingProxyType:
 
 @dataclass(frozen=True)
 class Kind:
-    """One launch kind as every command reads it. `harness`, `reference` and `ranks` are loaders (module doc):
-    `harness()` is the kind's `KindHarness` class (None: no kernels yet), `reference()` the function that runs
-    its reference (`glm53ctl run`: `fn(ref, key)`), `ranks()` what one rank's process runs with real ranks."""
+    """One launch kind as every command reads it. `harness`, `reference` and `ranks` say where things are,
+    `"module:attribute"` (module doc): `harness`, the kind's `KindHarness` class (None: no kernels yet);
+    `reference`, the function that runs its reference (`glm53ctl run`: `fn(ref, key)`); `ranks`, what one rank's
+    process runs with real ranks."""
 
     name: str
     summary: str
-    reference: Callable[[], Callable]
-    harness: Callable[[], type] | None = None
+    reference: str
+    harness: str | None = None
     layer: tuple[str, str] | None = None  # a layer kind's (attention, FFN) shape (kernels/spec.py)
     takes_tokens: bool = False  # its input is token ids (else the streams H)
     reads_context: bool = False  # it reads caches that grow with the context (`--context` sizes them)
@@ -92,13 +95,22 @@ class Kind:
     runtime_defaults: MappingProxyType = field(default_factory=_empty)
     # `fn(group, key, inputs, mute, budget_ns)` -> per launch its outputs or its fault in words
     # (kernels/runtime/ranks.py); None: the kind runs on one device only (its peers emulated) so far
-    ranks: Callable[[], Callable] | None = None
+    ranks: str | None = None
     colour: str = "#dd8452"  # its segments in a step's picture (bench --save)
     dims: tuple = ()  # what its kernels need of a model's dimensions (kinds/dims.py `Dim`)
 
     @property
     def has_kernels(self) -> bool:
         return self.harness is not None
+
+    def load_harness(self) -> type:
+        return load(self.harness)
+
+    def load_reference(self) -> Callable:
+        return load(self.reference)
+
+    def load_ranks(self) -> Callable:
+        return load(self.ranks)
 
     def all_knobs(self) -> dict[str, Knob]:
         """Every knob of the kind, by name: the runtime knobs it takes (with its defaults), then its own."""
@@ -110,10 +122,17 @@ class Kind:
         return {name: k.default for name, k in self.all_knobs().items()}
 
 
+def load(where: str):
+    """The attribute a `"module:attribute"` names, its module imported."""
+    module, _, attr = where.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
 def facts(module) -> dict:
-    """A kind folder's facts (its __init__.py: KNOBS, RUNTIME, RUNTIME_DEFAULTS, BOUNDS, and DIMS where its kernels
-    need more of a model than TP sharding) as `Kind` fields."""
+    """A kind folder's facts (its __init__.py: KNOBS, RUNTIME, RUNTIME_DEFAULTS, BOUNDS; LAYER for a layer kind; DIMS
+    where its kernels need more of a model than TP sharding) as `Kind` fields."""
     return {
+        "layer": getattr(module, "LAYER", None),
         "knobs": module.KNOBS,
         "runtime": module.RUNTIME,
         "runtime_defaults": MappingProxyType(module.RUNTIME_DEFAULTS),

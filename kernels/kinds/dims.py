@@ -14,8 +14,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from glm53ctl.errors import UsageError
-
 
 @dataclass(frozen=True)
 class Rule:
@@ -72,7 +70,7 @@ class Dim:
     def value(self, spec, tp: int) -> int:
         if self.of is not None:
             return self.of(spec)
-        v = _get(spec, self.field) * (_get(spec, self.times) if self.times else 1)
+        v = field_value(spec, self.field) * (field_value(spec, self.times) if self.times else 1)
         return v // tp if self.per_rank else v
 
     def name(self) -> str:
@@ -83,7 +81,7 @@ class Dim:
 
     def nearest(self, spec, tp: int) -> int | None:
         """The nearest value of `field` (the others as they are) that holds at this width, None past twice it."""
-        v = _get(spec, self.field)
+        v = field_value(spec, self.field)
         for d in range(0, 2 * v + 1):
             for w in dict.fromkeys((v - d, v + d)):
                 if w < 0 or (self.per_rank and w % tp):
@@ -105,7 +103,7 @@ def _with(spec, field: str, value: int):
     return spec.model_copy(update={group: getattr(spec, group).model_copy(update={name: value})})
 
 
-def _get(spec, field: str) -> int:
+def field_value(spec, field: str) -> int:
     group, name = field.split(".")
     return getattr(getattr(spec, group), name)
 
@@ -129,42 +127,3 @@ class Broken:
             said = f"{d.name()} = {self.value}" + (f" at TP {self.tp}" if d.per_rank else "") + f" ({said})"
         near = f"; nearest {d.field} = {self.nearest}" if self.nearest is not None else ""
         return f"{said}: {self.kind} needs {d.rule.says} ({d.why}){near}"
-
-
-def broken(spec, kind: str, tp: int) -> list[Broken]:
-    """The rules of `kind`'s kernels (a step's: every part's, and its own) that `spec` breaks at TP `tp`."""
-    from glm53ctl.kernels.kinds import get_kind
-
-    entry = get_kind(kind)
-    out = []
-    for name in (kind, *entry.parts):
-        for dim in get_kind(name).dims:
-            v = dim.value(spec, tp)
-            if not dim.rule.holds(v):
-                who = name if name == kind else f"{kind} ({name})"
-                out.append(Broken(who, tp, dim, v, _get(spec, dim.field), dim.nearest(spec, tp)))
-    return list({str(b): b for b in out}.values())
-
-
-def check_runs(spec, kind: str, tp: int) -> None:
-    """Exit 2 before anything launches where `kind`'s kernels cannot run `spec` at TP `tp`."""
-    bad = broken(spec, kind, tp)
-    if bad:
-        raise UsageError(
-            f"model {spec.name!r} cannot run on the {kind} kernels at TP {tp}: "
-            + "; ".join(str(b) for b in bad[:3])
-            + (f"; and {len(bad) - 3} more" if len(bad) > 3 else ""),
-            hint="`glm53ctl configs validate FILE` says which kinds and TP widths a model file can run; "
-            "the reference backend (`run --backend reference`) runs any",
-        )
-
-
-def runnable(spec, kinds: list[str], tps: tuple[int, ...]) -> dict[str, dict[int, list[Broken]]]:
-    """Per kind, per TP width that shards the model: what it breaks there (empty: it runs)."""
-    out: dict[str, dict[int, list[Broken]]] = {}
-    for kind in kinds:
-        out[kind] = {}
-        for tp in tps:
-            if all(v % tp == 0 for v in spec.sharded_dims().values()):
-                out[kind][tp] = broken(spec, kind, tp)
-    return out

@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from glm53ctl.kernels.kinds.task_types import HOP
+from glm53ctl.kernels.runtime import Runtime
 from glm53ctl.kernels.runtime.device import (
     finish,
     launch_epoch,
@@ -16,6 +16,7 @@ from glm53ctl.kernels.runtime.device import (
     wait_task,
 )
 from glm53ctl.kernels.runtime.table import TaskTable
+from glm53ctl.kernels.runtime.task_types import HOP
 from glm53ctl.kernels.tlx import interpreting
 
 
@@ -48,7 +49,6 @@ class ChainLaunch:
     """n tasks, task i waiting on task i-1 by flag or box: one launch is n dependent hand-offs."""
 
     def __init__(self, n: int, handoff: str, poll: int, grid: int, device) -> None:
-        from glm53ctl.kernels.runtime import Runtime
 
         t = TaskTable("chain")
         prev = t.add(HOP)

@@ -10,6 +10,7 @@ import torch
 from glm53ctl.errors import CheckFailed
 from glm53ctl.kernels.runtime.device import BOX_WORDS, CTL_WORDS
 from glm53ctl.kernels.runtime.table import INT32_MAX, TaskTable
+from glm53ctl.kernels.tlx import interpreting
 
 ARRAYS = ("tasks", "wait_kind", "wait_index", "wait_count", "pub_slot")
 
@@ -170,7 +171,6 @@ class PersistentLaunch:
         }
 
     def runtime_constexprs(self) -> dict:
-        from glm53ctl.kernels.tlx import interpreting
 
         return {
             "INTERPRET": interpreting(),
@@ -184,7 +184,6 @@ class PersistentLaunch:
         """Compile options from the knobs: warps, and the K loop's pipelining depth where the kind takes it; and
         `launch_pdl` for a launch chained by programmatic dependent launch (Triton keys its builds on it too, so
         an ahead-of-time warmup without it would build a variant that never runs)."""
-        from glm53ctl.kernels.tlx import interpreting
 
         opts = {"num_warps": self.knobs["warps"]}
         if "stages" in self.knobs:

@@ -36,6 +36,8 @@ from typing import NamedTuple
 import torch
 
 from glm53ctl.errors import CheckFailed, UsageError
+from glm53ctl.kernels.runtime.launch import LaunchFault, on_device
+from glm53ctl.kernels.weights import Weights, load_weights
 
 # the longest a rank waits at a CPU barrier for its peers (a peer that never comes has failed or hangs, and the
 # launcher kills every rank at its own timeout first)
@@ -280,7 +282,6 @@ class WeightsSource:
     path: str | None = None
 
     def load(self, spec, device: torch.device):
-        from glm53ctl.kernels.weights import Weights, load_weights
 
         if self.path is not None:
             return load_weights(Path(self.path), spec, partial=True)
@@ -304,7 +305,6 @@ class RankPart(NamedTuple):
 def compile_on_rank(group: Group, launch) -> None:
     """On a GPU, compile a rank's launch (a list: a step's; a stage schedule: each stage's) before the ranks
     meet: ranks that compile seconds apart would fault their first launch on a peer's wait."""
-    from glm53ctl.kernels.runtime.launch import on_device
 
     if group.device.type != "cuda":
         return
@@ -323,7 +323,6 @@ def launches_on_rank(group: Group, launch, run: Callable, inputs: list, mute: li
     that never publishes at launch i (-1: none), or (rank, "killed"): that rank's process is killed (SIGKILL)
     `KILL_AFTER_S` into the launch, before it publishes; only those launches wait `budget_ns` (the others, the
     default)."""
-    from glm53ctl.kernels.runtime.launch import LaunchFault
 
     compile_on_rank(group, launch)
     out = []
@@ -341,4 +340,22 @@ def launches_on_rank(group: Group, launch, run: Callable, inputs: list, mute: li
             out.append(str(e))
         if killed and silent:  # a launch shorter than KILL_AFTER_S: dead at its end, before a word of it goes out
             os.kill(os.getpid(), signal.SIGKILL)
+    return out
+
+
+def given_to_ranks(x):
+    """An input as the ranks' processes are given it: a tensor as nested lists, a layer's input on the CPU."""
+    return x.tolist() if isinstance(x, torch.Tensor) else x.to("cpu")
+
+
+def steps_on_ranks(fn: Callable, key, xs: list, source, chain: bool = True) -> list[list[dict]]:
+    """Per rank, per input of `xs`, what the kind's rank function `fn` returned (`chain`: each launch after the first
+    reading the state its rank's launch before wrote: a run's steps). A fault fails the run, named."""
+    layout = RankLayout(key.tp, key.tp, torch.device(key.device).type)
+    chained = (True,) if chain else ()  # the layer kinds' rank functions take it; the stateless ones have none
+    out = run_ranks(layout, fn, key, [given_to_ranks(x) for x in xs], [], None, source, *chained)
+    for r, per_step in enumerate(out):
+        for i, got in enumerate(per_step):
+            if not isinstance(got, dict):
+                raise CheckFailed(f"rank {r} of {key.tp}, step {i + 1}: {got}")
     return out

@@ -23,7 +23,7 @@ from __future__ import annotations
 import copy
 from types import SimpleNamespace
 
-from glm53ctl.kernels.runtime.launch import LaunchFault
+from glm53ctl.kernels.runtime.launch import LaunchFault, Runtime
 from glm53ctl.kernels.runtime.table import FLAG, PEER, Site, TaskTable
 
 
@@ -59,7 +59,6 @@ def stage_launch(whole, ttypes, one_task: bool = False):
     the whole table's words in this rank's flag mailbox (every stage's pushes tag that place: the launch's
     `peer_words`), and keeps its own words in a place of its own below them, so that no stage reads another
     stage's words as its own (their tags move in step)."""
-    from glm53ctl.kernels.runtime.launch import Runtime
 
     stage = copy.copy(whole)
     stage.table = t = stage_table(whole.table, ttypes)

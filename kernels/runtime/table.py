@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from glm53ctl.kernels.kinds.task_types import TYPE_NAMES
 from glm53ctl.kernels.runtime.device import BOX_WORDS, TASK_FIELDS
+from glm53ctl.kernels.runtime.task_types import TYPE_NAMES
 
 # a peer site polls flag words too, ones its peers write (with real ranks, from their own processes)
 FLAG, BOX, PEER = 0, 1, 2
@@ -57,7 +57,7 @@ class TaskTable:
     peer_base: int | None = None
 
     def add(self, ttype, *args: int) -> int:
-        """Append a task of type `ttype` (kinds/task_types.py) with up to 3 arguments; its id."""
+        """Append a task of type `ttype` (runtime/task_types.py) with up to 3 arguments; its id."""
         ttype = int(getattr(ttype, "value", ttype))
         assert ttype in TYPE_NAMES and len(args) <= 3
         self.tasks.append((ttype, *args, *(0,) * (3 - len(args))))

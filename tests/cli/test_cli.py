@@ -29,14 +29,31 @@ def test_a_bare_group_shows_its_usage_and_says_what_is_missing(capsys, args):
 
 
 def test_every_command_group_is_registered():
-    """Typer's own command list, not substrings of the help text (where "run" is in "runs")."""
+    """Typer's own command list, not substrings of the help text (where "run" is in "runs"): each command its
+    module's, named as listed, and its line in `glm53ctl -h` its own help's first sentence."""
     import typer
 
-    from glm53ctl.cli import app
+    from glm53ctl.cli import COMMANDS, app
 
     group = typer.main.get_command(app)
-    assert sorted(group.commands) == ["bench", "build", "check", "compare", "configs", "fault", "prune", "run", "tune"]
-    assert sorted(group.commands["configs"].commands) == ["diff", "migrate", "show", "validate"]
+    names = group.list_commands(None)
+    assert sorted(names) == ["bench", "build", "check", "compare", "configs", "fault", "prune", "run", "tune"]
+    for name in names:
+        command = group.get_command(None, name)
+        assert command.name == name and command.get_short_help_str(1000) == COMMANDS[name][1]
+    assert sorted(group.get_command(None, "configs").commands) == ["diff", "migrate", "show", "validate"]
+    assert group.get_command(None, "nonesuch") is None
+
+
+def test_the_help_and_a_mistyped_command_load_no_command_module():
+    p = _run(
+        "import sys",
+        "from glm53ctl.cli import run_cli",
+        "codes = [run_cli(['--help']), run_cli(['--version']), run_cli(['chekc'])]",
+        "print(codes, sorted(m for m in sys.modules if m.startswith('glm53ctl.commands.')))",
+    )
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip().endswith("[0, 0, 2] []"), p.stdout
 
 
 @pytest.mark.parametrize("name", ["bench", "tune"])
@@ -175,8 +192,8 @@ def _all_help() -> dict[str, str]:
     from glm53ctl.cli import app
 
     group = typer.main.get_command(app)
-    paths = [[name] for name in group.commands]
-    paths += [["configs", name] for name in group.commands["configs"].commands]
+    paths = [[name] for name in group.list_commands(None)]
+    paths += [["configs", name] for name in group.get_command(None, "configs").commands]
     return {
         " ".join(p): subprocess.run([sys.executable, "-m", "glm53ctl", *p, "-h"], capture_output=True, text=True).stdout
         for p in paths

@@ -76,14 +76,15 @@ def test_compare_bound_must_be_zero_or_more(capsys, tmp_path, bound):
     _usage(code, err, f"--bound {float(bound):g}: expected a relative RMS error of 0 or more")
 
 
-def test_compare_checks_its_paths_before_torch_loads(tmp_path):
-    """Before: `compare nope x` said "no such file" after importing torch (4-7 s on a laptop)."""
+def test_compare_checks_its_paths_before_it_reads_a_file(tmp_path):
+    """`compare nope x`: "no such file", exit 2, nothing read. (Until issue 46 it came before torch was imported;
+    the command's module now imports torch at its top.)"""
     p = subprocess.run(
         [
             sys.executable,
             "-c",
             "import sys\nfrom glm53ctl.cli import run_cli\n"
-            f"code = run_cli(['compare', {str(tmp_path / 'nope')!r}, 'x'])\nprint(code, 'torch' in sys.modules)",
+            f"code = run_cli(['compare', {str(tmp_path / 'nope')!r}, 'x'])\nprint(code, 'safetensors' in sys.modules)",
         ],
         capture_output=True,
         text=True,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from glm53ctl.kernels.kinds import kernel_kinds
-from glm53ctl.kernels.kinds.dims import broken, runnable
+from glm53ctl.kernels.kinds.fits import broken, runnable
 from glm53ctl.kernels.spec import TP_WIDTHS, load_model, load_model_file
 from glm53ctl.paths import config_root
 from tests.helpers import invoke, invoke_json

@@ -6,14 +6,15 @@ import pytest
 import torch
 
 from glm53ctl.kernels.checks import fault_key
-from glm53ctl.kernels.harness import RunKey
-from glm53ctl.kernels.kinds import get_kind, run_reference, run_triton
-from glm53ctl.kernels.kinds import task_types as tt
+from glm53ctl.kernels.kinds import get_kind
 from glm53ctl.kernels.kinds.dense.harness import DenseHarness
+from glm53ctl.kernels.kinds.harness import RunKey
 from glm53ctl.kernels.kinds.layer.table import STAGES, k_slices
+from glm53ctl.kernels.kinds.run_key import run_reference, run_triton
 from glm53ctl.kernels.numerics import rel_rms
 from glm53ctl.kernels.ops.gemv.kernel import folds
 from glm53ctl.kernels.reference import Reference
+from glm53ctl.kernels.runtime import task_types as tt
 from glm53ctl.kernels.spec import load_model
 from glm53ctl.kernels.weights import Weights
 from glm53ctl.tuning.knobs import kind_knobs

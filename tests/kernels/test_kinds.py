@@ -3,7 +3,8 @@
 import pytest
 
 from glm53ctl.errors import UsageError
-from glm53ctl.kernels.kinds import KINDS, get_kind, kernel_kinds, load_harness, task_types
+from glm53ctl.kernels.kinds import KINDS, get_kind, kernel_kinds, load_harness
+from glm53ctl.kernels.runtime import task_types
 from glm53ctl.kernels.runtime.table import TaskTable
 from glm53ctl.kernels.spec import load_model
 

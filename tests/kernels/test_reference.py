@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from glm53ctl.errors import UsageError
-from glm53ctl.kernels.harness import RunKey, row_contexts
-from glm53ctl.kernels.kinds import run_reference
+from glm53ctl.kernels.kinds.harness import RunKey, row_contexts
+from glm53ctl.kernels.kinds.run_key import run_reference
 from glm53ctl.kernels.numerics import FP64, rel_rms
 from glm53ctl.kernels.ops.ffn.naive import route, swiglu_mlp, topk_ordered
 from glm53ctl.kernels.ops.mhc.naive import hc_post, hc_pre, sinkhorn

@@ -8,9 +8,9 @@ import torch
 
 from glm53ctl.kernels.checks import fault_key
 from glm53ctl.kernels.kinds import CPU_KEYS, get_kind
-from glm53ctl.kernels.kinds import task_types as tt
 from glm53ctl.kernels.kinds.sparse.harness import SparseHarness
 from glm53ctl.kernels.numerics import rel_rms
+from glm53ctl.kernels.runtime import task_types as tt
 from glm53ctl.kernels.spec import load_model
 from glm53ctl.kernels.weights import ROOT, Weights
 from tests.helpers import assert_same_bits, assert_separate_launches_keep_bits, first_site_of_each, resolved

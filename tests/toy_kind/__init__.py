@@ -46,17 +46,11 @@ def defect() -> int:
     return DEFECTS.index(name)
 
 
-def _harness():
-    from tests.toy_kind.harness import ToyHarness
-
-    return ToyHarness
-
-
-def _reference():
-    from tests.toy_kind.harness import run_reference
-
-    return run_reference
-
-
 # the kind's one registry line
-KIND = Kind("toy", "doubles each row, then sums it (a test)", _reference, _harness, **facts(sys.modules[__name__]))
+KIND = Kind(
+    "toy",
+    "doubles each row, then sums it (a test)",
+    "tests.toy_kind.harness:run_reference",
+    "tests.toy_kind.harness:ToyHarness",
+    **facts(sys.modules[__name__]),
+)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from glm53ctl.kernels.harness import KindHarness, row_contexts
 from glm53ctl.kernels.key import ResolvedKey
-from glm53ctl.kernels.kinds.task_types import HOP
+from glm53ctl.kernels.kinds.harness import KindHarness, row_contexts
+from glm53ctl.kernels.runtime.task_types import HOP
 from tests.toy_kind import WIDTH
 from tests.toy_kind.launch import ToyLaunch
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from glm53ctl.kernels.kinds.task_types import HOP
 from glm53ctl.kernels.runtime.table import TaskTable
+from glm53ctl.kernels.runtime.task_types import HOP
 
 DOUBLE, SUM = 0, 1  # a task's first argument: which of the two it is
 

@@ -10,11 +10,12 @@ import torch
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from glm53ctl.kernels.checks import make_harness  # noqa: E402
+from glm53ctl.kernels.checks import make_harness
 from glm53ctl.kernels.kinds import kernel_kinds  # noqa: E402
 from glm53ctl.kernels.numerics import rel_rms  # noqa: E402
 from glm53ctl.kernels.spec import load_model  # noqa: E402
 from glm53ctl.kernels.weights import Weights  # noqa: E402
+from glm53ctl.tuning.knobs import resolve_key  # noqa: E402
 from tests.helpers import resolved  # noqa: E402
 
 pytestmark = pytest.mark.interpreter
@@ -165,7 +166,7 @@ def test_a_steps_launches_chain_as_its_knob_says():
 
     spec = load_model("tiny")
     for chain, want in (("pdl", True), ("stream", False)):
-        launches = ModelHarness.build_launches(spec, 2, 1, {"chain": chain, "grid": 0})
+        launches = ModelHarness.build_launches(spec, resolve_key("tiny", "model", 2, 1, {"chain": chain}, "cpu"))
         assert sum(n.endswith(".launch") for n, _ in launches) == spec.model.num_layers + 2
         assert any(n.endswith(".peer") for n, _ in launches)
         assert {n: la.pdl for n, la in launches if n.endswith(".launch")} == {
@@ -429,7 +430,7 @@ def test_a_traced_step_says_which_kind_and_stage_hold_it():
     hand-off before it, to its type's stage), per kind the mean traced launch and the stage holding the most of
     its parts' paths, printed with the longest parts."""
     from glm53ctl.commands.bench import format_step_trace
-    from glm53ctl.kernels.kinds.task_types import TYPE_NAMES
+    from glm53ctl.kernels.runtime.task_types import TYPE_NAMES
     from glm53ctl.tuning.bench import path_by_stage, step_kinds
 
     def step(t, ready, done, handoff=None):

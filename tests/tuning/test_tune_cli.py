@@ -267,7 +267,7 @@ def test_the_compile_baseline_holds_back_torch_compiles_warnings(caplog, monkeyp
     import torch
     import torch._dynamo
 
-    from glm53ctl.kernels.harness import Timed
+    from glm53ctl.kernels.kinds.harness import Timed
     from glm53ctl.tuning.bench import variant
 
     monkeypatch.delenv("TORCH_LOGS", raising=False)

@@ -8,6 +8,7 @@ Knob defaults: the best of the H200 sweeps and traces in docs/perf/dense.md.
 from glm53ctl.kernels.kinds.base import LAUNCH, Knob
 from glm53ctl.kernels.kinds.dims import Dim, exactly, o_proj_width, power_of_two, power_of_two_or_multiple
 
+LAYER = ("kda", "dense")  # the layer it runs: (attention, FFN) (kernels/spec.py)
 KNOBS = (
     LAUNCH,
     # a tile per stage, so each stage has enough tasks

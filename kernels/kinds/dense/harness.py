@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
-from glm53ctl.kernels.harness import (
+from glm53ctl.kernels.key import ResolvedKey
+from glm53ctl.kernels.kinds.harness import (
     Inputs,
     KindHarness,
     RunKey,
@@ -22,12 +23,15 @@ from glm53ctl.kernels.harness import (
     nbytes,
     row_contexts,
 )
-from glm53ctl.kernels.key import ResolvedKey
 from glm53ctl.kernels.kinds.layer.launch import LayerLaunch
 from glm53ctl.kernels.kinds.layer.table import STAGES
 from glm53ctl.kernels.kinds.layer.weights import prepare_weights
 from glm53ctl.kernels.numerics import FP32
+from glm53ctl.kernels.ops.ffn.naive import swiglu_mlp
+from glm53ctl.kernels.ops.kda.naive import kda_attention
+from glm53ctl.kernels.ops.mhc.naive import gate, hc_post
 from glm53ctl.kernels.reference import DecodeState, Reference, conv_join, conv_slice, head_slice, room
+from glm53ctl.kernels.runtime.ranks import steps_on_ranks
 from glm53ctl.kernels.state import KdaState
 from glm53ctl.kernels.weights import Weights
 
@@ -167,7 +171,6 @@ class DenseHarness(KindHarness):
     def stock(self, x: LayerInput, peers: DensePeers | None) -> Timed:
         """Rank 0's share of the layer as stock PyTorch ops in bf16 (the reference's ops), the peers' partials
         given: the `torch` and `compile` baselines."""
-        from glm53ctl.kernels.ops.mhc.naive import gate, hc_post
 
         spec, num = self.spec, bf16_numerics()
         x = x.to(self.device)
@@ -198,7 +201,6 @@ class DenseHarness(KindHarness):
 
     def stock_attention(self, x: LayerInput):
         """The attention half of `stock` on x's state: (x̂, the attention weights, numerics) -> rank 0's partial."""
-        from glm53ctl.kernels.ops.kda.naive import kda_attention
 
         conv, S = (t.to(torch.bfloat16) for t in self.rank_state(x, 0))
         return lambda xh, w, num: kda_attention(xh, w, KdaState(conv, S), self.spec, num)[0]
@@ -209,7 +211,6 @@ class DenseHarness(KindHarness):
 
     def stock_ffn(self, xh, w: dict, num):
         """The FFN half of `stock`: the dense MLP (rank 0's share)."""
-        from glm53ctl.kernels.ops.ffn.naive import swiglu_mlp
 
         limit = self.spec.moe.swiglu_limit
         return swiglu_mlp(xh, w["mlp.gate_proj.weight"], w["mlp.up_proj.weight"], w["mlp.down_proj.weight"], limit, num)
@@ -232,15 +233,15 @@ class DenseHarness(KindHarness):
         return cls.run_saved(k.layer, contexts, key, xs[-1].H, states[-2], out, states[-1])
 
     @classmethod
-    def run_ranks(cls, weights: Weights, key: RunKey, resolved: ResolvedKey, source) -> dict[str, torch.Tensor]:
+    def run_ranks(
+        cls, weights: Weights, key: RunKey, resolved: ResolvedKey, source, rank_fn
+    ) -> dict[str, torch.Tensor]:
         """`run --backend triton --gpus T`: `run`'s steps on T real ranks, each rank carrying its slices of the
         state from step to step; what `run` saves (the state before the last step and its writes joined from
         the ranks' slices, rank 0's outputs), and every rank's outputs and state slices as `ranks.<r>.*`."""
-        from glm53ctl.kernels.checks import steps_on_ranks
-
         i = layer_for(weights.spec, cls.kind, key.layer)
         contexts, xs = cls.step_inputs(weights, key, i)
-        out = steps_on_ranks(resolved, xs, source)
+        out = steps_on_ranks(rank_fn, resolved, xs, source)
 
         def joined(step: int) -> KdaState:
             parts = [out[r][step] for r in range(resolved.tp)]

@@ -10,6 +10,17 @@ rank runs the kind's stages, the pushes in the stage of the tiles they push (run
 
 from __future__ import annotations
 
+from glm53ctl.kernels.kinds import load_harness
+from glm53ctl.kernels.kinds.dense.harness import rank_state
+from glm53ctl.kernels.kinds.layer.launch import LayerLaunch
+from glm53ctl.kernels.kinds.layer.table import push_stages
+from glm53ctl.kernels.kinds.layer.weights import prepare_weights
+from glm53ctl.kernels.kinds.run_key import layer_for
+from glm53ctl.kernels.reference import conv_slice, head_slice
+from glm53ctl.kernels.runtime.ranks import PeerLinks, RankPart, WeightsSource, launches_on_rank
+from glm53ctl.kernels.runtime.stages import on_rank
+from glm53ctl.kernels.spec import load_model
+
 
 def rank_launches(group, key, inputs: list, mute: list, budget_ns, source=None, chain: bool = False):
     """One rank of a TP-`tp` dense or kda layer: its weights, its mailboxes, its launch; one launch per
@@ -17,8 +28,6 @@ def rank_launches(group, key, inputs: list, mute: list, budget_ns, source=None, 
     never tags its pushes at launch i (-1: none). Per launch its outputs and its slices of the state writes
     (`rank_view` of the emulation's), or its fault, in words. `chain` (a run's steps): a launch after the first
     reads the state its rank's launch before wrote, not the input's."""
-    from glm53ctl.kernels.runtime.ranks import WeightsSource, launches_on_rank
-    from glm53ctl.kernels.spec import load_model
 
     weights = (source or WeightsSource()).load(load_model(key.model), group.device)
     launch, run, *_ = rank_part(group, key, weights, chain=chain)
@@ -29,15 +38,6 @@ def rank_part(group, key, weights, layer: int | None = None, name: str | None = 
     """This rank's launch of layer `layer` (None: the kind's own) of a dense or kda key, its shard of `weights`
     and its mailboxes `name`, as a `RankPart`: run(x) with x a LayerInput; `chain`: each launch after the first
     (until `reset`) reads the state this rank's launch before wrote."""
-    from glm53ctl.kernels.kinds import load_harness
-    from glm53ctl.kernels.kinds.dense.harness import rank_state
-    from glm53ctl.kernels.kinds.layer.launch import LayerLaunch
-    from glm53ctl.kernels.kinds.layer.table import push_stages
-    from glm53ctl.kernels.kinds.layer.weights import prepare_weights
-    from glm53ctl.kernels.run_key import layer_for
-    from glm53ctl.kernels.runtime.ranks import PeerLinks, RankPart
-    from glm53ctl.kernels.runtime.stages import on_rank
-    from glm53ctl.kernels.spec import load_model
 
     spec, tp, rows, rank = load_model(key.model), key.tp, key.rows, group.rank
     dev = group.device
@@ -75,7 +75,6 @@ def rank_part(group, key, weights, layer: int | None = None, name: str | None = 
 def rank_view(out: dict, rank: int, tp: int) -> dict:
     """What rank `rank` returns of the emulation's outputs `out`: every output as it is (replicated), and its
     slices of the layer's state writes."""
-    from glm53ctl.kernels.reference import conv_slice, head_slice
 
     conv, rec = conv_slice(out["kda.conv"], rank, tp), head_slice(out["kda.recurrent"], rank, tp)
     return out | {"kda.conv": conv, "kda.recurrent": rec}

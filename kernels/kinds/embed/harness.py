@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import torch
 
-from glm53ctl.kernels.harness import Inputs, KindHarness, Timed, bf16_numerics, nbytes
 from glm53ctl.kernels.key import ResolvedKey
 from glm53ctl.kernels.kinds.embed.launch import EmbedLaunch
-from glm53ctl.kernels.kinds.task_types import EMBED_GATHER, EMBED_REDUCE
+from glm53ctl.kernels.kinds.harness import Inputs, KindHarness, Timed, bf16_numerics, nbytes
 from glm53ctl.kernels.numerics import FP32
+from glm53ctl.kernels.ops.embed.naive import embed_partial, streams
+from glm53ctl.kernels.runtime.task_types import EMBED_GATHER, EMBED_REDUCE
 from glm53ctl.kernels.weights import ROOT, Weights
 
 
@@ -77,7 +78,6 @@ class EmbedHarness(KindHarness):
 
     def stock(self, x: torch.Tensor, peers: torch.Tensor | None) -> Timed:
         """Rank 0's embedding as stock PyTorch ops in bf16, the peers' partials added."""
-        from glm53ctl.kernels.ops.embed.naive import embed_partial, streams
 
         num, table, hc = bf16_numerics(), self.shards[0], self.spec.mhc.streams
         others = list(peers.unbind(0)) if peers is not None else []

@@ -5,7 +5,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from glm53ctl.kernels.kinds.task_types import EMBED_GATHER
 from glm53ctl.kernels.ops.embed.kernel import gather_row, reduce_row
 from glm53ctl.kernels.runtime.device import (
     after_task,
@@ -20,6 +19,7 @@ from glm53ctl.kernels.runtime.device import (
     task_row,
     wait_task,
 )
+from glm53ctl.kernels.runtime.task_types import EMBED_GATHER
 
 
 @triton.jit(do_not_specialize=["stuck_site", "budget_ns", "rank", "mute", "peer_words"])

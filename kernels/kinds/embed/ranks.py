@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import torch
 
+from glm53ctl.kernels.kinds import load_harness
+from glm53ctl.kernels.kinds.embed.launch import EmbedLaunch
+from glm53ctl.kernels.runtime.ranks import PeerLinks, RankPart, WeightsSource, launches_on_rank
+from glm53ctl.kernels.runtime.stages import on_rank
+from glm53ctl.kernels.spec import load_model
+from glm53ctl.kernels.weights import ROOT
+
 
 def rank_launches(group, key, tokens: list, mute: list, budget_ns, source=None):
     """One rank of a TP-`tp` embed: its shard of the table, its mailboxes, its launch; one launch per row of
     token ids in `tokens`. `mute[i]`: the rank that never publishes at launch i (fault injection; -1: none). Per
     launch its outputs ({"H": on the CPU}) or its fault, in words."""
-    from glm53ctl.kernels.runtime.ranks import WeightsSource, launches_on_rank
-    from glm53ctl.kernels.spec import load_model
 
     # `source` (WeightsSource) None: drawn on the rank's device type, as the emulation's (a CPU and a GPU draw
     # other numbers)
@@ -22,12 +27,6 @@ def rank_launches(group, key, tokens: list, mute: list, budget_ns, source=None):
 def rank_part(group, key, weights, name: str = "embed"):
     """This rank's embed launch (its shard of `weights`' table, its mailboxes `name`) as a `RankPart`: run(ids)
     with ids a row of token ids (a list or a tensor)."""
-    from glm53ctl.kernels.kinds import load_harness
-    from glm53ctl.kernels.kinds.embed.launch import EmbedLaunch
-    from glm53ctl.kernels.runtime.ranks import PeerLinks, RankPart
-    from glm53ctl.kernels.runtime.stages import on_rank
-    from glm53ctl.kernels.spec import load_model
-    from glm53ctl.kernels.weights import ROOT
 
     spec, tp, rows = load_model(key.model), key.tp, key.rows
     dev = group.device

@@ -4,8 +4,8 @@ and a REDUCE (waits on its GATHER and on every peer's partial; sums in rank orde
 
 from __future__ import annotations
 
-from glm53ctl.kernels.kinds.task_types import EMBED_GATHER, EMBED_REDUCE
 from glm53ctl.kernels.runtime.table import TaskTable
+from glm53ctl.kernels.runtime.task_types import EMBED_GATHER, EMBED_REDUCE
 
 
 def add_embed(

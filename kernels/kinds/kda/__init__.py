@@ -20,6 +20,7 @@ from glm53ctl.kernels.kinds.dims import Dim, Rule, exactly, is_power_of_two
 
 __all__ = ["BOUNDS", "KNOBS", "RUNTIME", "RUNTIME_DEFAULTS"]
 
+LAYER = ("kda", "moe")  # the layer it runs: (attention, FFN) (kernels/spec.py)
 KNOBS = DENSE_KNOBS + (
     Knob(
         "block_n_down",

@@ -6,9 +6,11 @@ from dataclasses import replace
 
 import torch
 
-from glm53ctl.kernels.harness import nbytes
 from glm53ctl.kernels.kinds.dense.harness import DenseHarness
+from glm53ctl.kernels.kinds.harness import nbytes
 from glm53ctl.kernels.kinds.layer.table import MOE_STAGES
+from glm53ctl.kernels.ops.ffn.moe import stack_experts
+from glm53ctl.kernels.ops.ffn.naive import route, swiglu_mlp
 
 
 class KdaHarness(DenseHarness):
@@ -48,7 +50,6 @@ class KdaHarness(DenseHarness):
 
     def stock_weights(self) -> dict[str, torch.Tensor]:
         """dense's, with the experts stacked by id (`mlp.experts.{gate,up,down}`) instead of one tensor each."""
-        from glm53ctl.kernels.ops.ffn.moe import stack_experts
 
         w = super().stock_weights()
         E = self.spec.moe.experts
@@ -60,7 +61,6 @@ class KdaHarness(DenseHarness):
         """The FFN half of `stock`: the MoE as a serving stack without fused kernels runs it, in stock ops that a
         CUDA graph can capture (no host round trip): the reference's router, each row's chosen experts gathered
         from the stacked weights, their clamped SwiGLU, the weighted sum, the shared expert."""
-        from glm53ctl.kernels.ops.ffn.naive import route, swiglu_mlp
 
         spec, lim = self.spec, self.spec.moe.swiglu_limit
         x = num.c(xh)

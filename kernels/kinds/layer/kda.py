@@ -12,10 +12,10 @@ import triton
 import triton.language as tl
 
 from glm53ctl.kernels.kinds.layer.shared import _fold_rows
-from glm53ctl.kernels.kinds.task_types import INPROJ, KDA_HEAD
 from glm53ctl.kernels.ops.gemv.kernel import gemv_first_weights, gemv_tile, gemv_tile_from
 from glm53ctl.kernels.ops.kda.kernel import kda_head, kda_norm, kda_write_state
 from glm53ctl.kernels.runtime.device import arrive_last, pdl_wait, stamp, wait_task
+from glm53ctl.kernels.runtime.task_types import INPROJ, KDA_HEAD
 from glm53ctl.kernels.tlx import to_bf16
 
 

@@ -29,7 +29,20 @@ from glm53ctl.kernels.kinds.layer.shared import (
     task_push,
     task_reduce,
 )
-from glm53ctl.kernels.kinds.task_types import (
+from glm53ctl.kernels.runtime.device import (
+    after_task,
+    fence_sys,
+    finish,
+    first_task,
+    launch_epoch,
+    pdl_enter,
+    pdl_wait,
+    publish,
+    stamp,
+    task_row,
+    wait_task,
+)
+from glm53ctl.kernels.runtime.task_types import (
     COMB_A,
     COMB_F,
     DOWN,
@@ -50,19 +63,6 @@ from glm53ctl.kernels.kinds.task_types import (
     ROUTER,
     SEL_PASS,
     WUV,
-)
-from glm53ctl.kernels.runtime.device import (
-    after_task,
-    fence_sys,
-    finish,
-    first_task,
-    launch_epoch,
-    pdl_enter,
-    pdl_wait,
-    publish,
-    stamp,
-    task_row,
-    wait_task,
 )
 
 

@@ -16,7 +16,12 @@ import triton
 import triton.language as tl
 
 from glm53ctl.kernels.kinds.layer.shared import task_gemv
-from glm53ctl.kernels.kinds.task_types import (
+from glm53ctl.kernels.ops.dsa.attend import attend_block, combine_blocks
+from glm53ctl.kernels.ops.dsa.indexer import scores_block
+from glm53ctl.kernels.ops.dsa.kernel import mla_row
+from glm53ctl.kernels.ops.dsa.select import select_pass, select_take
+from glm53ctl.kernels.ops.gemv.kernel import gemv_tile
+from glm53ctl.kernels.runtime.task_types import (
     ABSORB,
     ATTN,
     COMBINE,
@@ -28,11 +33,6 @@ from glm53ctl.kernels.kinds.task_types import (
     SELECT,
     WUV,
 )
-from glm53ctl.kernels.ops.dsa.attend import attend_block, combine_blocks
-from glm53ctl.kernels.ops.dsa.indexer import scores_block
-from glm53ctl.kernels.ops.dsa.kernel import mla_row
-from glm53ctl.kernels.ops.dsa.select import select_pass, select_take
-from glm53ctl.kernels.ops.gemv.kernel import gemv_tile
 from glm53ctl.kernels.tlx import to_bf16
 
 

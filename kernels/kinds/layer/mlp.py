@@ -10,10 +10,10 @@ import triton
 import triton.language as tl
 
 from glm53ctl.kernels.kinds.layer.shared import PR, _fold_rows, task_partial
-from glm53ctl.kernels.kinds.task_types import DOWN, GU
 from glm53ctl.kernels.ops.ffn.kernel import swiglu_act
 from glm53ctl.kernels.ops.gemv.kernel import gemv_first_weights, gemv_tile_pair, gemv_tile_pair_from
 from glm53ctl.kernels.runtime.device import pdl_wait, stamp, wait_task
+from glm53ctl.kernels.runtime.task_types import DOWN, GU
 from glm53ctl.kernels.tlx import to_bf16
 
 

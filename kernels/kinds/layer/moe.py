@@ -11,7 +11,6 @@ slots, and per slot its gate/up sums, act and output).
 import triton
 import triton.language as tl
 
-from glm53ctl.kernels.kinds.task_types import EXP_DOWN, EXP_GU, ROUTE, ROUTER
 from glm53ctl.kernels.ops.ffn.moe import (
     expert_gate_up,
     make_slots,
@@ -22,6 +21,7 @@ from glm53ctl.kernels.ops.ffn.moe import (
     task_expert_down,
 )
 from glm53ctl.kernels.runtime.device import arrive_last, stamp, wait_task
+from glm53ctl.kernels.runtime.task_types import EXP_DOWN, EXP_GU, ROUTE, ROUTER
 
 
 @triton.jit

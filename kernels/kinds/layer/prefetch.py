@@ -5,8 +5,8 @@ runs none."""
 import triton
 import triton.language as tl
 
-from glm53ctl.kernels.kinds.task_types import DOWN, GU, INPROJ, KDA_HEAD, MIX_F, OPROJ, RED_A
 from glm53ctl.kernels.runtime.device import prefetch_l2
+from glm53ctl.kernels.runtime.task_types import DOWN, GU, INPROJ, KDA_HEAD, MIX_F, OPROJ, RED_A
 
 
 @triton.jit

@@ -48,7 +48,11 @@ from __future__ import annotations
 
 import math
 
-from glm53ctl.kernels.kinds.task_types import (
+from glm53ctl.kernels.ops.dsa.select import select_part
+from glm53ctl.kernels.ops.ffn.moe import ROUTER_SLICES, ROUTER_TILE, n_slots_for
+from glm53ctl.kernels.ops.gemv.kernel import folds
+from glm53ctl.kernels.runtime.table import TaskTable
+from glm53ctl.kernels.runtime.task_types import (
     ABSORB,
     ATTN,
     COMB_A,
@@ -79,10 +83,6 @@ from glm53ctl.kernels.kinds.task_types import (
     SELECT,
     WUV,
 )
-from glm53ctl.kernels.ops.dsa.select import select_part
-from glm53ctl.kernels.ops.ffn.moe import ROUTER_SLICES, ROUTER_TILE, n_slots_for
-from glm53ctl.kernels.ops.gemv.kernel import folds
-from glm53ctl.kernels.runtime.table import TaskTable
 
 MODES = ("full", "attn", "ffn")
 # the stages of the separate-launches baseline: a gate and its comb, independent of each other, are one stage,

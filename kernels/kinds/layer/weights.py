@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from glm53ctl.kernels.ops.dsa.kernel import a_weight
 from glm53ctl.kernels.ops.ffn.moe import stack_experts
 from glm53ctl.kernels.ops.gemv.kernel import fold_norm
 
@@ -58,7 +59,6 @@ def _mla_weights(a, spec, tp: int) -> dict[str, torch.Tensor]:
     """`sparse`'s attention weights as the kernel reads them: the fused A projection (q_a | kv_a | the indexer's
     wk | its pool gate | its head weights), q_b | the indexer's wq_b, and per head W_UKᵀ [HQ, C, NOPE] and W_UV
     [HQ, V, C] from kv_b."""
-    from glm53ctl.kernels.ops.dsa.kernel import a_weight
 
     m = spec.mla
     kv_b = a["kv_b_proj.weight"].view(spec.shards(tp).mla_heads, m.qk_nope_head_dim + m.v_head_dim, m.kv_lora_rank)

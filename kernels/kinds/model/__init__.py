@@ -5,8 +5,12 @@ kind's knobs (tuned file, defaults), so the step takes the runtime's `grid`, han
 parts' launches chain.
 """
 
+from glm53ctl.kernels.kinds import dense, kda, sparse
 from glm53ctl.kernels.kinds.base import Knob
 from glm53ctl.kernels.kinds.dims import Dim, exactly
+
+# the layer shapes (attention, FFN) the layer kinds run
+LAYER_SHAPES = (dense.LAYER, kda.LAYER, sparse.LAYER)
 
 KNOBS = (
     Knob(
@@ -49,10 +53,7 @@ BOUNDS = {
 
 def _uncovered(spec) -> int:
     """The step's layers whose shape (attention, FFN) no layer kind's kernels run: a DSA layer with the dense MLP."""
-    from glm53ctl.kernels.kinds import KINDS
-
-    shapes = {k.layer for k in KINDS.values() if k.layer is not None and k.has_kernels}
-    return sum(1 for shape in spec.layers if shape not in shapes)
+    return sum(1 for shape in spec.layers if shape not in LAYER_SHAPES)
 
 
 # every layer of the step is one of the layer kinds' shapes (the first DSA layer comes after the dense ones)

@@ -14,63 +14,36 @@ from the same inputs gives the clean step's bits.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from types import SimpleNamespace
 
 import torch
 
-from glm53ctl.kernels.harness import Inputs, KindHarness, RunKey, Timed, model_state, row_contexts
 from glm53ctl.kernels.key import ResolvedKey
-from glm53ctl.kernels.kinds import LAYER_KINDS, get_kind, load_harness
+from glm53ctl.kernels.kinds import get_kind, load_harness
 from glm53ctl.kernels.kinds.dense.harness import LayerInput
+from glm53ctl.kernels.kinds.harness import Inputs, KindHarness, RunKey, Timed, model_state, row_contexts
+from glm53ctl.kernels.kinds.model import BOUNDS
+from glm53ctl.kernels.kinds.model.ranks import greedy_on_rank
+from glm53ctl.kernels.kinds.model.step import SHAPE_KIND, ModelInput, cache_writes, written_at
 from glm53ctl.kernels.kinds.sparse.harness import CACHE_NAMES, SparseInput, check_contexts
 from glm53ctl.kernels.numerics import FP32
-from glm53ctl.kernels.reference import DecodeState, Reference, room
+from glm53ctl.kernels.ops.dsa.naive import dsa_attention
+from glm53ctl.kernels.ops.ffn.naive import route
+from glm53ctl.kernels.reference import DecodeState, Reference, conv_join, room
 from glm53ctl.kernels.runtime import LaunchFault
+from glm53ctl.kernels.runtime.ranks import RankLayout, run_ranks
 from glm53ctl.kernels.state import DsaCache, KdaState
-from glm53ctl.kernels.weights import Weights
+from glm53ctl.kernels.weights import L2_BYTES, Weights, tensor_table
 
 # steps a check runs in a row: the second reads the states and caches the first wrote
 STEPS = 2
-SHAPE_KIND = {shape: kind for kind, shape in LAYER_KINDS.items()}
-
-
-@dataclass
-class ModelInput:
-    """A step's inputs: token ids [steps, R] (one row of ids per step), every row's position before the first
-    step, every KDA layer's state (all heads: conv bf16, recurrent fp32) and every DSA layer's caches (bf16)."""
-
-    tokens: torch.Tensor
-    pos: torch.Tensor
-    kda: dict[int, KdaState]
-    dsa: dict[int, DsaCache]
-
-    def to(self, device) -> ModelInput:
-        kda = {i: KdaState(s.conv.to(device), s.recurrent.to(device)) for i, s in self.kda.items()}
-        dsa = {i: DsaCache(*(getattr(c, n).to(device) for n in CACHE_NAMES)) for i, c in self.dsa.items()}
-        return ModelInput(self.tokens.to(device), self.pos.to(device), kda, dsa)
 
 
 def step_contexts(spec, rows: int, context: int | None) -> list[int]:
     """The rows' contexts of a step: `context` less 3 a row (as every kind's), or the check's (below and above
     the selection width) without one."""
     return check_contexts(spec, rows) if context is None else row_contexts(context, rows, spec.indexer.kpool)
-
-
-def written_at(pos0: torch.Tensor, steps: int, kpool: int) -> list[tuple]:
-    """Per step from the rows' positions pos0, the rows, their cache slot and the pool slot each writes (a pool
-    completing; else the last one)."""
-    rows = torch.arange(pos0.shape[0], device=pos0.device)
-    return [(rows, pos0 + s, ((pos0 + s + 1) // kpool - 1).clamp(min=0)) for s in range(steps)]
-
-
-def cache_writes(layer: int, cache: DsaCache, at: list[tuple]) -> dict[str, torch.Tensor]:
-    """Of DSA layer `layer`'s caches after the steps, the slots they wrote (`written_at`): [R, steps, ...]."""
-    out = {}
-    for n in CACHE_NAMES:
-        t = getattr(cache, n)
-        out[f"layers.{layer}.dsa.{n}"] = torch.stack([t[r, (q if n == "pooled_key" else p)] for r, p, q in at], 1)
-    return out
 
 
 class StepLaunches:
@@ -144,13 +117,9 @@ class ModelHarness(KindHarness):
         self.chosen: list[dict] = []  # each step's routing and selection: what the reference follows at a near-tie
 
     @classmethod
-    def build_launches(cls, spec, key: ResolvedKey, *legacy, steps: int = STEPS) -> list[tuple[str, object]]:
+    def build_launches(cls, spec, key: ResolvedKey, steps: int = STEPS) -> list[tuple[str, object]]:
         """Every part's launches, under the part's name (`layers.3.launch`, ...), each at its part's key; the
         caches sized for `steps` steps (a check's two; a timed step's one: `bench`'s)."""
-        if legacy:  # (spec, tp, rows, knobs[, context]): checks.legacy_key says until when
-            from glm53ctl.kernels.checks import legacy_key
-
-            key = legacy_key(spec.name, cls.kind, key, legacy[0], legacy[1], None, *legacy[2:])
         longest = key.context if key.context is not None else max(check_contexts(spec, key.rows))
         out = []
         parts = [("embed", "embed")] + [(f"layers.{i}", SHAPE_KIND[s]) for i, s in enumerate(spec.layers)]
@@ -167,7 +136,6 @@ class ModelHarness(KindHarness):
     @property
     def bounds(self) -> dict[str, float]:
         """Every output's bound: each layer's H and state writes, the logits (the kind's BOUNDS by name's end)."""
-        from glm53ctl.kernels.kinds.model import BOUNDS
 
         names = ["embed.H", "h_hat", "logits"]
         for i, (att, _) in enumerate(self.spec.layers):
@@ -310,8 +278,6 @@ class ModelHarness(KindHarness):
         """The choices of the last call that are not the exact top-k of the launch's own inputs' scores (the x̂
         the layer routed or indexed, the caches it read, in fp32), near-ties within ROUTE_TIE / SELECT_TIE:
         `layers.3.dsa.idx (step 1)`, ..."""
-        from glm53ctl.kernels.ops.dsa.naive import dsa_attention
-        from glm53ctl.kernels.ops.ffn.naive import route
 
         spec, dev, off = self.spec, self.weights.device, []
         for s, (chosen, seen) in enumerate(zip(self.chosen, self.seen, strict=True)):
@@ -377,14 +343,13 @@ class ModelHarness(KindHarness):
         )
 
     @classmethod
-    def run_ranks(cls, weights: Weights, key: RunKey, resolved: ResolvedKey, source) -> dict[str, torch.Tensor]:
+    def run_ranks(
+        cls, weights: Weights, key: RunKey, resolved: ResolvedKey, source, rank_fn=None
+    ) -> dict[str, torch.Tensor]:
         """`run --backend triton --gpus T`: `run`'s greedy steps on T real ranks (kinds/model/ranks.py
         `greedy_on_rank`: every rank picks each next token from the whole logits it has); what `run` saves, the
         states joined from the ranks' slices (the KDA states; the caches every rank writes whole, rank 0's), and
         every rank's outputs of the last step as `ranks.<r>.*`. A rank whose launch faults fails the run."""
-        from glm53ctl.kernels.kinds.model.ranks import greedy_on_rank
-        from glm53ctl.kernels.reference import conv_join
-        from glm53ctl.kernels.runtime.ranks import RankLayout, run_ranks
 
         spec, tp = weights.spec, resolved.tp
         contexts = step_contexts(spec, key.rows, key.context)
@@ -551,8 +516,6 @@ def weight_sets(spec, tp: int, rows: int, device, timing: bool) -> int | None:
     For a check one set (it keeps the checkpoint layout for the reference too); for timing as many as bring a
     layer's weights back only after twice the L2 has streamed (tuning/measure.py `rotations`), as memory allows."""
     import math
-
-    from glm53ctl.kernels.weights import L2_BYTES, tensor_table
 
     dev = torch.device(device)
     if dev.type != "cuda":

@@ -10,6 +10,16 @@ the part, so a part's peer words are read against its own launch's tag only.
 
 from __future__ import annotations
 
+from glm53ctl.kernels.kinds import get_kind, load_ranks
+from glm53ctl.kernels.kinds.dense.harness import LayerInput
+from glm53ctl.kernels.kinds.model.step import SHAPE_KIND, ModelInput, cache_writes, written_at
+from glm53ctl.kernels.kinds.sparse.harness import CACHE_NAMES, SparseInput
+from glm53ctl.kernels.reference import conv_slice, head_slice
+from glm53ctl.kernels.runtime import LaunchFault
+from glm53ctl.kernels.runtime.ranks import RankPart, WeightsSource, compile_on_rank, launches_on_rank
+from glm53ctl.kernels.spec import load_model
+from glm53ctl.kernels.state import DsaCache
+
 
 def rank_launches(group, key, inputs: list, mute: list, budget_ns, source=None):
     """One rank of a TP-`tp` step: every part's launch on this rank's shards; per ModelInput in `inputs` its
@@ -19,8 +29,6 @@ def rank_launches(group, key, inputs: list, mute: list, budget_ns, source=None):
     first part's fault, in words. `mute[i]`: the rank whose embed never publishes in input i's first step. A part
     that faults does not stop the step: every later part still launches (on NaN rows), so every part's launch tag
     advances alike on every rank and the next input's step is clean."""
-    from glm53ctl.kernels.runtime.ranks import WeightsSource, launches_on_rank
-    from glm53ctl.kernels.spec import load_model
 
     weights = (source or WeightsSource()).load(load_model(key.model), group.device)
     launches, run, _, _ = rank_part(group, key, weights, caches_room(inputs[0]))
@@ -39,15 +47,6 @@ def rank_part(group, key, weights, slots: int, keep_caches: bool = False):
     slots written; `fresh=False`: on from the states the last call left, x's positions those of its first step);
     timed(x) the step's first step, each part reading the one before's output buffer."""
     import torch
-
-    from glm53ctl.kernels.kinds import get_kind, load_ranks
-    from glm53ctl.kernels.kinds.dense.harness import LayerInput
-    from glm53ctl.kernels.kinds.model.harness import SHAPE_KIND, cache_writes, written_at
-    from glm53ctl.kernels.kinds.sparse.harness import CACHE_NAMES, SparseInput
-    from glm53ctl.kernels.runtime import LaunchFault
-    from glm53ctl.kernels.runtime.ranks import RankPart
-    from glm53ctl.kernels.spec import load_model
-    from glm53ctl.kernels.state import DsaCache
 
     spec = load_model(key.model)
     part = lambda kind: load_ranks(kind).rank_part  # noqa: E731
@@ -134,10 +133,6 @@ def greedy_on_rank(group, key, x0, steps: int, source=None) -> dict:
     every DSA layer's whole caches among them."""
     import torch
 
-    from glm53ctl.kernels.kinds.model.harness import ModelInput
-    from glm53ctl.kernels.runtime.ranks import WeightsSource, compile_on_rank
-    from glm53ctl.kernels.spec import load_model
-
     weights = (source or WeightsSource()).load(load_model(key.model), group.device)
     # rank 0's whole caches come back (every rank writes the same): the others send only the slots written
     launches, run, _, _ = rank_part(group, key, weights, caches_room(x0), keep_caches=group.rank == 0)
@@ -154,7 +149,6 @@ def greedy_on_rank(group, key, x0, steps: int, source=None) -> dict:
 def rank_view(out: dict, rank: int, tp: int) -> dict:
     """What rank `rank` returns of the one-device step's outputs `out`: every output as it is, and of every KDA
     layer's state writes its slices (kernels/kinds/dense/ranks.py `rank_view`)."""
-    from glm53ctl.kernels.reference import conv_slice, head_slice
 
     view = dict(out)
     for n, t in out.items():

@@ -25,6 +25,7 @@ from glm53ctl.kernels.kinds.kda import MOE_DIMS, RUNTIME, RUNTIME_DEFAULTS
 
 __all__ = ["BOUNDS", "KNOBS", "RUNTIME", "RUNTIME_DEFAULTS"]
 
+LAYER = ("dsa", "moe")  # the layer it runs: (attention, FFN) (kernels/spec.py)
 KNOBS = KDA_KNOBS + (
     Knob(
         "token_block",

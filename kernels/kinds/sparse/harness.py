@@ -12,13 +12,18 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from glm53ctl.kernels.harness import Inputs, RunKey, Timed, cloned, layer_state, nbytes, row_contexts
 from glm53ctl.kernels.key import ResolvedKey
+from glm53ctl.kernels.kinds.harness import Inputs, KindHarness, RunKey, Timed, cloned, layer_state, nbytes, row_contexts
 from glm53ctl.kernels.kinds.kda.harness import KdaHarness
 from glm53ctl.kernels.kinds.layer.launch import LayerLaunch
 from glm53ctl.kernels.kinds.layer.table import STAGES
 from glm53ctl.kernels.kinds.layer.weights import prepare_weights
-from glm53ctl.kernels.kinds.task_types import (
+from glm53ctl.kernels.kinds.run_key import layer_for
+from glm53ctl.kernels.kinds.sparse.stock import stock_dsa
+from glm53ctl.kernels.numerics import FP32
+from glm53ctl.kernels.reference import DecodeState, Reference, room
+from glm53ctl.kernels.runtime.ranks import steps_on_ranks
+from glm53ctl.kernels.runtime.task_types import (
     ABSORB,
     ATTN,
     COMBINE,
@@ -36,8 +41,6 @@ from glm53ctl.kernels.kinds.task_types import (
     SELECT,
     WUV,
 )
-from glm53ctl.kernels.numerics import FP32
-from glm53ctl.kernels.reference import DecodeState, Reference, room
 from glm53ctl.kernels.state import DsaCache
 from glm53ctl.kernels.weights import Weights
 
@@ -103,8 +106,6 @@ class SparseHarness(KdaHarness):
     FOLLOWED = ("moe.ids", "dsa.idx")
 
     def __init__(self, weights: Weights, key: ResolvedKey, layer=None, steps: int = 1) -> None:
-        from glm53ctl.kernels.harness import KindHarness
-        from glm53ctl.kernels.run_key import layer_for
 
         KindHarness.__init__(self, weights, key)
         spec, knobs, tp, rows, device = self.spec, self.knobs, self.tp, self.rows, self.device
@@ -223,19 +224,19 @@ class SparseHarness(KdaHarness):
         return cls.run_saved(k.layer, k.contexts, x.H, pos + len(xs) - 1, caches[-2], out, caches[-1])
 
     @classmethod
-    def run_ranks(cls, weights: Weights, key: RunKey, resolved: ResolvedKey, source) -> dict[str, torch.Tensor]:
+    def run_ranks(
+        cls, weights: Weights, key: RunKey, resolved: ResolvedKey, source, rank_fn
+    ) -> dict[str, torch.Tensor]:
         """`run --backend triton --gpus T`: `run`'s steps on T real ranks, each rank carrying its caches (every
         rank computes them) from step to step; what `run` saves (rank 0's caches), and every rank's outputs and
         caches as `ranks.<r>.*`."""
-        from glm53ctl.kernels.checks import steps_on_ranks
-        from glm53ctl.kernels.run_key import layer_for
 
         resolved = replace(resolved, context=key.context)
         spec = weights.spec
         layer = layer_for(spec, cls.kind, key.layer)
         contexts = rows_contexts(spec, resolved)
         xs = cls.step_inputs(weights, key, layer, contexts, room(spec, max(contexts) + key.steps))
-        out = steps_on_ranks(resolved, xs, source)
+        out = steps_on_ranks(rank_fn, resolved, xs, source)
 
         def caches(step: int) -> DsaCache:
             return DsaCache(*(out[0][step][f"cache.{n}"] for n in CACHE_NAMES))
@@ -320,7 +321,6 @@ class SparseHarness(KdaHarness):
     def stock_attention(self, x: SparseInput):
         """The attention half of `stock`: MLA and the indexer in stock ops a CUDA graph captures
         (kinds/sparse/stock.py), on x's caches and positions."""
-        from glm53ctl.kernels.kinds.sparse.stock import stock_dsa
 
         cache, pos = x.clone_cache(), x.pos.long()
         return lambda xh, w, num: stock_dsa(xh, w, cache, pos, self.spec, num)

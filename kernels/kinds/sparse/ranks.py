@@ -8,6 +8,16 @@ every rank's are the emulation's bit for bit (what `check --gpus` proves of each
 
 from __future__ import annotations
 
+from glm53ctl.kernels.kinds import load_harness
+from glm53ctl.kernels.kinds.layer.launch import LayerLaunch
+from glm53ctl.kernels.kinds.layer.table import push_stages
+from glm53ctl.kernels.kinds.layer.weights import prepare_weights
+from glm53ctl.kernels.kinds.run_key import layer_for
+from glm53ctl.kernels.kinds.sparse.harness import CACHE_NAMES, written_rows
+from glm53ctl.kernels.runtime.ranks import PeerLinks, RankPart, WeightsSource, launches_on_rank
+from glm53ctl.kernels.runtime.stages import on_rank
+from glm53ctl.kernels.spec import load_model
+
 
 def rank_launches(group, key, inputs: list, mute: list, budget_ns, source=None, chain: bool = False):
     """One rank of a TP-`tp` sparse layer: its weights, its mailboxes, its launch; one launch per SparseInput in
@@ -15,8 +25,6 @@ def rank_launches(group, key, inputs: list, mute: list, budget_ns, source=None, 
     pushes at launch i (-1: none). Per launch its outputs and the caches' rows it wrote, or its fault, in words.
     `chain` (a run's steps): a launch after the first reads the caches its rank's launch before wrote, one
     position on, and returns the whole caches (`cache.<name>`) beside its outputs."""
-    from glm53ctl.kernels.runtime.ranks import WeightsSource, launches_on_rank
-    from glm53ctl.kernels.spec import load_model
 
     weights = (source or WeightsSource()).load(load_model(key.model), group.device)
     # the caches' capacity (a compile-time constant) as the inputs' caches have it: a check's room for one
@@ -31,16 +39,6 @@ def rank_part(group, key, weights, slots: int, layer: int | None = None, name: s
     each launch after the first (until `reset`) reads the caches this rank's launch before wrote, one position
     on."""
     import torch
-
-    from glm53ctl.kernels.kinds import load_harness
-    from glm53ctl.kernels.kinds.layer.launch import LayerLaunch
-    from glm53ctl.kernels.kinds.layer.table import push_stages
-    from glm53ctl.kernels.kinds.layer.weights import prepare_weights
-    from glm53ctl.kernels.kinds.sparse.harness import CACHE_NAMES, written_rows
-    from glm53ctl.kernels.run_key import layer_for
-    from glm53ctl.kernels.runtime.ranks import PeerLinks, RankPart
-    from glm53ctl.kernels.runtime.stages import on_rank
-    from glm53ctl.kernels.spec import load_model
 
     spec, tp, rows, rank = load_model(key.model), key.tp, key.rows, group.rank
     dev = group.device

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import torch
 
-from glm53ctl.kernels.harness import Inputs, KindHarness, Timed, bf16_numerics, cloned, nbytes
 from glm53ctl.kernels.key import ResolvedKey
+from glm53ctl.kernels.kinds.harness import Inputs, KindHarness, Timed, bf16_numerics, cloned, nbytes
 from glm53ctl.kernels.kinds.tail.launch import TailLaunch
-from glm53ctl.kernels.kinds.task_types import TAIL_GATHER, TAIL_LM_HEAD, TAIL_NORM
 from glm53ctl.kernels.numerics import FP32
+from glm53ctl.kernels.ops.tail.naive import final_norm, logits_shard
+from glm53ctl.kernels.runtime.task_types import TAIL_GATHER, TAIL_LM_HEAD, TAIL_NORM
 from glm53ctl.kernels.weights import ROOT, Weights
 
 
@@ -59,7 +60,6 @@ class TailHarness(KindHarness):
 
     def stock(self, x: torch.Tensor, peers: torch.Tensor | None) -> Timed:
         """Rank 0's tail as stock PyTorch ops in bf16, the peers' logits gathered."""
-        from glm53ctl.kernels.ops.tail.naive import final_norm, logits_shard
 
         x, num, eps = x.to(self.device), bf16_numerics(), self.spec.model.rms_norm_eps
         others = list(peers.unbind(0)) if peers is not None else []

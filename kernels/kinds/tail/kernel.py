@@ -5,7 +5,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from glm53ctl.kernels.kinds.task_types import TAIL_LM_HEAD, TAIL_NORM
 from glm53ctl.kernels.ops.gemv.kernel import gemv_tile
 from glm53ctl.kernels.ops.tail.kernel import final_norm_row, lm_head_folded
 from glm53ctl.kernels.runtime.device import (
@@ -21,6 +20,7 @@ from glm53ctl.kernels.runtime.device import (
     task_row,
     wait_task,
 )
+from glm53ctl.kernels.runtime.task_types import TAIL_LM_HEAD, TAIL_NORM
 
 
 @triton.jit(do_not_specialize=["stuck_site", "budget_ns", "rank", "mute", "n_pushers", "peer_words"])

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import torch
 
+from glm53ctl.kernels.kinds import load_harness
+from glm53ctl.kernels.kinds.tail.launch import TailLaunch
+from glm53ctl.kernels.runtime.ranks import PeerLinks, RankPart, WeightsSource, launches_on_rank
+from glm53ctl.kernels.runtime.stages import on_rank
+from glm53ctl.kernels.spec import load_model
+from glm53ctl.kernels.weights import ROOT
+
 
 def rank_launches(group, key, streams: list, mute: list, budget_ns, source=None):
     """One rank of a TP-`tp` tail: its lm_head shard, its mailboxes, its launch; one launch per H in `streams`
     (nested lists of bf16 values). `mute[i]`: the rank that never publishes at launch i (-1: none). Per launch
     its outputs ({"h_hat", "logits"}: every rank the full logits) or its fault, in words."""
-    from glm53ctl.kernels.runtime.ranks import WeightsSource, launches_on_rank
-    from glm53ctl.kernels.spec import load_model
 
     # `source` (WeightsSource) None: as the emulation's (drawn on the rank's device type: a CPU and a GPU draw
     # other numbers)
@@ -22,12 +27,6 @@ def rank_launches(group, key, streams: list, mute: list, budget_ns, source=None)
 def rank_part(group, key, weights, name: str = "tail"):
     """This rank's tail launch (its lm_head shard of `weights`, its mailboxes `name`) as a `RankPart`: run(H)
     with H the streams (nested lists of bf16 values, or a tensor)."""
-    from glm53ctl.kernels.kinds import load_harness
-    from glm53ctl.kernels.kinds.tail.launch import TailLaunch
-    from glm53ctl.kernels.runtime.ranks import PeerLinks, RankPart
-    from glm53ctl.kernels.runtime.stages import on_rank
-    from glm53ctl.kernels.spec import load_model
-    from glm53ctl.kernels.weights import ROOT
 
     spec, tp, rows = load_model(key.model), key.tp, key.rows
     dev = group.device

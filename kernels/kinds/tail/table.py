@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import triton
 
-from glm53ctl.kernels.kinds.task_types import TAIL_GATHER, TAIL_LM_HEAD, TAIL_NORM
 from glm53ctl.kernels.runtime.table import TaskTable
+from glm53ctl.kernels.runtime.task_types import TAIL_GATHER, TAIL_LM_HEAD, TAIL_NORM
 
 GATHER_N = 1024  # logits columns a GATHER task copies
 SPARE_EVERY = 16  # split "even" with gathers "last": one program in SPARE_EVERY is kept out of the GEMV deal

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from glm53ctl.kernels.numerics import Numerics, linear, rms_norm
+from glm53ctl.kernels.ops.ffn.naive import near_tie
 from glm53ctl.kernels.spec import ModelSpec
 from glm53ctl.kernels.state import DsaCache
 
@@ -123,7 +124,6 @@ def follow_selection(
     """Per row, the launch's tokens `theirs` [R, W] where they take pools tying the reference's own choice `own`
     (SELECT_TIE times `tie`; infinite: wherever they are whole pools laid out as a selection), else the
     reference's."""
-    from glm53ctl.kernels.ops.ffn.naive import near_tie
 
     kp, W = spec.indexer.kpool, spec.index_width
     theirs = theirs.to(own.device, torch.long)

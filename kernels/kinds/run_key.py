@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from glm53ctl.errors import UsageError
-from glm53ctl.kernels.kinds import KINDS, LAYER_KINDS, get_kind
+from glm53ctl.kernels.kinds import KINDS, LAYER_KINDS, get_kind, load_harness
 
 
 @dataclass(frozen=True)
@@ -58,3 +58,15 @@ def check_run_key(key: RunKey) -> None:
             raise UsageError(f"--tokens applies to {readers}, not to {key.kind}")
         if len(key.tokens) != key.rows:
             raise UsageError(f"--tokens has {len(key.tokens)} ids for {key.rows} rows")
+
+
+def run_reference(ref, key: RunKey):
+    """`glm53ctl run`'s reference run of the key's kind (kernels/kinds/harness.py): inputs.*, outputs.*, writes.*."""
+    check_run_key(key)
+    return get_kind(key.kind).load_reference()(ref, key)
+
+
+def run_triton(weights, key: RunKey, resolved):
+    """`glm53ctl run --backend triton`: the saved tensors of run_reference's layout, the launch at `resolved`."""
+    check_run_key(key)
+    return load_harness(key.kind).run(weights, key, resolved)

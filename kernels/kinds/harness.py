@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from glm53ctl.kernels.key import ResolvedKey
+from glm53ctl.kernels.kinds.run_key import RunKey, layer_for, row_contexts
 from glm53ctl.kernels.numerics import Numerics
 from glm53ctl.kernels.ops.dsa.naive import dsa_attention_prefill
 from glm53ctl.kernels.ops.kda.naive import kda_attention_prefill
@@ -26,7 +27,8 @@ from glm53ctl.kernels.reference import (
     pad_cache,
     room,
 )
-from glm53ctl.kernels.run_key import RunKey, layer_for, row_contexts
+from glm53ctl.kernels.runtime.ranks import steps_on_ranks
+from glm53ctl.kernels.runtime.stages import SeparateLaunches
 from glm53ctl.kernels.spec import ModelSpec
 from glm53ctl.kernels.state import KdaState
 
@@ -245,7 +247,6 @@ class KindHarness:
         one program per task, chained by programmatic dependent launch."""
         if not self.stage_schedule(self.knobs):
             return launch
-        from glm53ctl.kernels.runtime.stages import SeparateLaunches
 
         return SeparateLaunches(launch, self.STAGES, pdl=True, one_task=True)
 
@@ -255,7 +256,6 @@ class KindHarness:
         compiled, and `fault` counts its sites) where knob `launch` is stages."""
         if not cls.stage_schedule(key.knobs):
             return launches
-        from glm53ctl.kernels.runtime.stages import SeparateLaunches
 
         out = []
         for name, la in launches:
@@ -292,8 +292,6 @@ class KindHarness:
         the launch before it to end, and lets the next one start as it starts)."""
         import copy
 
-        from glm53ctl.kernels.runtime.stages import SeparateLaunches
-
         h = copy.copy(self)
         h.launch = SeparateLaunches(getattr(self.launch, "whole", self.launch), self.STAGES, pdl=pdl)
         return h
@@ -321,16 +319,14 @@ class KindHarness:
         return cls.run_inputs(weights.spec, key, xs) | _prefixed("outputs.", {n: t.cpu() for n, t in out.items()})
 
     @classmethod
-    def run_ranks(cls, weights, key: RunKey, resolved: ResolvedKey, source) -> Tensors:
-        """`run --backend triton --gpus T` of a kind with no state: each step's inputs on T real ranks (each
-        rank's weights from `source`); what `run` saves, rank 0's outputs of the last step as `outputs.*`, and
-        every rank's as `ranks.<r>.*`."""
-        from glm53ctl.kernels.checks import steps_on_ranks
-
+    def run_ranks(cls, weights, key: RunKey, resolved: ResolvedKey, source, rank_fn) -> Tensors:
+        """`run --backend triton --gpus T` of a kind with no state: each step's inputs on T real ranks
+        (`rank_fn`, the kind's rank function; each rank's weights from `source`); what `run` saves,
+        rank 0's outputs of the last step as `outputs.*`, and every rank's as `ranks.<r>.*`."""
         k = cls(weights, resolved)
         xs = k.inputs(key.seed, key.steps, key.tokens)
         del k
-        out = steps_on_ranks(resolved, xs, source, chain=False)
+        out = steps_on_ranks(rank_fn, resolved, xs, source, chain=False)
         saved = cls.run_inputs(weights.spec, key, xs)
         saved |= _prefixed("outputs.", {n: t.clone() for n, t in out[0][-1].items()})
         return saved | {f"ranks.{r}.{n}": t for r in range(resolved.tp) for n, t in out[r][-1].items()}

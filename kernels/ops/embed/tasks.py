@@ -1,0 +1,48 @@
+"""The task types of the embedding (kernels/kinds/embed/). Each is a typed record (kernels/runtime/tasks.py `Task`):
+its id, its name and its fields, which the device code reads by name through the one unpacking function beside it
+(`<type>_fields(row)`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import triton
+
+from glm53ctl.kernels.runtime.tasks import Task
+
+
+@dataclass(frozen=True)
+class EmbedGather(Task):
+    """A column chunk of every row's embedding, gathered from this rank's vocabulary slice."""
+
+    ID: ClassVar[int] = 0
+    NAME: ClassVar[str] = "embed gather"
+    d0: int  # the first column of the chunk gathered from this rank's vocabulary slice
+
+
+EMBED_GATHER = EmbedGather.constexpr()
+
+
+@triton.jit
+def embed_gather_fields(row):
+    """EmbedGather's fields from its table row: d0."""
+    return row[1]
+
+
+@dataclass(frozen=True)
+class EmbedReduce(Task):
+    """A column chunk of H: the ranks' gathers summed."""
+
+    ID: ClassVar[int] = 1
+    NAME: ClassVar[str] = "embed reduce"
+    d0: int  # the chunk's first column
+
+
+EMBED_REDUCE = EmbedReduce.constexpr()
+
+
+@triton.jit
+def embed_reduce_fields(row):
+    """EmbedReduce's fields from its table row: d0."""
+    return row[1]

@@ -1,0 +1,126 @@
+"""The task types of the FFN halves: the dense MLP (kernels/kinds/layer/mlp.py) and the MoE (moe.py). Each is a typed
+record (kernels/runtime/tasks.py `Task`): its id, its name and its fields, which the device code reads by name
+through the one unpacking function beside it (`<type>_fields(row)`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import triton
+
+from glm53ctl.kernels.runtime.tasks import Task
+
+
+@dataclass(frozen=True)
+class GateUp(Task):
+    """A tile of the dense MLP's gate and up over a K slice."""
+
+    ID: ClassVar[int] = 17
+    NAME: ClassVar[str] = "gate_up"
+    n0: int  # the tile's first row of gate and up
+    ks: int  # its K slice (slice 0 adds the others' sums and makes act)
+
+
+GU = GateUp.constexpr()
+
+
+@triton.jit
+def gu_fields(row):
+    """GateUp's fields from its table row: n0, ks."""
+    return row[1], row[2]
+
+
+@dataclass(frozen=True)
+class Down(Task):
+    """A tile of down_proj over a K slice: this rank's partial."""
+
+    ID: ClassVar[int] = 18
+    NAME: ClassVar[str] = "down_proj"
+    n0: int  # the tile's first output column
+    ks: int  # the K slice
+
+
+DOWN = Down.constexpr()
+
+
+@triton.jit
+def down_fields(row):
+    """Down's fields from its table row: n0, ks."""
+    return row[1], row[2]
+
+
+@dataclass(frozen=True)
+class Router(Task):
+    """The router's logits of a tile of experts over a K slice, every row."""
+
+    ID: ClassVar[int] = 21
+    NAME: ClassVar[str] = "router"
+    e0: int  # the tile's first expert
+    ks: int  # the K slice
+
+
+ROUTER = Router.constexpr()
+
+
+@triton.jit
+def router_fields(row):
+    """Router's fields from its table row: e0, ks."""
+    return row[1], row[2]
+
+
+@dataclass(frozen=True)
+class Route(Task):
+    """Row r's top-k and weights; the last row to arrive makes the slots."""
+
+    ID: ClassVar[int] = 22
+    NAME: ClassVar[str] = "route"
+    r: int  # the row
+
+
+ROUTE = Route.constexpr()
+
+
+@triton.jit
+def route_fields(row):
+    """Route's fields from its table row: r."""
+    return row[1]
+
+
+@dataclass(frozen=True)
+class ExpertGateUp(Task):
+    """A tile of a slot's expert gate and up over a K slice."""
+
+    ID: ClassVar[int] = 23
+    NAME: ClassVar[str] = "expert gate_up"
+    slot: int  # the slot (the shared expert's is the last)
+    n0: int  # the tile's first row
+    ks: int  # its K slice
+
+
+EXP_GU = ExpertGateUp.constexpr()
+
+
+@triton.jit
+def exp_gu_fields(row):
+    """ExpertGateUp's fields from its table row: slot, n0, ks."""
+    return row[1], row[2], row[3]
+
+
+@dataclass(frozen=True)
+class ExpertDown(Task):
+    """A tile of a slot's down projection."""
+
+    ID: ClassVar[int] = 24
+    NAME: ClassVar[str] = "expert down"
+    slot: int  # the slot
+    n0: int  # the tile's first output column
+
+
+EXP_DOWN = ExpertDown.constexpr()
+
+
+@triton.jit
+def exp_down_fields(row):
+    """ExpertDown's fields from its table row: slot, n0."""
+    return row[1], row[2]

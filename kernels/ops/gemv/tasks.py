@@ -1,0 +1,31 @@
+"""The task types of the GEMVs every layer has (kernels/kinds/layer/shared.py). Each is a typed record
+(kernels/runtime/tasks.py `Task`): its id, its name and its fields, which the device code reads by name through
+the one unpacking function beside it (`<type>_fields(row)`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import triton
+
+from glm53ctl.kernels.runtime.tasks import Task
+
+
+@dataclass(frozen=True)
+class OProj(Task):
+    """A tile of o_proj over a K slice: this rank's partial."""
+
+    ID: ClassVar[int] = 11
+    NAME: ClassVar[str] = "o_proj"
+    n0: int  # the tile's first output column
+    ks: int  # the K slice
+
+
+OPROJ = OProj.constexpr()
+
+
+@triton.jit
+def oproj_fields(row):
+    """OProj's fields from its table row: n0, ks."""
+    return row[1], row[2]

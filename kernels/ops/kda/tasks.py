@@ -1,0 +1,51 @@
+"""The task types of the KDA attention half (kernels/kinds/layer/kda.py). Each is a typed record
+(kernels/runtime/tasks.py `Task`): its id, its name and its fields, which the device code reads by name through
+the one unpacking function beside it (`<type>_fields(row)`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import triton
+
+from glm53ctl.kernels.runtime.tasks import Task
+
+
+@dataclass(frozen=True)
+class InProj(Task):
+    """A tile of the fused in-projection over a K slice."""
+
+    ID: ClassVar[int] = 9
+    NAME: ClassVar[str] = "in_proj"
+    n0: int  # the tile's first row of the fused in-projection
+    ks: int  # its K slice (slice 0 adds the others' sums)
+
+
+INPROJ = InProj.constexpr()
+
+
+@triton.jit
+def inproj_fields(row):
+    """InProj's fields from its table row: n0, ks."""
+    return row[1], row[2]
+
+
+@dataclass(frozen=True)
+class KdaHead(Task):
+    """One head of one row: the gates, the conv, the delta rule on a part of its value columns."""
+
+    ID: ClassVar[int] = 10
+    NAME: ClassVar[str] = "kda head"
+    h: int  # the head
+    r: int  # the row
+    part: int  # the part of the head's value columns
+
+
+KDA_HEAD = KdaHead.constexpr()
+
+
+@triton.jit
+def kda_head_fields(row):
+    """KdaHead's fields from its table row: h, r, part."""
+    return row[1], row[2], row[3]

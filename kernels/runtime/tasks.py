@@ -1,0 +1,78 @@
+"""Task types: what a row of a task table is, and the one id space every kind's tables share.
+
+A task is a small typed record (`Task`): its type's id, its name (what a trace or a LaunchFault shows) and up to
+three named fields, which it serializes into its table row (`row()`: the id, then the fields in order). Each op
+declares the task types it contributes in its folder (`kernels/ops/<op>/tasks.py`), with the one Triton function
+that unpacks such a row by name on the device (`<type>_fields(row)`: its fields in the same order); a kind
+composes ops' tasks into its table (`TaskTable.add(task)`), and the runtime knows task rows, not kinds.
+
+One id space across kinds lets one table hold tasks of several kinds (the whole step: embed, the layers, the
+tail) and lets a trace or a fault name a task without knowing which launch it came from. Ids are never reused: a
+new type takes the next free one (`next_id()`), and an id is a constant in the kernel's code, whose value can
+change the code: `embed`'s branch on its gather type compiled to other code as `ttype == 1` than as `ttype == 0`
+(8 fewer registers, and on the H200 8.0 µs against 7.1 at TP8 rows 1, docs/perf/embed.md). Embed keeps 0 and 1,
+the ids it was measured with; a kind's ids changed is a change to time (`build --against` shows whether its code
+changed at all).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+import triton.language as tl
+
+# id -> the task type's class, filled as each type is declared (its op's tasks.py imported)
+TYPES: dict[int, type[Task]] = {}
+FIELDS = 3  # a row's arguments after its type (runtime/device.py `task_row` reads them with the runtime's words)
+# ids declared once and retired since: never given again
+RETIRED = {25: "moe sum"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """One task of a table: a subclass per task type, a frozen dataclass whose fields (ints, at most `FIELDS`)
+    are the row's arguments in order. `ID` is the type's id, `NAME` its name in traces and faults."""
+
+    ID: ClassVar[int]
+    NAME: ClassVar[str]
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "ID" not in cls.__dict__:  # an intermediate base: no type of its own
+            return
+        assert cls.ID not in RETIRED, f"task id {cls.ID} was {RETIRED[cls.ID]!r}: ids are never reused"
+        other = TYPES.get(cls.ID)
+        assert other is None or other.__qualname__ == cls.__qualname__, f"task id {cls.ID}: {other} and {cls}"
+        TYPES[cls.ID] = cls
+
+    def row(self) -> tuple[int, ...]:
+        """Its table row's first words: the type's id, then the fields in order, zero-padded to `FIELDS`."""
+        values = tuple(int(getattr(self, f.name)) for f in dataclasses.fields(self))
+        assert len(values) <= FIELDS, f"{type(self).__name__} has {len(values)} fields, a row holds {FIELDS}"
+        return (self.ID, *values, *(0,) * (FIELDS - len(values)))
+
+    @classmethod
+    def constexpr(cls) -> tl.constexpr:
+        """The id as the device code compares it (`ttype == SEL_PASS`)."""
+        return tl.constexpr(cls.ID)
+
+
+def name_of(type_id: int) -> str:
+    return TYPES[type_id].NAME
+
+
+def next_id() -> int:
+    """The id a new task type takes: one past every id given (the retired ones included)."""
+    return max([*TYPES, *RETIRED]) + 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Hop(Task):
+    """The runtime's own no-op hand-off (runtime/chain.py): it waits, publishes and does nothing else."""
+
+    ID: ClassVar[int] = 2
+    NAME: ClassVar[str] = "hop"
+
+
+HOP = Hop.constexpr()
