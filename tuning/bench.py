@@ -29,7 +29,7 @@ from glm53ctl.kernels.checks import build_launches, key_seed, make_harness, outp
 from glm53ctl.kernels.key import ResolvedKey
 from glm53ctl.kernels.kinds import get_kind, load_harness
 from glm53ctl.kernels.runtime.launch import on_device
-from glm53ctl.kernels.runtime.task_types import TYPE_NAMES
+from glm53ctl.kernels.runtime.tasks import name_of
 from glm53ctl.kernels.runtime.trace import summarize
 from glm53ctl.kernels.spec import load_model
 from glm53ctl.kernels.weights import Weights
@@ -307,7 +307,7 @@ def stage_rows(s: dict, stages) -> list[dict]:
 
     out = []
     for group in stages:
-        names = [TYPE_NAMES[int(t)] for t in group]
+        names = [name_of(int(t)) for t in group]
         parts = [s["types"][n] for n in names if n in s["types"]]
         if parts:
             out.append(
@@ -327,7 +327,7 @@ def path_by_stage(s: dict, stages) -> dict[str, float]:
     """µs of a traced launch's critical path in each of its kind's stages: each step's work (ready to publish)
     and the hand-off before it, to the stage of its task type ("other" for a type in none)."""
 
-    stage_of = {TYPE_NAMES[int(t)]: "+".join(TYPE_NAMES[int(u)] for u in g) for g in stages for t in g}
+    stage_of = {name_of(int(t)): "+".join(name_of(int(u)) for u in g) for g in stages for t in g}
     out: dict[str, float] = {}
     for step in s["critical_path"]:
         us = step["done"] - step["ready"] + max(step.get("handoff", 0.0), 0.0)

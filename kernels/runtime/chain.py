@@ -16,7 +16,7 @@ from glm53ctl.kernels.runtime.device import (
     wait_task,
 )
 from glm53ctl.kernels.runtime.table import TaskTable
-from glm53ctl.kernels.runtime.task_types import HOP
+from glm53ctl.kernels.runtime.tasks import Hop
 from glm53ctl.kernels.tlx import interpreting
 
 
@@ -51,9 +51,9 @@ class ChainLaunch:
     def __init__(self, n: int, handoff: str, poll: int, grid: int, device) -> None:
 
         t = TaskTable("chain")
-        prev = t.add(HOP)
+        prev = t.add(Hop())
         for _ in range(n - 1):
-            cur = t.add(HOP)
+            cur = t.add(Hop())
             t.wait(cur, [prev], handoff)
             prev = cur
         self.table, self.poll, self.grid = t, poll, grid

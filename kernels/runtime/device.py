@@ -223,6 +223,27 @@ def task_row(rt, task):
 
 
 @triton.jit
+def row_type(row):
+    """A task's type (its row's first word: kernels/runtime/tasks.py); its fields are its op's to unpack
+    (`kernels/ops/<op>/tasks.py`)."""
+    return row[0]
+
+
+@triton.jit
+def row_sites(row):
+    """The runtime's words of a row about its waits: its first site, how many it has, how many are early, and
+    the first one's kind, index and word count."""
+    return row[4], row[5], row[12], row[9], row[10], row[11]
+
+
+@triton.jit
+def row_publish(row):
+    """The runtime's words of a row about its publish: whether its flag word is written, how many box words,
+    the first of them."""
+    return row[6], row[7], row[8]
+
+
+@triton.jit
 def _arrived(v, epoch, kind):
     """Whether a polled word says its producer published this launch: the epoch; for a peer's word, the epoch or
     the next (a real peer may have published this launch's partial, finished, and published the next one)."""
@@ -326,19 +347,19 @@ def wait_task(
     as one times out or the launch aborted. rt: the runtime's buffers (launch.py `RuntimeBuffers`);
     row: the task's `task_row`."""
     ctl, flags, boxes, errs, tasks, wait_kind, wait_index, wait_count, _ = rt
-    s0 = row[4]
+    s0, n_sites, n_early, kind0, index0, words0 = row_sites(row)
     lo = s0
-    hi = s0 + row[12]
+    hi = s0 + n_early
     if LATE:
-        lo = s0 + row[12]
-        hi = s0 + row[5]
+        lo = s0 + n_early
+        hi = s0 + n_sites
     ok = task >= 0
     for s in range(lo, hi):
         if ok:
             # the first site's words come with the row; later sites' from the site arrays
-            kind = row[9]
-            index = row[10]
-            n_words = row[11]
+            kind = kind0
+            index = index0
+            n_words = words0
             if s != s0:
                 kind = tl.load(wait_kind + s)
                 index = tl.load(wait_index + s)
@@ -383,9 +404,7 @@ def publish(rt, row, task, epoch, INTERPRET: tl.constexpr):
     A task nobody waits on (a GEMV slice of the logits) publishes nothing: no barrier, no atomic.
     row: the task's `task_row` (its publish list)."""
     _, flags, boxes, _, _, _, _, _, pub_slot = rt
-    needs_flag = row[6]
-    n = row[7]
-    first = row[8]
+    needs_flag, n, first = row_publish(row)
     if needs_flag + n > 0:
         # Triton 3.6 emits no barrier before a scalar release atomic: other warps' payload stores first
         tl.debug_barrier()

@@ -37,7 +37,7 @@ def stage_table(full: TaskTable, ttypes) -> TaskTable:
     for i, task in enumerate(full.tasks):
         if task[0] not in types:
             continue
-        new[i] = t.add(*task)
+        new[i] = t.add_row(task)
         t.ids.append(i)
         for s in full.sites_of(i):
             if s.kind == PEER:  # a peer's partial: still a wait on real ranks

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from glm53ctl.kernels.runtime.device import BOX_WORDS, TASK_FIELDS
-from glm53ctl.kernels.runtime.task_types import TYPE_NAMES
+from glm53ctl.kernels.runtime.tasks import FIELDS, TYPES, Task, name_of
 
 # a peer site polls flag words too, ones its peers write (with real ranks, from their own processes)
 FLAG, BOX, PEER = 0, 1, 2
@@ -56,11 +56,16 @@ class TaskTable:
     # reads the words its peers write at the whole launch's place in its mailbox, its own words elsewhere
     peer_base: int | None = None
 
-    def add(self, ttype, *args: int) -> int:
-        """Append a task of type `ttype` (runtime/task_types.py) with up to 3 arguments; its id."""
-        ttype = int(getattr(ttype, "value", ttype))
-        assert ttype in TYPE_NAMES and len(args) <= 3
-        self.tasks.append((ttype, *args, *(0,) * (3 - len(args))))
+    def add(self, task: Task) -> int:
+        """Append a task (a typed record of its op's tasks.py, kernels/runtime/tasks.py); its id in the table."""
+        return self.add_row(task.row())
+
+    def add_row(self, words: tuple[int, ...]) -> int:
+        """Append a task as its row's first words (its type's id and its fields), as another table holds it (a
+        stage's table copies the launch's rows: runtime/stages.py); its id."""
+        ttype, *fields = words
+        assert ttype in TYPES and len(fields) == FIELDS, words
+        self.tasks.append((ttype, *fields))
         self.first_site.append(len(self.sites))
         return len(self.tasks) - 1
 
@@ -118,7 +123,7 @@ class TaskTable:
         return f"task {t if self.ids is None else self.ids[t]} ({self.type_name(t)})"
 
     def type_name(self, t: int) -> str:
-        return TYPE_NAMES[self.tasks[t][0]]
+        return name_of(self.tasks[t][0])
 
     def sites_of(self, t: int) -> list[Site]:
         """Task t's wait sites, early then late."""

@@ -22,6 +22,8 @@ from typing import ClassVar
 
 import triton.language as tl
 
+from glm53ctl.kernels.tlx import interpreting  # noqa: F401 (importing tlx applies the interpreter's settings)
+
 # id -> the task type's class, filled as each type is declared (its op's tasks.py imported)
 TYPES: dict[int, type[Task]] = {}
 FIELDS = 3  # a row's arguments after its type (runtime/device.py `task_row` reads them with the runtime's words)

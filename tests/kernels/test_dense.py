@@ -12,9 +12,12 @@ from glm53ctl.kernels.kinds.harness import RunKey
 from glm53ctl.kernels.kinds.layer.table import STAGES, k_slices
 from glm53ctl.kernels.kinds.run_key import run_reference, run_triton
 from glm53ctl.kernels.numerics import rel_rms
+from glm53ctl.kernels.ops.ffn.tasks import DOWN, GU
 from glm53ctl.kernels.ops.gemv.kernel import folds
+from glm53ctl.kernels.ops.gemv.tasks import OPROJ
+from glm53ctl.kernels.ops.kda.tasks import INPROJ, KDA_HEAD
+from glm53ctl.kernels.ops.mhc.tasks import COMB_A, COMB_F, GATE_A, GATE_F, MIX_A, MIX_F, RED_A, RED_F
 from glm53ctl.kernels.reference import Reference
-from glm53ctl.kernels.runtime import task_types as tt
 from glm53ctl.kernels.spec import load_model
 from glm53ctl.kernels.weights import Weights
 from glm53ctl.tuning.knobs import kind_knobs
@@ -22,12 +25,8 @@ from tests.helpers import assert_same_bits, bits, resolved
 
 BOUNDS = get_kind("dense").bounds
 # the task types as the table's rows hold them (ints)
-GATE_A, GATE_F, GU, INPROJ, KDA_HEAD, OPROJ = (
-    t.value for t in (tt.GATE_A, tt.GATE_F, tt.GU, tt.INPROJ, tt.KDA_HEAD, tt.OPROJ)
-)
-COMB_A, COMB_F, MIX_A, MIX_F, RED_A, RED_F = (
-    t.value for t in (tt.COMB_A, tt.COMB_F, tt.MIX_A, tt.MIX_F, tt.RED_A, tt.RED_F)
-)
+GATE_A, GATE_F, GU, INPROJ, KDA_HEAD, OPROJ = (t.value for t in (GATE_A, GATE_F, GU, INPROJ, KDA_HEAD, OPROJ))
+COMB_A, COMB_F, MIX_A, MIX_F, RED_A, RED_F = (t.value for t in (COMB_A, COMB_F, MIX_A, MIX_F, RED_A, RED_F))
 
 
 pytestmark = pytest.mark.interpreter
@@ -271,7 +270,7 @@ def test_weights_first_waits_late_and_each_late_site_is_named(weights):
     key = resolved("dense", 2, 1, {"weights_first": 1})
     k = DenseHarness(weights, key)
     t = k.launch.table
-    gemvs = [i for i, task in enumerate(t.tasks) if task[0] in (OPROJ, tt.DOWN.value)]
+    gemvs = [i for i, task in enumerate(t.tasks) if task[0] in (OPROJ, DOWN.value)]
     assert gemvs and all(s.late for i in gemvs for s in t.sites_of(i))
     # rows 8: gate/up unfolded (it waits for the FFN gates' x̂ in its body), the same bits as the default
     base = DenseHarness(weights, resolved("dense", 2, 8, {"grid": 5}))
@@ -279,7 +278,7 @@ def test_weights_first_waits_late_and_each_late_site_is_named(weights):
     peers = base.peer_partials(x)
     first = DenseHarness(weights, resolved("dense", 2, 8, {"grid": 5, "weights_first": 1}))
     assert_same_bits(base(x, peers, poison=True), first(x, peers, poison=True), "weights_first at rows 8")
-    for ttype in (OPROJ, tt.DOWN.value, GU, INPROJ):  # the first site of each (every site at the default: above)
+    for ttype in (OPROJ, DOWN.value, GU, INPROJ):  # the first site of each (every site at the default: above)
         site = next(i for i, s in enumerate(t.sites) if t.tasks[s.task][0] == ttype)
         res = fault_key(weights, key, site, budget_ns=10**6, wall_s=60)
         assert res.ok and res.named == res.retries_equal == res.sites == 1, res.problems
@@ -321,7 +320,7 @@ def test_separate_launches_give_the_same_bits(weights, oproj_first, kda_split):
     stages, table = sep.launch.stages, k.launch.table
     assert len(stages) == 10 and sum(st.table.n_tasks for st in stages) == table.n_tasks
     assert sorted(t for st in stages for t in st.table.tasks) == sorted(table.tasks)
-    kda = stages[STAGES.index((tt.KDA_HEAD,))].runtime.table
+    kda = stages[STAGES.index((KDA_HEAD,))].runtime.table
     assert kda.n_tasks and not kda.sites
 
 

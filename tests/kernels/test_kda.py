@@ -9,13 +9,13 @@ from glm53ctl.kernels.checks import fault_key
 from glm53ctl.kernels.kinds import CPU_KEYS, get_kind
 from glm53ctl.kernels.kinds.kda.harness import KdaHarness
 from glm53ctl.kernels.numerics import rel_rms
-from glm53ctl.kernels.runtime import task_types as tt
+from glm53ctl.kernels.ops.ffn.tasks import EXP_DOWN, EXP_GU, ROUTE, ROUTER
 from glm53ctl.kernels.spec import load_model
 from glm53ctl.kernels.weights import ROOT, Weights
 from tests.helpers import assert_same_bits, assert_separate_launches_keep_bits, first_site_of_each, resolved
 
 BOUNDS = get_kind("kda").bounds
-MOE_TYPES = tuple(t.value for t in (tt.ROUTER, tt.ROUTE, tt.EXP_GU, tt.EXP_DOWN))
+MOE_TYPES = tuple(t.value for t in (ROUTER, ROUTE, EXP_GU, EXP_DOWN))
 LAYER = 4  # tiny's first KDA layer with the MoE
 
 
@@ -98,7 +98,7 @@ def test_expert_k_slices_are_accurate_and_their_late_waits_named(weights, slices
         assert rel_rms(ref[name], out[name]) <= bound, name
     assert all(k.invariants(out, ref).values())
     t = k.launch.table
-    late = [i for i, s in enumerate(t.sites) if s.late and t.tasks[s.task][0] == tt.EXP_GU.value]
+    late = [i for i, s in enumerate(t.sites) if s.late and t.tasks[s.task][0] == EXP_GU.value]
     assert bool(late) == (slices > 1)
 
 
@@ -114,7 +114,7 @@ def test_the_moe_sites_stuck_are_named(weights):
     t = k.launch.table
     sites = first_site_of_each(t, MOE_TYPES)
     # and an expert gate/up slice 0's late wait for its other K slices (ksplit_gu 2 by default)
-    late = next(i for i, s in enumerate(t.sites) if s.late and t.tasks[s.task][0] == tt.EXP_GU.value)
+    late = next(i for i, s in enumerate(t.sites) if s.late and t.tasks[s.task][0] == EXP_GU.value)
     for s in [*sites.values(), late]:
         res = fault_key(weights, resolved("kda", 2, 1), s, budget_ns=10**6, wall_s=60)
         assert res.ok and res.named == 1 and res.retries_equal == 1, res.problems

@@ -1,20 +1,101 @@
 """The kind registry, the one id space of task types, and task tables that compose into a whole step."""
 
+import ast
+import importlib
+import re
+from pathlib import Path
+
 import pytest
 
 from glm53ctl.errors import UsageError
 from glm53ctl.kernels.kinds import KINDS, get_kind, kernel_kinds, load_harness
-from glm53ctl.kernels.runtime import task_types
+from glm53ctl.kernels.runtime import tasks
 from glm53ctl.kernels.runtime.table import TaskTable
 from glm53ctl.kernels.spec import load_model
 
+ROOT = Path(__file__).resolve().parents[2]
+OPS = ROOT / "kernels" / "ops"
+
+
+def _op_task_modules():
+    """Every op's tasks.py, imported (each declares its types as it is imported)."""
+    return [
+        importlib.import_module(f"glm53ctl.kernels.ops.{p.parent.name}.tasks") for p in sorted(OPS.glob("*/tasks.py"))
+    ]
+
 
 def test_task_types_are_one_id_space_with_a_name_each():
-    consts = {n: v for n, v in vars(task_types).items() if n.isupper() and n != "TYPE_NAMES" and not n.startswith("_")}
-    ids = [c.value for c in consts.values()]
-    assert sorted(ids) == list(range(len(ids))) == sorted(task_types.TYPE_NAMES)
-    assert len(set(task_types.TYPE_NAMES.values())) == len(ids)  # a trace or a fault names a type unambiguously
-    assert [n for n, _ in task_types._TYPES] == [n for n, c in sorted(consts.items(), key=lambda kv: kv[1].value)]
+    """Every op declares its types in its folder; together they are one id space: ids 0.. with no gap but the
+    retired, a name each (a trace or a fault names a type unambiguously), each constant its class's id."""
+    modules = _op_task_modules()
+    assert {m.__name__.split(".")[-2] for m in modules} == {"dsa", "embed", "ffn", "gemv", "kda", "mhc", "tail"}
+    tree = {i: c for i, c in tasks.TYPES.items() if c.__module__.startswith("glm53ctl.")}
+    assert sorted([*tree, *tasks.RETIRED]) == list(range(len(tree) + len(tasks.RETIRED)))
+    assert len({c.NAME for c in tree.values()}) == len(tree)
+    assert tasks.next_id() == len(tree) + len(tasks.RETIRED)
+    for m in modules:
+        declared = [
+            c
+            for c in vars(m).values()
+            if isinstance(c, type) and issubclass(c, tasks.Task) and c.__module__ == m.__name__
+        ]
+        consts = {n: v.value for n, v in vars(m).items() if n.isupper() and hasattr(v, "value")}
+        assert sorted(consts.values()) == sorted(c.ID for c in declared), m.__name__
+    assert tasks.TYPES[2] is tasks.Hop and tasks.Hop().row() == (2, 0, 0, 0)
+
+
+def test_a_task_is_a_typed_record_that_serializes_into_its_row():
+    from glm53ctl.kernels.ops.dsa.tasks import SelectPass
+
+    t = TaskTable("x")
+    i = t.add(SelectPass(r=1, step=2, part=3))
+    assert t.tasks[i] == (SelectPass.ID, 1, 2, 3) and t.type_name(i) == "index select pass"
+    with pytest.raises(AssertionError, match="never reused"):
+        type("Reused", (tasks.Task,), {"ID": 25, "NAME": "x", "__annotations__": {}})
+    with pytest.raises(AssertionError, match="task id 35"):
+        type("Twice", (tasks.Task,), {"ID": 35, "NAME": "x", "__annotations__": {}})
+
+
+def _unpackings(path: Path) -> dict[str, list[int]]:
+    """Per `@triton.jit` function of `path` that returns a row's words: the indices it returns, in order."""
+    out = {}
+    for fn in ast.parse(path.read_text()).body:
+        if isinstance(fn, ast.FunctionDef) and fn.args.args and fn.args.args[0].arg == "row":
+            ret = fn.body[-1].value
+            elts = ret.elts if isinstance(ret, ast.Tuple) else [ret]
+            out[fn.name] = [e.slice.value for e in elts]
+    return out
+
+
+def test_each_task_type_is_unpacked_once_by_name_in_its_ops_code():
+    """A type's `<type>_fields(row)` returns its row's fields in its record's order (row[1], row[2], ...), a
+    family's one unpacking (`gate_fields`, ...) likewise; and no device code reads a row's words by number
+    elsewhere: the fields in their op's tasks.py, the runtime's words in runtime/device.py's `row_*`."""
+    import dataclasses
+
+    for m in _op_task_modules():
+        path = Path(m.__file__)
+        unpack = _unpackings(path)
+        for c in [
+            c
+            for c in vars(m).values()
+            if isinstance(c, type) and issubclass(c, tasks.Task) and c.__module__ == m.__name__
+        ]:
+            fields = [f.name for f in dataclasses.fields(c)]
+            own = [n for n in unpack if n.replace("_fields", "").replace("_", "") == c.__name__.lower()]
+            if fields and own:
+                assert unpack[own[0]] == list(range(1, len(fields) + 1)), c
+        assert all(ix == list(range(1, len(ix) + 1)) for ix in unpack.values()), path
+    reads = []
+    for path in sorted((ROOT / "kernels").rglob("*.py")):
+        if path.name == "tasks.py" and path.parent.parent.name == "ops":
+            continue
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(r"\brow\[\d+\]", line) and not (
+                path.name == "device.py" and line.startswith("    return row[")
+            ):
+                reads.append(f"{path.relative_to(ROOT)}:{i}")
+    assert reads == []
 
 
 def test_every_command_reads_the_kinds_from_the_registry():

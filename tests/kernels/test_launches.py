@@ -12,11 +12,12 @@ from glm53ctl.kernels.kinds import get_kind, kernel_kinds
 from glm53ctl.kernels.kinds.harness import RunKey
 from glm53ctl.kernels.kinds.run_key import run_reference, run_triton
 from glm53ctl.kernels.numerics import rel_rms
+from glm53ctl.kernels.ops.embed.tasks import EMBED_GATHER
 from glm53ctl.kernels.reference import Reference
 from glm53ctl.kernels.runtime import LaunchFault
 from glm53ctl.kernels.runtime.device import TASK_FIELDS
 from glm53ctl.kernels.runtime.table import BOX, FLAG, PEER, TaskTable
-from glm53ctl.kernels.runtime.task_types import EMBED_GATHER, HOP
+from glm53ctl.kernels.runtime.tasks import HOP
 from glm53ctl.kernels.spec import load_model
 from glm53ctl.kernels.weights import Weights
 from glm53ctl.tuning.knobs import kind_knobs
@@ -146,7 +147,7 @@ def test_tail_split_even_deals_every_row_once(v_local, tp, rows, grid):
     """split "even": the lm_head rows covered exactly once, at most block_n a task, the same number of tasks
     for every program left after the NORM tasks and those kept for the gathers (one in 16)."""
     from glm53ctl.kernels.kinds.tail.table import SPARE_EVERY, build_table
-    from glm53ctl.kernels.runtime.task_types import TAIL_GATHER, TAIL_LM_HEAD
+    from glm53ctl.kernels.ops.tail.tasks import TAIL_GATHER, TAIL_LM_HEAD
 
     t = build_table(rows, v_local, tp, 64, "box", "last", "even", grid)
     gemv = [task for task in t.tasks if task[0] == TAIL_LM_HEAD.value]
@@ -345,13 +346,14 @@ def test_the_interpreter_as_shipped_on_request():
 
 
 def test_every_kernel_module_applies_the_interpreters_settings():
-    """A module that defines a kernel imports kernels/tlx.py (itself or through runtime/device.py), which applies
-    glm53ctl's settings of the interpreter (kernels/interpreter.py): a key runs as fast whichever kind is imported
-    first, and the test above compares what runs."""
+    """A module that defines a kernel imports kernels/tlx.py (itself, or through runtime/device.py, or an op's task
+    types through runtime/tasks.py), which applies glm53ctl's settings of the interpreter (kernels/interpreter.py):
+    a key runs as fast whichever kind is imported first, and the test above compares what runs."""
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2] / "kernels"
     imports = ("glm53ctl.kernels import tlx", "glm53ctl.kernels.tlx import", "glm53ctl.kernels.runtime.device import")
+    imports += ("glm53ctl.kernels.runtime.tasks import",)
     bare = [
         str(p.relative_to(root))
         for p in root.rglob("*.py")

@@ -10,15 +10,13 @@ from glm53ctl.kernels.checks import fault_key
 from glm53ctl.kernels.kinds import CPU_KEYS, get_kind
 from glm53ctl.kernels.kinds.sparse.harness import SparseHarness
 from glm53ctl.kernels.numerics import rel_rms
-from glm53ctl.kernels.runtime import task_types as tt
+from glm53ctl.kernels.ops.dsa.tasks import ABSORB, ATTN, COMBINE, MLA_A, MLA_QB, MLA_ROW, SCORE, SELECT, WUV
 from glm53ctl.kernels.spec import load_model
 from glm53ctl.kernels.weights import ROOT, Weights
 from tests.helpers import assert_same_bits, assert_separate_launches_keep_bits, first_site_of_each, resolved
 
 BOUNDS = get_kind("sparse").bounds
-MLA_TYPES = tuple(
-    t.value for t in (tt.MLA_A, tt.MLA_ROW, tt.MLA_QB, tt.ABSORB, tt.SCORE, tt.SELECT, tt.ATTN, tt.COMBINE, tt.WUV)
-)
+MLA_TYPES = tuple(t.value for t in (MLA_A, MLA_ROW, MLA_QB, ABSORB, SCORE, SELECT, ATTN, COMBINE, WUV))
 
 pytestmark = pytest.mark.interpreter
 # keys besides the CPU keys (every TP width and row count once there): each TP and each row count once more

@@ -6,10 +6,11 @@ import pytest
 import torch
 
 from glm53ctl.kernels.checks import check_key, fault_key, make_harness
+from glm53ctl.kernels.ops.kda.tasks import KDA_HEAD
+from glm53ctl.kernels.ops.mhc.tasks import RED_A
 from glm53ctl.kernels.runtime import LaunchFault
 from glm53ctl.kernels.runtime.stages import SeparateLaunches, stage_table
 from glm53ctl.kernels.runtime.table import PEER
-from glm53ctl.kernels.runtime.task_types import KDA_HEAD, RED_A
 from glm53ctl.kernels.spec import load_model
 from glm53ctl.kernels.weights import Weights
 from tests.helpers import assert_same_bits, resolved

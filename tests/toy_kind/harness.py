@@ -6,9 +6,9 @@ import torch
 
 from glm53ctl.kernels.key import ResolvedKey
 from glm53ctl.kernels.kinds.harness import KindHarness, row_contexts
-from glm53ctl.kernels.runtime.task_types import HOP
 from tests.toy_kind import WIDTH
 from tests.toy_kind.launch import ToyLaunch
+from tests.toy_op.tasks import DOUBLE, SUM
 
 
 def draw(rows: int, seed: int, steps: int = 1) -> list[torch.Tensor]:
@@ -32,7 +32,7 @@ class ToyHarness(KindHarness):
     kind = "toy"
     input_name = "x"
     Launch = ToyLaunch
-    STAGES = ((HOP,),)
+    STAGES = ((DOUBLE, SUM),)
 
     def __init__(self, weights, key: ResolvedKey, layer=None) -> None:
         super().__init__(weights, key)

@@ -6,7 +6,18 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from glm53ctl.kernels.runtime.device import after_task, finish, first_task, launch_epoch, publish, task_row, wait_task
+from glm53ctl.kernels.runtime.device import (
+    after_task,
+    finish,
+    first_task,
+    launch_epoch,
+    publish,
+    row_sites,
+    row_type,
+    task_row,
+    wait_task,
+)
+from tests.toy_op.tasks import DOUBLE, SUM, double_fields
 
 
 @triton.jit(do_not_specialize=["stuck_site", "budget_ns"])
@@ -37,21 +48,23 @@ def toy_kernel(
     task = first_task(ctl, n_tasks, n_programs, INTERPRET, ONE_TASK)
     while task >= 0:
         row = task_row(rt, task)
-        what, r = row[1], row[2]
+        ttype = row_type(row)
         stuck = stuck_site
         if DEFECT == 9:  # silent: the guard is not told which site is stuck
             stuck = -1
         if DEFECT == 10:  # misnamed: the guard sticks the next of the sum's sites
             if stuck_site >= 0:
-                stuck = row[4] + (stuck_site - row[4] + 1) % R
+                first = row_sites(row)[0]
+                stuck = first + (stuck_site - first + 1) % R
         if DEFECT == 8:  # unguarded: the stuck site's wait spins on a word that never comes, with no budget
-            if (what == 1) & (stuck_site >= 0):
+            if (ttype == SUM) & (stuck_site >= 0):
                 while tl.load(ctl) != -7:
                     pass
         ok = wait_task(rt, row, task, epoch, stuck, budget_ns, INTERPRET, POLL, THREADS, False)
         if ok:
             o_d = tl.arange(0, D)
-            if what == 0:  # DOUBLE
+            if ttype == DOUBLE:
+                r = double_fields(row)
                 v = 2.0 * tl.load(x + r * D + o_d)
                 if DEFECT == 1:  # accuracy
                     v += tl.where(r == 0, 0.25, 0.0)

@@ -430,14 +430,15 @@ def test_a_traced_step_says_which_kind_and_stage_hold_it():
     hand-off before it, to its type's stage), per kind the mean traced launch and the stage holding the most of
     its parts' paths, printed with the longest parts."""
     from glm53ctl.commands.bench import format_step_trace
-    from glm53ctl.kernels.runtime.task_types import TYPE_NAMES
+    from glm53ctl.kernels.ops.dsa.tasks import Attn, Select
+    from glm53ctl.kernels.ops.gemv.tasks import OProj
     from glm53ctl.tuning.bench import path_by_stage, step_kinds
 
     def step(t, ready, done, handoff=None):
         s = {"type": t, "ready": ready, "done": done}
         return s | ({"handoff": handoff} if handoff is not None else {})
 
-    names = {n: next(i for i, m in TYPE_NAMES.items() if m == n) for n in ("index select", "mla attention", "o_proj")}
+    names = {t.NAME: t.ID for t in (Select, Attn, OProj)}
     stages = ((names["index select"],), (names["mla attention"], names["o_proj"]))
     traced = {"critical_path": [step("index select", 0.0, 30.0), step("mla attention", 32.0, 40.0, 2.0),
                                 step("o_proj", 40.5, 50.0, -1.0), step("embed gather", 50.0, 51.0, 0.0)]}  # fmt: skip

@@ -13,7 +13,7 @@ from glm53ctl.kernels.kinds.embed.launch import EmbedLaunch
 from glm53ctl.kernels.kinds.harness import Inputs, KindHarness, Timed, bf16_numerics, nbytes
 from glm53ctl.kernels.numerics import FP32
 from glm53ctl.kernels.ops.embed.naive import embed_partial, streams
-from glm53ctl.kernels.runtime.task_types import EMBED_GATHER, EMBED_REDUCE
+from glm53ctl.kernels.ops.embed.tasks import EMBED_GATHER, EMBED_REDUCE
 from glm53ctl.kernels.weights import ROOT, Weights
 
 

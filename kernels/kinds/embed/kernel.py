@@ -6,6 +6,7 @@ import triton
 import triton.language as tl
 
 from glm53ctl.kernels.ops.embed.kernel import gather_row, reduce_row
+from glm53ctl.kernels.ops.embed.tasks import EMBED_GATHER, embed_fields
 from glm53ctl.kernels.runtime.device import (
     after_task,
     fence_sys,
@@ -16,10 +17,10 @@ from glm53ctl.kernels.runtime.device import (
     publish,
     push_rows,
     push_tag,
+    row_type,
     task_row,
     wait_task,
 )
-from glm53ctl.kernels.runtime.task_types import EMBED_GATHER
 
 
 @triton.jit(do_not_specialize=["stuck_site", "budget_ns", "rank", "mute", "peer_words"])
@@ -72,7 +73,8 @@ def embed_kernel(
     task = first_task(ctl, n_tasks, n_programs, INTERPRET, ONE_TASK)
     while task >= 0:
         row = task_row(rt, task)
-        ttype, d0 = row[0], row[1]
+        ttype = row_type(row)
+        d0 = embed_fields(row)
         ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, False)
         if REMOTE:
             if ttype != EMBED_GATHER:

@@ -4,8 +4,8 @@ and a REDUCE (waits on its GATHER and on every peer's partial; sums in rank orde
 
 from __future__ import annotations
 
+from glm53ctl.kernels.ops.embed.tasks import EmbedGather, EmbedReduce
 from glm53ctl.kernels.runtime.table import TaskTable
-from glm53ctl.kernels.runtime.task_types import EMBED_GATHER, EMBED_REDUCE
 
 
 def add_embed(
@@ -17,14 +17,14 @@ def add_embed(
     rank's last gather would wait on peers that wait on it)."""
     chunks = range(0, D, chunk)
     if gathers_first:
-        gathers = [t.add(EMBED_GATHER, d0) for d0 in chunks]
+        gathers = [t.add(EmbedGather(d0)) for d0 in chunks]
     out = []
     for c, d0 in enumerate(chunks):
-        g = gathers[c] if gathers_first else t.add(EMBED_GATHER, d0)
+        g = gathers[c] if gathers_first else t.add(EmbedGather(d0))
         if partial_only:
             out.append(g)
             continue
-        r = t.add(EMBED_REDUCE, d0)
+        r = t.add(EmbedReduce(d0))
         t.wait(r, [g], handoff)
         if tp > 1:
             t.wait_peers(r)

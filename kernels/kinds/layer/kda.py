@@ -14,8 +14,8 @@ import triton.language as tl
 from glm53ctl.kernels.kinds.layer.shared import _fold_rows
 from glm53ctl.kernels.ops.gemv.kernel import gemv_first_weights, gemv_tile, gemv_tile_from
 from glm53ctl.kernels.ops.kda.kernel import kda_head, kda_norm, kda_write_state
+from glm53ctl.kernels.ops.kda.tasks import INPROJ, KDA_HEAD, inproj_fields, kda_head_fields
 from glm53ctl.kernels.runtime.device import arrive_last, pdl_wait, stamp, wait_task
-from glm53ctl.kernels.runtime.task_types import INPROJ, KDA_HEAD
 from glm53ctl.kernels.tlx import to_bf16
 
 
@@ -46,6 +46,7 @@ def kda_task(
     """The KDA half's task `task` (row: its table row), if it is one: INPROJ or KDA_HEAD. Returns ok, false where
     one of its late waits failed."""
     if ttype == INPROJ:
+        n0, ks = inproj_fields(row)
         ok = task_inproj(
             rt=rt,
             row=row,
@@ -60,8 +61,8 @@ def kda_task(
             ipp=attn_buf.ipp,
             y_in=attn_buf.y_in,
             lr=attn_buf.lr,
-            n0=row[1],
-            ks=row[2],
+            n0=n0,
+            ks=ks,
             R=R,
             D=dims.D,
             HC=dims.HC,
@@ -80,6 +81,7 @@ def kda_task(
             PDL=sched.PDL_FIRST,
         )
     elif ttype == KDA_HEAD:
+        h, r, part = kda_head_fields(row)
         task_kda(
             epoch=epoch,
             y_in=attn_buf.y_in,
@@ -97,9 +99,9 @@ def kda_task(
             z=attn_buf.z,
             kscr=attn_buf.kscr,
             arrive=hand.arrive,
-            h=row[1],
-            r=row[2],
-            part=row[3],
+            h=h,
+            r=r,
+            part=part,
             R=R,
             lower_bound=consts.lower_bound,
             eps=consts.norm_eps,

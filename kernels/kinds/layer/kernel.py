@@ -29,6 +29,24 @@ from glm53ctl.kernels.kinds.layer.shared import (
     task_push,
     task_reduce,
 )
+from glm53ctl.kernels.ops.dsa.tasks import MLA_A, SEL_PASS, WUV
+from glm53ctl.kernels.ops.ffn.tasks import DOWN, EXP_DOWN, GU, ROUTER
+from glm53ctl.kernels.ops.gemv.tasks import OPROJ, oproj_fields
+from glm53ctl.kernels.ops.kda.tasks import INPROJ, KDA_HEAD, kda_head_fields
+from glm53ctl.kernels.ops.mhc.tasks import (
+    COMB_A,
+    COMB_F,
+    GATE_A,
+    GATE_F,
+    MIX_A,
+    MIX_F,
+    OWN_A,
+    OWN_F,
+    RED_A,
+    RED_F,
+    chunk_fields,
+    gate_fields,
+)
 from glm53ctl.kernels.runtime.device import (
     after_task,
     fence_sys,
@@ -38,37 +56,17 @@ from glm53ctl.kernels.runtime.device import (
     pdl_enter,
     pdl_wait,
     publish,
+    row_type,
     stamp,
     task_row,
     wait_task,
 )
-from glm53ctl.kernels.runtime.task_types import (
-    COMB_A,
-    COMB_F,
-    DOWN,
-    EXP_DOWN,
-    GATE_A,
-    GATE_F,
-    GU,
-    INPROJ,
-    KDA_HEAD,
-    MIX_A,
-    MIX_F,
-    MLA_A,
-    OPROJ,
-    OWN_A,
-    OWN_F,
-    RED_A,
-    RED_F,
-    ROUTER,
-    SEL_PASS,
-    WUV,
-)
 
 
 @triton.jit
-def _gate(ttype, a0, a1, H, gates, hand, outs, consts, ffn: tl.constexpr, dims: tl.constexpr, INTERPRET: tl.constexpr):
+def _gate(ttype, row, H, gates, hand, outs, consts, ffn: tl.constexpr, dims: tl.constexpr, INTERPRET: tl.constexpr):
     """A gate or comb task of the attention gate (ffn false: on H) or of the FFN gate (on H1)."""
+    r, c = gate_fields(row)
     if ffn:
         x, base, scale, norm_w = outs.H1, gates.base_f, gates.scale_f, gates.norm_f
         x_hat, post, comb = outs.x_hat_f, outs.post_f, outs.comb_f
@@ -89,8 +87,8 @@ def _gate(ttype, a0, a1, H, gates, hand, outs, consts, ffn: tl.constexpr, dims: 
         post=post,
         comb=comb,
         pr=hand.pr + at * (16 * PR),
-        r=a0,
-        c=a1,
+        r=r,
+        c=c,
         comb_task=ttype == (COMB_F if ffn else COMB_A),
         hc_eps=consts.hc_eps,
         norm_eps=consts.norm_eps,
@@ -152,7 +150,6 @@ def _run_task(
     """One task, whose inputs have arrived: the tasks every layer has (the gates, o_proj's partial, the
     all-reduces or a peer's partials) and the halves' own, in one chain of tests in the order a layer runs them
     (the order of the kernel before the halves were parts). Returns ok, false where a late wait failed."""
-    a0, a1 = row[1], row[2]
     TOPK: tl.constexpr = moe.TOPK if MOE else 1
     NSLOT: tl.constexpr = moe.NSLOT if MOE else 1
     if MLA:  # what o_proj reads: the MLA heads' W_UV outputs, or the KDA heads' z
@@ -175,10 +172,11 @@ def _run_task(
         parts_a = peers.slots + ((epoch % 2) * 2) * (dims.T * R * D)
         parts_f = parts_a + dims.T * R * D
     if ttype == MIX_A:
-        task_mix(H=H, fn=gates.fn_a, mixp=hand.mixp, ssp=hand.ssp, gramp=hand.gram, c=a0, r=a1, D=D, HC=dims.HC,
+        c, r = chunk_fields(row)
+        task_mix(H=H, fn=gates.fn_a, mixp=hand.mixp, ssp=hand.ssp, gramp=hand.gram, c=c, r=r, D=D, HC=dims.HC,
                  CH=dims.CH)  # fmt: skip
     elif (ttype == GATE_A) | (ttype == COMB_A):
-        _gate(ttype, a0, a1, H, gates, hand, outs, consts, False, dims, INTERPRET)
+        _gate(ttype, row, H, gates, hand, outs, consts, False, dims, INTERPRET)
     elif _is_attn_half(ttype, MLA):
         if MLA:
             mla_task(ttype, row, H, attn_w, attn_state, attn_buf, outs, consts, R, dims, mla, INTERPRET)
@@ -186,28 +184,31 @@ def _run_task(
             ok = kda_task(ttype, row, task, ok, epoch, rt, stuck_site, budget_ns, H, attn_w, attn_state, attn_buf,
                           hand, outs, consts, R, dims, sched, INTERPRET, POLL, THREADS)  # fmt: skip
     elif ttype == OPROJ:
+        n0, ks = oproj_fields(row)
         ok = task_partial(
-            rt, row, task, epoch, stuck_site, budget_ns, x=attn_o + a1 * dims.PK, w=w_o + a1 * dims.PK,
-            out=hand.kpart_a + a1 * R * D, n0=a0, R=R, N=D, K=dims.PK, STRIDE=dims.P, BN=dims.BN_O, BK=dims.BK_O,
+            rt, row, task, epoch, stuck_site, budget_ns, x=attn_o + ks * dims.PK, w=w_o + ks * dims.PK,
+            out=hand.kpart_a + ks * R * D, n0=n0, R=R, N=D, K=dims.PK, STRIDE=dims.P, BN=dims.BN_O, BK=dims.BK_O,
             INTERPRET=INTERPRET, POLL=POLL, THREADS=THREADS, FIRST=sched.WEIGHTS_FIRST, PDL=sched.PDL_FIRST,
         )  # fmt: skip
     elif ttype == RED_A:
+        c, r = chunk_fields(row)
         if REMOTE:
             fence_sys(INTERPRET)
         task_reduce(
             src=(hand.kpart_a,), parts=parts_a, out=outs.attn, H=H, post=outs.post_a, comb=outs.comb_a,
             H_out=outs.H1, fn=gates.fn_f, mixp=hand.mixp + NCH * 16 * 32, ssp=hand.ssp + NCH * 16, gramp=f_gram,
-            c=a0, r=a1, R=R,
+            c=c, r=r, R=R,
             RANK=RANK, D=D, HC=dims.HC, CH=dims.CH, KS=dims.KS_O, T=dims.T, MIX=not sched.MIX_TASK, MOE=False,
             TOPK=TOPK, NSLOT=NSLOT, INTERPRET=INTERPRET,
         )  # fmt: skip
     elif ttype == MIX_F:
+        c, r = chunk_fields(row)
         task_mix(
-            H=outs.H1, fn=gates.fn_f, mixp=hand.mixp + NCH * 16 * 32, ssp=hand.ssp + NCH * 16, gramp=f_gram, c=a0,
-            r=a1, D=D, HC=dims.HC, CH=dims.CH,
+            H=outs.H1, fn=gates.fn_f, mixp=hand.mixp + NCH * 16 * 32, ssp=hand.ssp + NCH * 16, gramp=f_gram, c=c,
+            r=r, D=D, HC=dims.HC, CH=dims.CH,
         )  # fmt: skip
     elif (ttype == GATE_F) | (ttype == COMB_F):
-        _gate(ttype, a0, a1, H, gates, hand, outs, consts, True, dims, INTERPRET)
+        _gate(ttype, row, H, gates, hand, outs, consts, True, dims, INTERPRET)
     elif _is_ffn_half(ttype, MOE):
         if MOE:
             ok = moe_task(ttype, row, task, ok, epoch, rt, stuck_site, budget_ns, ffn_w, ffn_buf, hand, outs, R, dims,
@@ -216,34 +217,39 @@ def _run_task(
             ok = mlp_task(ttype, row, task, ok, epoch, rt, stuck_site, budget_ns, ffn_w, ffn_buf, hand, outs, R, dims,
                           sched, INTERPRET, POLL, THREADS)  # fmt: skip
     elif ttype == RED_F:
+        c, r = chunk_fields(row)
         if REMOTE:
             fence_sys(INTERPRET)
         task_reduce(
             src=ffn_src, parts=parts_f, out=outs.ffn_out, H=outs.H1, post=outs.post_f, comb=outs.comb_f,
-            H_out=outs.H2, fn=gates.fn_f, mixp=hand.mixp, ssp=hand.ssp, gramp=hand.gram, c=a0, r=a1, R=R, RANK=RANK,
+            H_out=outs.H2, fn=gates.fn_f, mixp=hand.mixp, ssp=hand.ssp, gramp=hand.gram, c=c, r=r, R=R, RANK=RANK,
             D=D, HC=dims.HC, CH=dims.CH, KS=dims.KS_F, T=dims.T, MIX=False, MOE=MOE, TOPK=TOPK, NSLOT=NSLOT,
             INTERPRET=INTERPRET,
         )  # fmt: skip
     elif (ttype == OWN_A) & REMOTE:
+        c, r = chunk_fields(row)
         task_push(
             src=(hand.kpart_a,), slot_bases=peers.slot_bases, flag_bases=peers.flag_bases, arrive=peers.arrive,
-            epoch=epoch, c=a0, r=a1, R=R, RANK=RANK, peer_words=peers.words, n_pushers=n_pushers, mute=mute,
+            epoch=epoch, c=c, r=r, R=R, RANK=RANK, peer_words=peers.words, n_pushers=n_pushers, mute=mute,
             GROUP=0, D=D, CH=dims.CH, KS=dims.KS_O, T=dims.T, MOE=False, TOPK=TOPK, NSLOT=NSLOT, INTERPRET=INTERPRET,
         )  # fmt: skip
     elif (ttype == OWN_F) & REMOTE:
+        c, r = chunk_fields(row)
         task_push(
             src=ffn_src, slot_bases=peers.slot_bases, flag_bases=peers.flag_bases, arrive=peers.arrive, epoch=epoch,
-            c=a0, r=a1, R=R, RANK=RANK, peer_words=peers.words, n_pushers=n_pushers, mute=mute, GROUP=1, D=D,
+            c=c, r=r, R=R, RANK=RANK, peer_words=peers.words, n_pushers=n_pushers, mute=mute, GROUP=1, D=D,
             CH=dims.CH, KS=dims.KS_F, T=dims.T, MOE=MOE, TOPK=TOPK, NSLOT=NSLOT, INTERPRET=INTERPRET,
         )  # fmt: skip
     elif ttype == OWN_A:
+        c, r = chunk_fields(row)
         task_own(
-            src=(hand.kpart_a,), parts=hand.parts_a, c=a0, r=a1, R=R, RANK=RANK, D=D, CH=dims.CH, KS=dims.KS_O,
+            src=(hand.kpart_a,), parts=hand.parts_a, c=c, r=r, R=R, RANK=RANK, D=D, CH=dims.CH, KS=dims.KS_O,
             MOE=False, TOPK=TOPK, NSLOT=NSLOT,
         )  # fmt: skip
     elif ttype == OWN_F:
+        c, r = chunk_fields(row)
         task_own(
-            src=ffn_src, parts=hand.parts_f, c=a0, r=a1, R=R, RANK=RANK, D=D, CH=dims.CH, KS=dims.KS_F, MOE=MOE,
+            src=ffn_src, parts=hand.parts_f, c=c, r=r, R=R, RANK=RANK, D=D, CH=dims.CH, KS=dims.KS_F, MOE=MOE,
             TOPK=TOPK, NSLOT=NSLOT,
         )  # fmt: skip
     return ok
@@ -291,8 +297,7 @@ def layer_kernel(
         tl.extra.cuda.gdc_launch_dependents()
     elif PDL:  # a stage of separate-pdl: ask for this program's first weights while the launch before ends
         first = task_row(rt, tl.minimum(tl.program_id(0), n_tasks - 1))
-        prefetch(first[0], first[1], first[2], first[3], gates, attn_w, attn_state, ffn_w, dims, MLA, MOE, 1,
-                 sched.MIX_TASK)  # fmt: skip
+        prefetch(first, gates, attn_w, attn_state, ffn_w, dims, MLA, MOE, 1, sched.MIX_TASK)
         pdl_enter(INTERPRET)
     epoch = launch_epoch(ctl, INTERPRET)
     n_done = 0
@@ -304,12 +309,11 @@ def layer_kernel(
     task = first_task(ctl, n_tasks, n_programs, INTERPRET, ONE_TASK)
     while task >= 0:
         row = task_row(rt, task)
-        ttype, a0, a1 = row[0], row[1], row[2]
+        ttype = row_type(row)
         if sched.TRACE:
             stamp(hand.trace, task, 0, INTERPRET)
         if sched.PREFETCH and not INTERPRET:  # the interpreter has no inline asm; a prefetch changes no bits
-            prefetch(ttype, a0, a1, row[3], gates, attn_w, attn_state, ffn_w, dims, MLA, MOE, sched.PREFETCH,
-                     sched.MIX_TASK)  # fmt: skip
+            prefetch(row, gates, attn_w, attn_state, ffn_w, dims, MLA, MOE, sched.PREFETCH, sched.MIX_TASK)
         # a task's early sites; its late ones (a folded INPROJ's gates, a KDA head's other parts) in its body
         if sched.WEIGHTS_FIRST:  # the in-projection and (dense's) gate/up wait in their bodies, after their weights
             if _waits_in_body(ttype, MLA, MOE):
@@ -339,9 +343,7 @@ def layer_kernel(
                 pend = 0
             if (ttype == KDA_HEAD) & ok:
                 pend = 1
-                pend_h = a0
-                pend_r = a1
-                pend_p = row[3]
+                pend_h, pend_r, pend_p = kda_head_fields(row)
         n_done += 1
         task = after_task(ctl, n_tasks, n_done, n_programs, INTERPRET, ok, ONE_TASK)
     if sched.OPROJ_FIRST:

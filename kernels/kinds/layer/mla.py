@@ -20,8 +20,7 @@ from glm53ctl.kernels.ops.dsa.attend import attend_block, combine_blocks
 from glm53ctl.kernels.ops.dsa.indexer import scores_block
 from glm53ctl.kernels.ops.dsa.kernel import mla_row
 from glm53ctl.kernels.ops.dsa.select import select_pass, select_take
-from glm53ctl.kernels.ops.gemv.kernel import gemv_tile
-from glm53ctl.kernels.runtime.task_types import (
+from glm53ctl.kernels.ops.dsa.tasks import (
     ABSORB,
     ATTN,
     COMBINE,
@@ -32,7 +31,18 @@ from glm53ctl.kernels.runtime.task_types import (
     SEL_PASS,
     SELECT,
     WUV,
+    absorb_fields,
+    attn_fields,
+    combine_fields,
+    mla_a_fields,
+    mla_qb_fields,
+    mla_row_fields,
+    score_fields,
+    sel_pass_fields,
+    select_fields,
+    wuv_fields,
 )
+from glm53ctl.kernels.ops.gemv.kernel import gemv_tile
 from glm53ctl.kernels.tlx import to_bf16
 
 
@@ -42,14 +52,15 @@ def mla_task(
     INTERPRET: tl.constexpr,
 ):  # fmt: skip
     """The MLA half's task, if it is one (row: its table row)."""
-    a0, a1 = row[1], row[2]
     w, c, b = attn_w, attn_state, attn_buf
     if ttype == MLA_A:
+        n0 = mla_a_fields(row)
         task_gemv(
-            x=outs.x_hat_a, w=w.w_a, out=b.y_a, n0=a0, R=R, N=mla.NA, K=dims.D, STRIDE=dims.D, BN=dims.BN, BK=mla.BK_A,
+            x=outs.x_hat_a, w=w.w_a, out=b.y_a, n0=n0, R=R, N=mla.NA, K=dims.D, STRIDE=dims.D, BN=dims.BN, BK=mla.BK_A,
             INTERPRET=INTERPRET,
         )  # fmt: skip
     elif ttype == MLA_ROW:
+        r, part = mla_row_fields(row)
         task_mla_row(
             y_a=b.y_a,
             qr=b.qr,
@@ -57,8 +68,8 @@ def mla_task(
             caches=(c.latent, c.index_key, c.index_gate, c.pooled),
             norms=(w.q_norm, w.kv_norm, w.k_w, w.k_b, w.ape),
             pos=c.pos,
-            r=a0,
-            part=a1,
+            r=r,
+            part=part,
             eps=consts.norm_eps,
             ln_eps=consts.ln_eps,
             QL=mla.QL,
@@ -71,35 +82,55 @@ def mla_task(
             INTERPRET=INTERPRET,
         )
     elif ttype == MLA_QB:
-        task_qb(b.qr, w.w_qb, b.q_mla, b.qi, a0, R, mla.QL, mla.HQ * mla.NOPE, mla.NQB, dims.BN, mla.BK_QB, INTERPRET)
+        n0 = mla_qb_fields(row)
+        task_qb(b.qr, w.w_qb, b.q_mla, b.qi, n0, R, mla.QL, mla.HQ * mla.NOPE, mla.NQB, dims.BN, mla.BK_QB, INTERPRET)
     elif ttype == ABSORB:
-        task_head_gemv(b.q_mla, w.w_ukt, b.q_lat, a0, a1, R, mla.HQ, mla.C, mla.NOPE, mla.BN_AB, mla.BK_NOPE, INTERPRET)
+        h, c0 = absorb_fields(row)
+        task_head_gemv(b.q_mla, w.w_ukt, b.q_lat, h, c0, R, mla.HQ, mla.C, mla.NOPE, mla.BN_AB, mla.BK_NOPE, INTERPRET)
     elif ttype == SCORE:
+        r, block = score_fields(row)
         task_score(
-            b.qi, b.wi, c.pooled, b.scores, c.pos, a0, a1, mla.HI, mla.IH, mla.KP, mla.LMAX, mla.BP, mla.HBI, INTERPRET
+            b.qi,
+            b.wi,
+            c.pooled,
+            b.scores,
+            c.pos,
+            r,
+            block,
+            mla.HI,
+            mla.IH,
+            mla.KP,
+            mla.LMAX,
+            mla.BP,
+            mla.HBI,
+            INTERPRET,
         )
     elif ttype == SEL_PASS:
+        r, step, part = sel_pass_fields(row)
         task_select_pass(
-            b.scores, (b.sel_hist, b.sel_state, b.sel_above), c.pos, a0, a1, row[3], mla.KP, mla.TOPP, mla.LMAX,
+            b.scores, (b.sel_hist, b.sel_state, b.sel_above), c.pos, r, step, part, mla.KP, mla.TOPP, mla.LMAX,
             mla.SPART, mla.SNQ, mla.SEL_BLOCK,
         )  # fmt: skip
     elif ttype == SELECT:
+        r, part = select_fields(row)
         task_select(
-            b.scores, b.idx, (b.sel_hist, b.sel_state, b.sel_above), c.pos, a0, a1, mla.KP, mla.TOPP, mla.WIDTH,
+            b.scores, b.idx, (b.sel_hist, b.sel_state, b.sel_above), c.pos, r, part, mla.KP, mla.TOPP, mla.WIDTH,
             mla.LMAX, mla.SPART, mla.SNQ, mla.SEL_BLOCK,
         )  # fmt: skip
     elif ttype == ATTN:
+        r, group, block = attn_fields(row)
         task_attn(
-            b.q_lat, c.latent, b.idx, (b.part_o, b.part_m, b.part_l), a0, a1, row[3], consts.mla_scale, mla.HQ, mla.C,
+            b.q_lat, c.latent, b.idx, (b.part_o, b.part_m, b.part_l), r, group, block, consts.mla_scale, mla.HQ, mla.C,
             mla.WIDTH, mla.NB, mla.TB, mla.HB, mla.LMAX, INTERPRET,
         )  # fmt: skip
     elif ttype == COMBINE:
+        r, group, c0 = combine_fields(row)
         task_combine(
             (b.part_o, b.part_m, b.part_l),
             b.o_lat,
-            a0,
-            a1,
-            row[3],
+            r,
+            group,
+            c0,
             mla.HQ,
             mla.C,
             mla.NB,
@@ -109,7 +140,8 @@ def mla_task(
             INTERPRET,
         )
     elif ttype == WUV:
-        task_head_gemv(b.o_lat, w.w_uv, b.o_mla, a0, a1, R, mla.HQ, mla.V, mla.C, mla.BN_UV, mla.BK_C, INTERPRET)
+        h, n0 = wuv_fields(row)
+        task_head_gemv(b.o_lat, w.w_uv, b.o_mla, h, n0, R, mla.HQ, mla.V, mla.C, mla.BN_UV, mla.BK_C, INTERPRET)
 
 
 @triton.jit(noinline=True)

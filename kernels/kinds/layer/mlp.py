@@ -11,9 +11,9 @@ import triton.language as tl
 
 from glm53ctl.kernels.kinds.layer.shared import PR, _fold_rows, task_partial
 from glm53ctl.kernels.ops.ffn.kernel import swiglu_act
+from glm53ctl.kernels.ops.ffn.tasks import DOWN, GU, down_fields, gu_fields
 from glm53ctl.kernels.ops.gemv.kernel import gemv_first_weights, gemv_tile_pair, gemv_tile_pair_from
 from glm53ctl.kernels.runtime.device import pdl_wait, stamp, wait_task
-from glm53ctl.kernels.runtime.task_types import DOWN, GU
 from glm53ctl.kernels.tlx import to_bf16
 
 
@@ -40,6 +40,7 @@ def mlp_task(
 ):
     """The dense MLP's task `task`, if it is one: GU or DOWN. Returns ok, false where a late wait failed."""
     if ttype == GU:
+        n0, ks = gu_fields(row)
         ok = task_gate_up(
             rt=rt,
             row=row,
@@ -54,8 +55,8 @@ def mlp_task(
             pr=hand.pr + 16 * PR,
             gup=ffn_buf.gup,
             act=ffn_buf.act,
-            n0=row[1],
-            ks=row[2],
+            n0=n0,
+            ks=ks,
             R=R,
             D=dims.D,
             HC=dims.HC,
@@ -74,6 +75,7 @@ def mlp_task(
             PDL=sched.PDL_FIRST,
         )
     elif ttype == DOWN:
+        n0, ks = down_fields(row)
         ok = task_partial(
             rt,
             row,
@@ -81,10 +83,10 @@ def mlp_task(
             epoch,
             stuck_site,
             budget_ns,
-            x=ffn_buf.act + row[2] * dims.IK,
-            w=ffn_w.w_down + row[2] * dims.IK,
-            out=hand.kpart_f + row[2] * R * dims.D,
-            n0=row[1],
+            x=ffn_buf.act + ks * dims.IK,
+            w=ffn_w.w_down + ks * dims.IK,
+            out=hand.kpart_f + ks * R * dims.D,
+            n0=n0,
             R=R,
             N=dims.D,
             K=dims.IK,

@@ -20,8 +20,17 @@ from glm53ctl.kernels.ops.ffn.moe import (
     store_act,
     task_expert_down,
 )
+from glm53ctl.kernels.ops.ffn.tasks import (
+    EXP_DOWN,
+    EXP_GU,
+    ROUTE,
+    ROUTER,
+    exp_down_fields,
+    exp_gu_fields,
+    route_fields,
+    router_fields,
+)
 from glm53ctl.kernels.runtime.device import arrive_last, stamp, wait_task
-from glm53ctl.kernels.runtime.task_types import EXP_DOWN, EXP_GU, ROUTE, ROUTER
 
 
 @triton.jit
@@ -48,13 +57,14 @@ def moe_task(
 ):
     """The MoE's task `task`, if it is one: ROUTER, ROUTE, EXP_GU or EXP_DOWN. Returns ok, false where a late wait
     failed."""
-    a0, a1 = row[1], row[2]
     if ttype == ROUTER:
+        e0, ks = router_fields(row)
         router_tile(
-            outs.x_hat_f, ffn_w.w_r, ffn_buf.logits, a0, a1, R, moe.E, dims.D, moe.KS_RT, moe.BLOCK_E, moe.BK_RT,
+            outs.x_hat_f, ffn_w.w_r, ffn_buf.logits, e0, ks, R, moe.E, dims.D, moe.KS_RT, moe.BLOCK_E, moe.BK_RT,
             INTERPRET,
         )  # fmt: skip
     elif ttype == ROUTE:
+        r = route_fields(row)
         task_route(
             logits=ffn_buf.logits,
             bias=ffn_w.r_bias,
@@ -66,7 +76,7 @@ def moe_task(
             slot_of=ffn_buf.slot_of,
             arrive=hand.arrive + R * dims.HL,
             epoch=epoch,
-            r=a0,
+            r=r,
             R=R,
             E=moe.E,
             KS=moe.KS_RT,
@@ -76,6 +86,7 @@ def moe_task(
             NSLOT=moe.NSLOT,
         )
     elif ttype == EXP_GU:
+        j, n0, ks = exp_gu_fields(row)
         ok = task_expert_gate_up(
             rt=rt,
             row=row,
@@ -91,9 +102,9 @@ def moe_task(
             act=ffn_buf.act_m,
             slots=ffn_buf.slots,
             n_slots=ffn_buf.n_slots,
-            j=a0,
-            n0=a1,
-            ks=row[3],
+            j=j,
+            n0=n0,
+            ks=ks,
             R=R,
             E=moe.E,
             I=dims.I,
@@ -109,8 +120,9 @@ def moe_task(
             THREADS=THREADS,
         )
     elif ttype == EXP_DOWN:
+        j, n0 = exp_down_fields(row)
         task_expert_down(
-            ffn_buf.act_m, ffn_w.w_ed, ffn_buf.y_m, ffn_buf.slots, ffn_buf.n_slots, a0, a1, R, moe.E, dims.I, dims.D,
+            ffn_buf.act_m, ffn_w.w_ed, ffn_buf.y_m, ffn_buf.slots, ffn_buf.n_slots, j, n0, R, moe.E, dims.I, dims.D,
             moe.NSLOT, moe.BN_DN, dims.BK_I, INTERPRET,
         )  # fmt: skip
     return ok

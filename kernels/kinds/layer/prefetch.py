@@ -5,8 +5,11 @@ runs none."""
 import triton
 import triton.language as tl
 
-from glm53ctl.kernels.runtime.device import prefetch_l2
-from glm53ctl.kernels.runtime.task_types import DOWN, GU, INPROJ, KDA_HEAD, MIX_F, OPROJ, RED_A
+from glm53ctl.kernels.ops.ffn.tasks import DOWN, GU, down_fields, gu_fields
+from glm53ctl.kernels.ops.gemv.tasks import OPROJ, oproj_fields
+from glm53ctl.kernels.ops.kda.tasks import INPROJ, KDA_HEAD, inproj_fields, kda_head_fields
+from glm53ctl.kernels.ops.mhc.tasks import MIX_F, RED_A, chunk_fields
+from glm53ctl.kernels.runtime.device import prefetch_l2, row_type
 
 
 @triton.jit
@@ -21,10 +24,7 @@ def _prefetch_rows(w, n0, stride, k0, N: tl.constexpr, BLOCK_N: tl.constexpr, K:
 
 @triton.jit
 def prefetch(
-    ttype,
-    a0,
-    a1,
-    a2,
+    row,
     gates,
     attn_w,
     attn_state,
@@ -40,40 +40,48 @@ def prefetch(
     the next stage's weight streaming. WHICH 1 (a separate-pdl stage's first task): every such task; 3 (knob
     `prefetch`): only the KDA heads' weights and state and the attention reduces' FFN mix rows, or the FFN mix
     tasks' with MIX_TASK (their latency-bound steps wait long; the GEMV stages stream their own). Only the
-    halves the layer has: KDA's tasks (MLA false), the dense MLP's (MOE false)."""
+    halves the layer has: KDA's tasks (MLA false), the dense MLP's (MOE false). row: the task's `task_row`."""
+    ttype = row_type(row)
     D: tl.constexpr = dims.D
     K: tl.constexpr = dims.K
     if WHICH == 3:
         if not MLA:
             if ttype == KDA_HEAD:
-                _prefetch_rows(attn_w.w_fb, a0 * K, dims.RG, 0, dims.P, K, dims.RG)
-                _prefetch_rows(attn_w.w_gb, a0 * K, dims.RG, 0, dims.P, K, dims.RG)
+                h, r, part = kda_head_fields(row)
+                _prefetch_rows(attn_w.w_fb, h * K, dims.RG, 0, dims.P, K, dims.RG)
+                _prefetch_rows(attn_w.w_gb, h * K, dims.RG, 0, dims.P, K, dims.RG)
                 o_k = tl.arange(0, K)
-                o_l = a2 * (K // dims.NV) + tl.arange(0, max(K // dims.NV // 32, 1)) * 32
-                prefetch_l2(attn_state.S_in + (a1 * dims.HL + a0) * (K * K) + o_k[:, None] * K + o_l[None, :])
+                o_l = part * (K // dims.NV) + tl.arange(0, max(K // dims.NV // 32, 1)) * 32
+                prefetch_l2(attn_state.S_in + (r * dims.HL + h) * (K * K) + o_k[:, None] * K + o_l[None, :])
         if (ttype == MIX_F) | ((ttype == RED_A) & (not MIX_TASK)):
             HC: tl.constexpr = dims.HC
             CH: tl.constexpr = dims.CH
             NMIX: tl.constexpr = (2 + HC) * HC
             o_m = tl.minimum(tl.arange(0, 32), NMIX - 1)
-            o_l = tl.arange(0, HC * CH // 32)  # 32 fp32 a line: stream j's columns of chunk a0
-            o_c = (o_l // (CH // 32)) * D + a0 * CH + (o_l % (CH // 32)) * 32
+            c, _ = chunk_fields(row)
+            o_l = tl.arange(0, HC * CH // 32)  # 32 fp32 a line: stream j's columns of chunk c
+            o_c = (o_l // (CH // 32)) * D + c * CH + (o_l % (CH // 32)) * 32
             prefetch_l2(gates.fn_f + o_m[:, None] * (HC * D) + o_c[None, :])
     else:
         if not MLA:
             if ttype == INPROJ:  # a K slice's columns only
+                n0, ks = inproj_fields(row)
                 KK: tl.constexpr = D // dims.KS_IN
-                _prefetch_rows(attn_w.w_in, a0, D, a1 * KK, dims.NIN, dims.BN, KK)
+                _prefetch_rows(attn_w.w_in, n0, D, ks * KK, dims.NIN, dims.BN, KK)
             elif ttype == KDA_HEAD:
+                h, r, _ = kda_head_fields(row)
                 o_k = tl.arange(0, K)
                 o_l = tl.arange(0, K // 32) * 32
-                prefetch_l2(attn_state.S_in + (a1 * dims.HL + a0) * (K * K) + o_k[:, None] * K + o_l[None, :])
+                prefetch_l2(attn_state.S_in + (r * dims.HL + h) * (K * K) + o_k[:, None] * K + o_l[None, :])
         if ttype == OPROJ:
-            _prefetch_rows(attn_w.w_o, a0, dims.P, a1 * dims.PK, D, dims.BN_O, dims.PK)
+            n0, ks = oproj_fields(row)
+            _prefetch_rows(attn_w.w_o, n0, dims.P, ks * dims.PK, D, dims.BN_O, dims.PK)
         if not MOE:
             if ttype == GU:
+                n0, ks = gu_fields(row)
                 KG: tl.constexpr = D // dims.KS_GU
-                _prefetch_rows(ffn_w.w_gate, a0, D, a1 * KG, dims.I, dims.BN_GU, KG)
-                _prefetch_rows(ffn_w.w_up, a0, D, a1 * KG, dims.I, dims.BN_GU, KG)
+                _prefetch_rows(ffn_w.w_gate, n0, D, ks * KG, dims.I, dims.BN_GU, KG)
+                _prefetch_rows(ffn_w.w_up, n0, D, ks * KG, dims.I, dims.BN_GU, KG)
             elif ttype == DOWN:
-                _prefetch_rows(ffn_w.w_down, a0, dims.I, a1 * dims.IK, D, dims.BN_O, dims.IK)
+                n0, ks = down_fields(row)
+                _prefetch_rows(ffn_w.w_down, n0, dims.I, ks * dims.IK, D, dims.BN_O, dims.IK)

@@ -49,40 +49,60 @@ from __future__ import annotations
 import math
 
 from glm53ctl.kernels.ops.dsa.select import select_part
+from glm53ctl.kernels.ops.dsa.tasks import (
+    Absorb,
+    Attn,
+    Combine,
+    MlaA,
+    MlaQb,
+    MlaRow,
+    Score,
+    Select,
+    SelectPass,
+    Wuv,
+)
 from glm53ctl.kernels.ops.ffn.moe import ROUTER_SLICES, ROUTER_TILE, n_slots_for
-from glm53ctl.kernels.ops.gemv.kernel import folds
-from glm53ctl.kernels.runtime.table import TaskTable
-from glm53ctl.kernels.runtime.task_types import (
-    ABSORB,
-    ATTN,
-    COMB_A,
-    COMB_F,
-    COMBINE,
+from glm53ctl.kernels.ops.ffn.tasks import (
     DOWN,
     EXP_DOWN,
     EXP_GU,
+    GU,
+    ROUTE,
+    ROUTER,
+    Down,
+    ExpertDown,
+    ExpertGateUp,
+    GateUp,
+    Route,
+    Router,
+)
+from glm53ctl.kernels.ops.gemv.kernel import folds
+from glm53ctl.kernels.ops.gemv.tasks import OPROJ, OProj
+from glm53ctl.kernels.ops.kda.tasks import INPROJ, KDA_HEAD, InProj, KdaHead
+from glm53ctl.kernels.ops.mhc.tasks import (
+    COMB_A,
+    COMB_F,
     GATE_A,
     GATE_F,
-    GU,
-    INPROJ,
-    KDA_HEAD,
     MIX_A,
     MIX_F,
-    MLA_A,
-    MLA_QB,
-    MLA_ROW,
-    OPROJ,
     OWN_A,
     OWN_F,
     RED_A,
     RED_F,
-    ROUTE,
-    ROUTER,
-    SCORE,
-    SEL_PASS,
-    SELECT,
-    WUV,
+    CombA,
+    CombF,
+    GateA,
+    GateF,
+    MixA,
+    MixF,
+    OwnA,
+    OwnF,
+    ReduceA,
+    ReduceF,
 )
+from glm53ctl.kernels.runtime.table import TaskTable
+from glm53ctl.kernels.runtime.tasks import Task
 
 MODES = ("full", "attn", "ffn")
 # the stages of the separate-launches baseline: a gate and its comb, independent of each other, are one stage,
@@ -250,21 +270,21 @@ def add_dense(
     how, words = knobs["handoff"], knobs["box_words"]
     first = bool(knobs.get("weights_first", 0))  # o_proj's and down's waits in their bodies, after their weights
 
-    def add(ttype: int, *args: int, waits: list[int] = (), peers: int | None = None, late: bool = False) -> int:
+    def add(job: Task, waits: list[int] = (), peers: int | None = None, late: bool = False) -> int:
         """A task and its waits; `peers`: the group of peer words it also waits on (None: no peers)."""
-        task = t.add(ttype, *args)
+        task = t.add(job)
         if waits:
             t.wait(task, sorted(set(waits)), how, words, late)
         if peers is not None and d.T > 1:
             t.wait_peers(task, peers if push else 0)
         return task
 
-    mix = [[add(MIX_A, c, r, waits=list(after)) for c in range(d.NCH)] for r in range(rows)]
+    mix = [[add(MixA(c, r), waits=list(after)) for c in range(d.NCH)] for r in range(rows)]
     # per row and column chunk: chunk 0 also makes pre and 1/RMS (all a folded GEMV needs), every chunk its x̂
-    gate_rows = [[add(GATE_A, r, c, waits=mix[r]) for c in range(d.NCH)] for r in range(rows)]
+    gate_rows = [[add(GateA(r, c), waits=mix[r]) for c in range(d.NCH)] for r in range(rows)]
     gates, gate_heads = [x for g in gate_rows for x in g], [g[0] for g in gate_rows]
     # the Sinkhorn comb: for hc_post in the attention reduces (none in a peer's "attn" launch), not the GEMVs
-    combs = [add(COMB_A, r, waits=mix[r]) for r in range(rows)] if mode != "attn" else []
+    combs = [add(CombA(r), waits=mix[r]) for r in range(rows)] if mode != "attn" else []
     # a folded INPROJ streams H from the start (once H is there) and waits for its gates at its end
     # (never MLA's A projection: the fold's one more bf16 rounding of its weights took sparse's attn.out to 6.8e-2
     # against the reference at glm53_flash's width, H200; docs/perf/spread.md)
@@ -275,8 +295,8 @@ def add_dense(
         inproj = []
         for n0 in range(0, d.NIN, d.BN):
             # K slices 1.. first (folded: nothing to wait for); slice 0 adds their sums (late) and stores the rows
-            others = [add(INPROJ, n0, ks, waits=list(after) if fold else gates) for ks in range(d.KS_IN - 1, 0, -1)]
-            inproj.append((n0, n0 + d.BN, add(INPROJ, n0, 0, waits=list(after) if fold else gates)))
+            others = [add(InProj(n0, ks), waits=list(after) if fold else gates) for ks in range(d.KS_IN - 1, 0, -1)]
+            inproj.append((n0, n0 + d.BN, add(InProj(n0, 0), waits=list(after) if fold else gates)))
             if others:
                 t.wait(inproj[-1][2], others, how, words, late=True)
             if fold:
@@ -287,42 +307,44 @@ def add_dense(
         for h in range(d.HL):
             own = small + _covering(inproj, 2 * d.RG + h, 2 * d.RG + h + 1)
             own += _covering(inproj, d.HDR + 3 * d.K * h, d.HDR + 3 * d.K * (h + 1))
-            heads.append([add(KDA_HEAD, h, r, p, waits=own) for r in range(rows) for p in range(nv)])
+            heads.append([add(KdaHead(h, r, p), waits=own) for r in range(rows) for p in range(nv)])
         oproj = []
         for ks in range(d.KS_O):
             lo, hi = ks * d.PK, (ks + 1) * d.PK
             need = [task for h in range(d.HL) if h * d.K < hi and lo < (h + 1) * d.K for task in heads[h]]
-            oproj += [(n0, n0 + d.BN_O, add(OPROJ, n0, ks, waits=need, late=first)) for n0 in range(0, d.D, d.BN_O)]
+            oproj += [(n0, n0 + d.BN_O, add(OProj(n0, ks), waits=need, late=first)) for n0 in range(0, d.D, d.BN_O)]
     chunks = [(c, r) for r in range(rows) for c in range(d.NCH)]  # row by row: row 0's gate goes first
     if mode == "attn":
-        return [add(OWN_A, c, r, waits=_covering(oproj, c * d.CH, (c + 1) * d.CH)) for c, r in chunks]
+        return [add(OwnA(c, r), waits=_covering(oproj, c * d.CH, (c + 1) * d.CH)) for c, r in chunks]
     if push:
         for c, r in chunks:
-            add(OWN_A, c, r, waits=_covering(oproj, c * d.CH, (c + 1) * d.CH))
-    reds = [add(RED_A, c, r, waits=[combs[r], *_covering(oproj, c * d.CH, (c + 1) * d.CH)], peers=0) for c, r in chunks]
+            add(OwnA(c, r), waits=_covering(oproj, c * d.CH, (c + 1) * d.CH))
+    reds = [
+        add(ReduceA(c, r), waits=[combs[r], *_covering(oproj, c * d.CH, (c + 1) * d.CH)], peers=0) for c, r in chunks
+    ]
     mixes = reds  # the tasks that make the FFN gate's mix logits
     if mix_tasks(knobs, rows, d.HC):
-        mixes = [add(MIX_F, c, r, waits=[red]) for (c, r), red in zip(chunks, reds, strict=True)]
+        mixes = [add(MixF(c, r), waits=[red]) for (c, r), red in zip(chunks, reds, strict=True)]
     gate_rows = [
-        [add(GATE_F, r, c, waits=mixes[r * d.NCH : (r + 1) * d.NCH]) for c in range(d.NCH)] for r in range(rows)
+        [add(GateF(r, c), waits=mixes[r * d.NCH : (r + 1) * d.NCH]) for c in range(d.NCH)] for r in range(rows)
     ]
     gates_f, gate_heads = [x for g in gate_rows for x in g], [g[0] for g in gate_rows]
-    combs_f = [add(COMB_F, r, waits=mixes[r * d.NCH : (r + 1) * d.NCH]) for r in range(rows)] if mode == "full" else []
+    combs_f = [add(CombF(r), waits=mixes[r * d.NCH : (r + 1) * d.NCH]) for r in range(rows)] if mode == "full" else []
     if d.moe:  # the reduces sum the slots' outputs themselves (their own partial is the MoE's sum)
         slots = _add_moe(t, add, d, rows, gates_f, knobs)
         cover = lambda c: [x for down in slots for x in _covering(down, c * d.CH, (c + 1) * d.CH)]  # noqa: E731
         if mode == "ffn" or push:
-            owns = [add(OWN_F, c, r, waits=cover(c)) for c, r in chunks]
+            owns = [add(OwnF(c, r), waits=cover(c)) for c, r in chunks]
             if mode == "ffn":
                 return owns
-        return [add(RED_F, c, r, waits=[combs_f[r], *cover(c)], peers=1) for c, r in chunks]
+        return [add(ReduceF(c, r), waits=[combs_f[r], *cover(c)], peers=1) for c, r in chunks]
     # folded, gate/up streams H1 (written by the reduces) and waits for the FFN gates at its end
     gu = []
     for n0 in range(0, d.I, d.BN_GU):
         # K slices 1.. first; slice 0 adds their sums (late) and makes act
         need = reds if fold else gates_f
-        others = [add(GU, n0, ks, waits=need) for ks in range(d.KS_GU - 1, 0, -1)]
-        gu.append((n0, n0 + d.BN_GU, add(GU, n0, 0, waits=need)))
+        others = [add(GateUp(n0, ks), waits=need) for ks in range(d.KS_GU - 1, 0, -1)]
+        gu.append((n0, n0 + d.BN_GU, add(GateUp(n0, 0), waits=need)))
         if others:
             t.wait(gu[-1][2], others, how, words, late=True)
         if fold:
@@ -330,13 +352,13 @@ def add_dense(
     down = []
     for ks in range(d.KS_F):
         need = _covering(gu, ks * d.IK, (ks + 1) * d.IK)
-        down += [(n0, n0 + d.BN_O, add(DOWN, n0, ks, waits=need, late=first)) for n0 in range(0, d.D, d.BN_O)]
+        down += [(n0, n0 + d.BN_O, add(Down(n0, ks), waits=need, late=first)) for n0 in range(0, d.D, d.BN_O)]
     if mode == "ffn" or push:
-        owns = [add(OWN_F, c, r, waits=_covering(down, c * d.CH, (c + 1) * d.CH)) for c, r in chunks]
+        owns = [add(OwnF(c, r), waits=_covering(down, c * d.CH, (c + 1) * d.CH)) for c, r in chunks]
         if mode == "ffn":
             return owns
     return [
-        add(RED_F, c, r, waits=[combs_f[r], *_covering(down, c * d.CH, (c + 1) * d.CH)], peers=1) for c, r in chunks
+        add(ReduceF(c, r), waits=[combs_f[r], *_covering(down, c * d.CH, (c + 1) * d.CH)], peers=1) for c, r in chunks
     ]
 
 
@@ -348,24 +370,24 @@ def _add_moe(t: TaskTable, add, d: Dims, rows: int, gates_f: list[int], knobs: d
     tiles. Returns each slot's down tiles (lo, hi, task): the FFN reduce of a chunk sums the slots covering it."""
     how, words = knobs["handoff"], knobs["box_words"]
     nslot = n_slots_for(rows, d.TOPK)
-    router = [add(ROUTER, e0, ks, waits=gates_f) for e0 in range(0, d.E, ROUTER_TILE) for ks in range(d.KS_RT)]
+    router = [add(Router(e0, ks), waits=gates_f) for e0 in range(0, d.E, ROUTER_TILE) for ks in range(d.KS_RT)]
 
     def gate_up(j: int, after: list[int]) -> list[tuple[int, int, int]]:
         tiles = []
         for n0 in range(0, d.I, d.BN_GU):
-            others = [add(EXP_GU, j, n0, ks, waits=after) for ks in range(d.KS_GU - 1, 0, -1)]
-            tiles.append((n0, n0 + d.BN_GU, add(EXP_GU, j, n0, 0, waits=after)))
+            others = [add(ExpertGateUp(j, n0, ks), waits=after) for ks in range(d.KS_GU - 1, 0, -1)]
+            tiles.append((n0, n0 + d.BN_GU, add(ExpertGateUp(j, n0, 0), waits=after)))
             if others:
                 t.wait(tiles[-1][2], others, how, words, late=True)
         return tiles
 
     order = [nslot, *range(nslot)]  # the shared expert is slot nslot
     gu = {nslot: gate_up(nslot, gates_f)}
-    routes = [add(ROUTE, r, waits=router) for r in range(rows)]
+    routes = [add(Route(r), waits=router) for r in range(rows)]
     for j in range(nslot):
         gu[j] = gate_up(j, routes)
     return [
-        [(n0, n0 + d.BN_DN, add(EXP_DOWN, j, n0, waits=[x for *_, x in gu[j]])) for n0 in range(0, d.D, d.BN_DN)]
+        [(n0, n0 + d.BN_DN, add(ExpertDown(j, n0), waits=[x for *_, x in gu[j]])) for n0 in range(0, d.D, d.BN_DN)]
         for j in order
     ]
 
@@ -378,39 +400,39 @@ def _add_mla(
     tiles; per head the absorb; per row the index scores in pool blocks, then its selection over parts of the pools
     (four passes, then each part's tokens); per row, head group and token block the attention partials, then per
     row, group and latent column chunk their combine; per head W_UV; o_proj. Returns the o_proj tiles."""
-    a_tiles = [(n0, n0 + d.BN, add(MLA_A, n0, waits=gates)) for n0 in range(0, d.NA, d.BN)]
+    a_tiles = [(n0, n0 + d.BN, add(MlaA(n0), waits=gates)) for n0 in range(0, d.NA, d.BN)]
     # per row two parts: q_a's norm (what q_b waits for), then the caches' writes and head weights (the scores')
-    q_rows = [add(MLA_ROW, r, 0, waits=_covering(a_tiles, 0, d.QL)) for r in range(rows)]
-    row_tasks = [add(MLA_ROW, r, 1, waits=_covering(a_tiles, d.QL, d.NA)) for r in range(rows)]
-    qb = [(n0, n0 + d.BN, add(MLA_QB, n0, waits=q_rows)) for n0 in range(0, d.NQB, d.BN)]
+    q_rows = [add(MlaRow(r, 0), waits=_covering(a_tiles, 0, d.QL)) for r in range(rows)]
+    row_tasks = [add(MlaRow(r, 1), waits=_covering(a_tiles, d.QL, d.NA)) for r in range(rows)]
+    qb = [(n0, n0 + d.BN, add(MlaQb(n0), waits=q_rows)) for n0 in range(0, d.NQB, d.BN)]
     absorb = [
-        [add(ABSORB, h, c0, waits=_covering(qb, h * d.NOPE, (h + 1) * d.NOPE)) for c0 in range(0, d.C, d.BN_AB)]
+        [add(Absorb(h, c0), waits=_covering(qb, h * d.NOPE, (h + 1) * d.NOPE)) for c0 in range(0, d.C, d.BN_AB)]
         for h in range(d.HQ)
     ]
     qi = _covering(qb, d.HQ * d.NOPE, d.NQB)
     selects = []
     for r in range(rows):
-        scores = [(b * d.BP, (b + 1) * d.BP, add(SCORE, r, b, waits=[row_tasks[r], *qi])) for b in range(d.NSB)]
+        scores = [(b * d.BP, (b + 1) * d.BP, add(Score(r, b), waits=[row_tasks[r], *qi])) for b in range(d.NSB)]
         # the selection over parts of the pools: pass 0 of a part waits on its scores, pass i on every part's
         # pass i - 1, the tokens of each part on every part's last pass
         parts = range(d.SNQ_ROW)
-        sel = [add(SEL_PASS, r, 0, q, waits=_covering(scores, q * d.SPART, (q + 1) * d.SPART)) for q in parts]
+        sel = [add(SelectPass(r, 0, q), waits=_covering(scores, q * d.SPART, (q + 1) * d.SPART)) for q in parts]
         for i in range(1, 4):
-            sel = [add(SEL_PASS, r, i, q, waits=sel) for q in parts]
-        selects.append([add(SELECT, r, q, waits=sel) for q in parts])
+            sel = [add(SelectPass(r, i, q), waits=sel) for q in parts]
+        selects.append([add(Select(r, q), waits=sel) for q in parts])
     groups = range(0, d.HQ, d.HB)
     combines = {}
     for r in range(rows):
         for g in groups:
             heads = [x for h in range(g, min(g + d.HB, d.HQ)) for x in absorb[h]]
-            blocks = [add(ATTN, r, g, b, waits=[*selects[r], *heads]) for b in range(d.NB)]
-            combines[r, g] = [add(COMBINE, r, g, c0, waits=blocks) for c0 in range(0, d.C, d.CC)]
+            blocks = [add(Attn(r, g, b), waits=[*selects[r], *heads]) for b in range(d.NB)]
+            combines[r, g] = [add(Combine(r, g, c0), waits=blocks) for c0 in range(0, d.C, d.CC)]
     wuv = []
     for h in range(d.HQ):
         need = [x for r in range(rows) for x in combines[r, h - h % d.HB]]
-        wuv += [(h * d.V + n0, h * d.V + n0 + d.BN_UV, add(WUV, h, n0, waits=need)) for n0 in range(0, d.V, d.BN_UV)]
+        wuv += [(h * d.V + n0, h * d.V + n0 + d.BN_UV, add(Wuv(h, n0), waits=need)) for n0 in range(0, d.V, d.BN_UV)]
     oproj = []
     for ks in range(d.KS_O):
         need = _covering(wuv, ks * d.PK, (ks + 1) * d.PK)
-        oproj += [(n0, n0 + d.BN_O, add(OPROJ, n0, ks, waits=need, late=first)) for n0 in range(0, d.D, d.BN_O)]
+        oproj += [(n0, n0 + d.BN_O, add(OProj(n0, ks), waits=need, late=first)) for n0 in range(0, d.D, d.BN_O)]
     return oproj

@@ -21,26 +21,12 @@ from glm53ctl.kernels.kinds.layer.weights import prepare_weights
 from glm53ctl.kernels.kinds.run_key import layer_for
 from glm53ctl.kernels.kinds.sparse.stock import stock_dsa
 from glm53ctl.kernels.numerics import FP32
+from glm53ctl.kernels.ops.dsa.tasks import ABSORB, ATTN, COMBINE, MLA_A, MLA_QB, MLA_ROW, SCORE, SEL_PASS, SELECT, WUV
+from glm53ctl.kernels.ops.ffn.tasks import EXP_DOWN, EXP_GU, ROUTE, ROUTER
+from glm53ctl.kernels.ops.gemv.tasks import OPROJ
+from glm53ctl.kernels.ops.mhc.tasks import RED_F
 from glm53ctl.kernels.reference import DecodeState, Reference, room
 from glm53ctl.kernels.runtime.ranks import steps_on_ranks
-from glm53ctl.kernels.runtime.task_types import (
-    ABSORB,
-    ATTN,
-    COMBINE,
-    EXP_DOWN,
-    EXP_GU,
-    MLA_A,
-    MLA_QB,
-    MLA_ROW,
-    OPROJ,
-    RED_F,
-    ROUTE,
-    ROUTER,
-    SCORE,
-    SEL_PASS,
-    SELECT,
-    WUV,
-)
 from glm53ctl.kernels.state import DsaCache
 from glm53ctl.kernels.weights import Weights
 

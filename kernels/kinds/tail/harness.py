@@ -13,7 +13,7 @@ from glm53ctl.kernels.kinds.harness import Inputs, KindHarness, Timed, bf16_nume
 from glm53ctl.kernels.kinds.tail.launch import TailLaunch
 from glm53ctl.kernels.numerics import FP32
 from glm53ctl.kernels.ops.tail.naive import final_norm, logits_shard
-from glm53ctl.kernels.runtime.task_types import TAIL_GATHER, TAIL_LM_HEAD, TAIL_NORM
+from glm53ctl.kernels.ops.tail.tasks import TAIL_GATHER, TAIL_LM_HEAD, TAIL_NORM
 from glm53ctl.kernels.weights import ROOT, Weights
 
 

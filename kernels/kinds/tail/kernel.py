@@ -7,6 +7,13 @@ import triton.language as tl
 
 from glm53ctl.kernels.ops.gemv.kernel import gemv_tile
 from glm53ctl.kernels.ops.tail.kernel import final_norm_row, lm_head_folded
+from glm53ctl.kernels.ops.tail.tasks import (
+    TAIL_LM_HEAD,
+    TAIL_NORM,
+    tail_gather_fields,
+    tail_lm_head_fields,
+    tail_norm_fields,
+)
 from glm53ctl.kernels.runtime.device import (
     after_task,
     fence_sys,
@@ -17,10 +24,10 @@ from glm53ctl.kernels.runtime.device import (
     prefetch_l2,
     publish,
     push_tag,
+    row_type,
     task_row,
     wait_task,
 )
-from glm53ctl.kernels.runtime.task_types import TAIL_LM_HEAD, TAIL_NORM
 
 
 @triton.jit(do_not_specialize=["stuck_site", "budget_ns", "rank", "mute", "n_pushers", "peer_words"])
@@ -84,22 +91,24 @@ def tail_kernel(
     task = first_task(ctl, n_tasks, n_programs, INTERPRET, ONE_TASK)
     while task >= 0:
         row = task_row(rt, task)
-        ttype, a0, a1 = row[0], row[1], row[2]
+        ttype = row_type(row)
         nxt = task * 0 - 1
         ahead = 0
         # a task's early sites; a folded GEMV task's NORM sites are late: waited after its stream (below)
         ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, False)
         if ok:
             if ttype == TAIL_NORM:
-                # ĥ[a0] (an output, and norm "task"'s GEMV rows) and its 1/RMS (norm "fold"'s GEMV scale)
-                final_norm_row(H, norm_w, h_hat, rstd, a0, eps, D, HC, INTERPRET)
+                # ĥ[r] (an output, and norm "task"'s GEMV rows) and its 1/RMS (norm "fold"'s GEMV scale)
+                r = tail_norm_fields(row)
+                final_norm_row(H, norm_w, h_hat, rstd, r, eps, D, HC, INTERPRET)
             elif ttype == TAIL_LM_HEAD:
-                # GEMV: logits[:, a0:a0+a1] (a1 <= BLOCK_N) of this rank's vocab slice (rank 0: columns 0..V_LOCAL)
-                o_n = a0 + tl.arange(0, BLOCK_N)
-                n_end = a0 + a1
+                # GEMV: logits[:, n0:n0+n] (n <= BLOCK_N) of this rank's vocab slice (rank 0: columns 0..V_LOCAL)
+                n0, n = tail_lm_head_fields(row)
+                o_n = n0 + tl.arange(0, BLOCK_N)
+                n_end = n0 + n
                 if NORM_FOLD:
                     o_m = tl.arange(0, M // HC)
-                    acc = lm_head_folded(H, lm_w, a0, R, D, HC, n_end, BLOCK_N, BLOCK_K, M, INTERPRET)
+                    acc = lm_head_folded(H, lm_w, n0, R, D, HC, n_end, BLOCK_N, BLOCK_K, M, INTERPRET)
                     # the next claim goes out before the wait, so its round trip overlaps the poll's (a task
                     # claimed here and then dropped on a failed wait is harmless: the launch is aborted)
                     nxt = after_task(ctl, n_tasks, n_done + 1, n_programs, INTERPRET, True, ONE_TASK)
@@ -109,7 +118,7 @@ def tail_kernel(
                     acc = acc / HC * tl.load(rstd + o_m, mask=o_m < R, other=0.0)[:, None]
                 else:
                     o_m = tl.arange(0, 16)
-                    acc = gemv_tile(h_hat, D, lm_w, a0, R, n_end, D, D, BLOCK_N, BLOCK_K, INTERPRET)
+                    acc = gemv_tile(h_hat, D, lm_w, n0, R, n_end, D, D, BLOCK_N, BLOCK_K, INTERPRET)
                 p_o = logits + o_m[:, None].to(tl.int64) * V + own + o_n[None, :]
                 m_o = (o_m[:, None] < R) & (o_n[None, :] < n_end) & ok
                 tl.store(p_o, acc, mask=m_o)
@@ -122,20 +131,21 @@ def tail_kernel(
                     if ok:
                         push_tag(peer_flags, arrive, epoch, rank, peer_words, n_pushers, mute, TP, INTERPRET)
             else:
-                # GATHER: peer a0's logits columns a1.. into their place in the full rows, every row at once
+                # GATHER: peer p's logits columns c0.. into their place in the full rows, every row at once
                 # (a loop over rows is R dependent round trips: at 8 rows the copies outlasted the stream), in
                 # 256-column pieces (a whole [8, 1024] tile's addresses take 250 registers)
+                p, c0 = tail_gather_fields(row)
                 o_r = tl.arange(0, 8)
-                src_p = peer_logits + (a0 - 1) * R * V_LOCAL
-                dst_p = logits + a0 * V_LOCAL
+                src_p = peer_logits + (p - 1) * R * V_LOCAL
+                dst_p = logits + p * V_LOCAL
                 if REMOTE:
-                    # the a0-th peer (1-based, in rank order without this rank): its rows in this rank's mailbox
-                    peer = a0 - 1 + (a0 - 1 >= rank).to(tl.int32)
+                    # the p-th peer (1-based, in rank order without this rank): its rows in this rank's mailbox
+                    peer = p - 1 + (p - 1 >= rank).to(tl.int32)
                     fence_sys(INTERPRET)  # its rows after its tag, seen at system scope
                     src_p = peer_logits + half + peer * R * V_LOCAL
                     dst_p = logits + peer * V_LOCAL
-                for c0 in range(a1, a1 + GATHER_COLS, 256):
-                    o_c = c0 + tl.arange(0, 256)
+                for c in range(c0, c0 + GATHER_COLS, 256):
+                    o_c = c + tl.arange(0, 256)
                     m_rc = (o_r[:, None] < R) & (o_c[None, :] < V_LOCAL)
                     src = src_p + o_r[:, None] * V_LOCAL + o_c[None, :]
                     dst = dst_p + o_r[:, None] * V + o_c[None, :]

@@ -9,9 +9,9 @@ import torch
 from glm53ctl.kernels.kinds.tail.kernel import tail_kernel
 from glm53ctl.kernels.kinds.tail.table import GATHER_N, build_table
 from glm53ctl.kernels.ops.gemv.kernel import fold_norm, folds
+from glm53ctl.kernels.ops.tail.tasks import TAIL_LM_HEAD
 from glm53ctl.kernels.runtime.launch import DEFAULT_BUDGET_NS, PersistentLaunch, Runtime
 from glm53ctl.kernels.runtime.ranks import PeerLinks
-from glm53ctl.kernels.runtime.task_types import TAIL_LM_HEAD
 
 
 class TailPeers(NamedTuple):

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import triton
 
+from glm53ctl.kernels.ops.tail.tasks import TailGather, TailLmHead, TailNorm
 from glm53ctl.kernels.runtime.table import TaskTable
-from glm53ctl.kernels.runtime.task_types import TAIL_GATHER, TAIL_LM_HEAD, TAIL_NORM
 
 GATHER_N = 1024  # logits columns a GATHER task copies
 SPARE_EVERY = 16  # split "even" with gathers "last": one program in SPARE_EVERY is kept out of the GEMV deal
@@ -60,19 +60,19 @@ def add_tail(
     def add_gathers() -> None:
         for peer in range(1, tp):
             for c0 in range(0, v_local, GATHER_N):
-                g = t.add(TAIL_GATHER, peer, c0)
+                g = t.add(TailGather(peer, c0))
                 t.wait_peer(g, peer)
                 out.append(g)
 
     norms = []
     for r in range(rows):
-        norms.append(t.add(TAIL_NORM, r))
+        norms.append(t.add(TailNorm(r)))
         if after:
             t.wait(norms[-1], list(after), handoff)
     if gathers == "first":
         add_gathers()
     for n0 in range(0, v_local, step):
-        g = t.add(TAIL_LM_HEAD, n0, min(step, v_local - n0))
+        g = t.add(TailLmHead(n0, min(step, v_local - n0)))
         if fold and after:
             t.wait(g, list(after), handoff)
         t.wait(g, norms, handoff, late=fold)  # for ĥ before the stream, or (folded) for 1/RMS after it

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import triton
+import triton.language as tl  # noqa: F401  (the interpreter patches it in the jit functions' globals)
 
 from glm53ctl.kernels.runtime.tasks import Task
 
@@ -24,12 +25,6 @@ class EmbedGather(Task):
 EMBED_GATHER = EmbedGather.constexpr()
 
 
-@triton.jit
-def embed_gather_fields(row):
-    """EmbedGather's fields from its table row: d0."""
-    return row[1]
-
-
 @dataclass(frozen=True)
 class EmbedReduce(Task):
     """A column chunk of H: the ranks' gathers summed."""
@@ -43,6 +38,6 @@ EMBED_REDUCE = EmbedReduce.constexpr()
 
 
 @triton.jit
-def embed_reduce_fields(row):
-    """EmbedReduce's fields from its table row: d0."""
+def embed_fields(row):
+    """EmbedGather's and EmbedReduce's one field from their table row: d0."""
     return row[1]

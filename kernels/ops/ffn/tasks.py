@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import triton
+import triton.language as tl  # noqa: F401  (the interpreter patches it in the jit functions' globals)
 
 from glm53ctl.kernels.runtime.tasks import Task
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import triton
+import triton.language as tl  # noqa: F401  (the interpreter patches it in the jit functions' globals)
 
 from glm53ctl.kernels.runtime.tasks import Task
 
@@ -25,12 +26,6 @@ class MixA(Task):
 MIX_A = MixA.constexpr()
 
 
-@triton.jit
-def mix_a_fields(row):
-    """MixA's fields from its table row: c, r."""
-    return row[1], row[2]
-
-
 @dataclass(frozen=True)
 class GateA(Task):
     """Row r's attention gate (hc_pre without the comb) and chunk c of x̂; chunk 0 also post, pre and 1/RMS."""
@@ -44,12 +39,6 @@ class GateA(Task):
 GATE_A = GateA.constexpr()
 
 
-@triton.jit
-def gate_a_fields(row):
-    """GateA's fields from its table row: r, c."""
-    return row[1], row[2]
-
-
 @dataclass(frozen=True)
 class CombA(Task):
     """Row r's Sinkhorn comb (for hc_post)."""
@@ -60,12 +49,6 @@ class CombA(Task):
 
 
 COMB_A = CombA.constexpr()
-
-
-@triton.jit
-def comb_a_fields(row):
-    """CombA's fields from its table row: r."""
-    return row[1]
 
 
 @dataclass(frozen=True)
@@ -81,12 +64,6 @@ class ReduceA(Task):
 RED_A = ReduceA.constexpr()
 
 
-@triton.jit
-def red_a_fields(row):
-    """ReduceA's fields from its table row: c, r."""
-    return row[1], row[2]
-
-
 @dataclass(frozen=True)
 class OwnA(Task):
     """A column chunk of this rank's attention partial, for its peers."""
@@ -98,12 +75,6 @@ class OwnA(Task):
 
 
 OWN_A = OwnA.constexpr()
-
-
-@triton.jit
-def own_a_fields(row):
-    """OwnA's fields from its table row: c, r."""
-    return row[1], row[2]
 
 
 @dataclass(frozen=True)
@@ -119,12 +90,6 @@ class MixF(Task):
 MIX_F = MixF.constexpr()
 
 
-@triton.jit
-def mix_f_fields(row):
-    """MixF's fields from its table row: c, r."""
-    return row[1], row[2]
-
-
 @dataclass(frozen=True)
 class GateF(Task):
     """Row r's FFN gate on H1 and chunk c of x̂."""
@@ -136,12 +101,6 @@ class GateF(Task):
 
 
 GATE_F = GateF.constexpr()
-
-
-@triton.jit
-def gate_f_fields(row):
-    """GateF's fields from its table row: r, c."""
-    return row[1], row[2]
 
 
 @dataclass(frozen=True)
@@ -156,12 +115,6 @@ class CombF(Task):
 COMB_F = CombF.constexpr()
 
 
-@triton.jit
-def comb_f_fields(row):
-    """CombF's fields from its table row: r."""
-    return row[1]
-
-
 @dataclass(frozen=True)
 class ReduceF(Task):
     """A column chunk of one row: the FFN partials summed in rank order, hc_post (H)."""
@@ -173,12 +126,6 @@ class ReduceF(Task):
 
 
 RED_F = ReduceF.constexpr()
-
-
-@triton.jit
-def red_f_fields(row):
-    """ReduceF's fields from its table row: c, r."""
-    return row[1], row[2]
 
 
 @dataclass(frozen=True)
@@ -195,6 +142,12 @@ OWN_F = OwnF.constexpr()
 
 
 @triton.jit
-def own_f_fields(row):
-    """OwnF's fields from its table row: c, r."""
+def gate_fields(row):
+    """A gate's or comb's fields from its table row (GateA, GateF; CombA, CombF, whose c is 0): r, c."""
+    return row[1], row[2]
+
+
+@triton.jit
+def chunk_fields(row):
+    """A mix's, reduce's or partial's fields from its table row (MixA, MixF, ReduceA, ReduceF, OwnA, OwnF): c, r."""
     return row[1], row[2]
