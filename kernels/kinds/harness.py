@@ -286,6 +286,11 @@ class KindHarness:
         them (`follow`, set by `check` from the launch's outputs)."""
         return Reference(self.weights, self.tp, follow=getattr(self, "follow", None))
 
+    def schedules(self, x, peers) -> dict:
+        """The key's launches under each other value of a step's knob `chain`, to time beside it (`bench`'s
+        baseline `chain`): a kind of one launch per key has none (the step's harness has the other chain)."""
+        return {}
+
     def separate(self, pdl: bool = False) -> KindHarness:
         """This key as the separate-launches baseline: the same task bodies, one launch per stage; with `pdl`,
         chained by programmatic dependent launch (each stage launch asks for its first weights, then waits for

@@ -103,7 +103,7 @@ def test_every_command_reads_the_kinds_from_the_registry():
     for name in kernel_kinds():
         k = get_kind(name)
         harness = load_harness(name)
-        assert harness.kind == name and k.bounds and harness.STAGES
+        assert harness.kind == name and k.bounds and harness.STAGES and harness.schedules is not None
     with pytest.raises(UsageError, match="unknown kind 'nope'"):
         get_kind("nope")
     assert "model" not in kernel_kinds() and get_kind("model").composite  # selected by name only
