@@ -33,20 +33,27 @@ RETIRED = {25: "moe sum"}
 
 @dataclasses.dataclass(frozen=True)
 class Task:
-    """One task of a table: a subclass per task type, a frozen dataclass whose fields (ints, at most `FIELDS`)
-    are the row's arguments in order. `ID` is the type's id, `NAME` its name in traces and faults."""
+    """One task of a table. A task type is a subclass declared with its id and name, its fields (ints, at most
+    `FIELDS`) the row's arguments in order; it is a frozen dataclass, registered in `TYPES` as it is declared:
 
-    ID: ClassVar[int]
-    NAME: ClassVar[str]
+        class SelectPass(Task, id=35, name="index select pass"):
+            r: int  # the row
+            ...
+    """
 
-    def __init_subclass__(cls, **kwargs) -> None:
+    ID: ClassVar[int]  # the type's id in the one id space
+    NAME: ClassVar[str]  # its name in traces and faults
+
+    def __init_subclass__(cls, id: int | None = None, name: str | None = None, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
-        if "ID" not in cls.__dict__:  # an intermediate base: no type of its own
+        if id is None:  # an intermediate base: no type of its own
             return
-        assert cls.ID not in RETIRED, f"task id {cls.ID} was {RETIRED[cls.ID]!r}: ids are never reused"
-        other = TYPES.get(cls.ID)
-        assert other is None or other.__qualname__ == cls.__qualname__, f"task id {cls.ID}: {other} and {cls}"
-        TYPES[cls.ID] = cls
+        assert id not in RETIRED, f"task id {id} was {RETIRED[id]!r}: ids are never reused"
+        other = TYPES.get(id)
+        assert other is None or other.__qualname__ == cls.__qualname__, f"task id {id}: {other} and {cls}"
+        cls.ID, cls.NAME = id, name
+        dataclasses.dataclass(frozen=True)(cls)
+        TYPES[id] = cls
 
     def row(self) -> tuple[int, ...]:
         """Its table row's first words: the type's id, then the fields in order, zero-padded to `FIELDS`."""
@@ -69,12 +76,8 @@ def next_id() -> int:
     return max([*TYPES, *RETIRED]) + 1
 
 
-@dataclasses.dataclass(frozen=True)
-class Hop(Task):
+class Hop(Task, id=2, name="hop"):
     """The runtime's own no-op hand-off (runtime/chain.py): it waits, publishes and does nothing else."""
-
-    ID: ClassVar[int] = 2
-    NAME: ClassVar[str] = "hop"
 
 
 HOP = Hop.constexpr()

@@ -17,7 +17,7 @@ def here(tmp_path_factory):
 @pytest.mark.parametrize("case, says", CASES, ids=[c for c, _ in CASES])
 def test_bad_input_is_a_clear_error(capsys, monkeypatch, tmp_path, here, case, says):
     monkeypatch.chdir(tmp_path)  # what a command would make by default (build/, studies.db) lands here
-    monkeypatch.setattr("glm53ctl.tuning.bench.gpu_count", lambda: 0)
+    monkeypatch.setattr("glm53ctl.commands.tune.gpu_count", lambda: 0)
     code, out, err = invoke(capsys, *args_of(case, here))
     assert code == 2, (case, code, err)
     assert "Traceback" not in err and "Traceback" not in out, err

@@ -51,7 +51,7 @@ def test_build_cache_that_cannot_be_written_after_the_checks(capsys, tmp_path, m
     def boom(keys, target, out, jobs, progress=None, variants=None):
         raise OSError(errno.EROFS, "Read-only file system", str(out / "cache" / "x.json"))
 
-    monkeypatch.setattr("glm53ctl.kernels.build.build", boom)
+    monkeypatch.setattr("glm53ctl.commands.build.run_build", boom)
     code, _, err = invoke(capsys, *EMBED, "--out", tmp_path / "b")
     _usage(code, err, f"cannot write {tmp_path / 'b' / 'cache' / 'x.json'} (Read-only file system)")
 

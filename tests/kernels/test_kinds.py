@@ -3,6 +3,7 @@
 import ast
 import importlib
 import re
+import types
 from pathlib import Path
 
 import pytest
@@ -51,9 +52,9 @@ def test_a_task_is_a_typed_record_that_serializes_into_its_row():
     i = t.add(SelectPass(r=1, step=2, part=3))
     assert t.tasks[i] == (SelectPass.ID, 1, 2, 3) and t.type_name(i) == "index select pass"
     with pytest.raises(AssertionError, match="never reused"):
-        type("Reused", (tasks.Task,), {"ID": 25, "NAME": "x", "__annotations__": {}})
+        types.new_class("Reused", (tasks.Task,), {"id": 25, "name": "x"})
     with pytest.raises(AssertionError, match="task id 35"):
-        type("Twice", (tasks.Task,), {"ID": 35, "NAME": "x", "__annotations__": {}})
+        types.new_class("Twice", (tasks.Task,), {"id": 35, "name": "x"})
 
 
 def _unpackings(path: Path) -> dict[str, list[int]]:

@@ -12,12 +12,12 @@ from glm53ctl.kernels.kinds import get_kind, kernel_kinds
 from glm53ctl.kernels.kinds.harness import RunKey
 from glm53ctl.kernels.kinds.run_key import run_reference, run_triton
 from glm53ctl.kernels.numerics import rel_rms
-from glm53ctl.kernels.ops.embed.tasks import EMBED_GATHER
+from glm53ctl.kernels.ops.embed.tasks import EMBED_GATHER, EmbedGather
 from glm53ctl.kernels.reference import Reference
 from glm53ctl.kernels.runtime import LaunchFault
 from glm53ctl.kernels.runtime.device import TASK_FIELDS
 from glm53ctl.kernels.runtime.table import BOX, FLAG, PEER, TaskTable
-from glm53ctl.kernels.runtime.tasks import HOP
+from glm53ctl.kernels.runtime.tasks import HOP, Hop
 from glm53ctl.kernels.spec import load_model
 from glm53ctl.kernels.weights import Weights
 from glm53ctl.tuning.knobs import kind_knobs
@@ -174,13 +174,13 @@ def test_any_claim_order_the_waits_allow_gives_the_same_bits(weights, tp, rows):
 
 def test_task_table_is_topological_and_boxes_fit_a_line():
     t = TaskTable("test", peers=1)
-    producers = [t.add(HOP) for _ in range(40)]
-    c = t.add(EMBED_GATHER)
+    producers = [t.add(Hop()) for _ in range(40)]
+    c = t.add(EmbedGather(0))
     t.wait(c, producers, "box")
     t.wait_peer(c, 1)
     assert [s.count for s in t.sites if s.kind == BOX] == [32, 8]
     with pytest.raises(AssertionError):
-        t.add(HOP)
+        t.add(Hop())
         t.wait(len(t.tasks) - 1, [len(t.tasks)])
     arrays = t.build("cpu")
     assert arrays["tasks"].numel() == TASK_FIELDS.value * t.n_tasks
@@ -194,8 +194,8 @@ def test_every_peer_in_one_site():
     """An all-reduce waits on its peers at one site: their consecutive flag words (after the tasks' words),
     polled at once, every peer named as its producer."""
     t = TaskTable("test", peers=3)
-    a = t.add(HOP)
-    c = t.add(HOP)
+    a = t.add(Hop())
+    c = t.add(Hop())
     t.wait(c, [a])
     t.wait_peers(c)
     assert [(s.kind, s.count, s.producers) for s in t.sites] == [(FLAG, 1, [a]), (PEER, 3, [-1, -2, -3])]

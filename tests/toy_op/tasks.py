@@ -4,21 +4,15 @@ names the tree's own."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
-
 import triton
 import triton.language as tl  # noqa: F401  (the interpreter patches it in the jit functions' globals)
 
 from glm53ctl.kernels.runtime.tasks import Task
 
 
-@dataclass(frozen=True)
-class Double(Task):
+class Double(Task, id=1000, name="toy double"):
     """Row r doubled (y = 2 x) and its largest column marked (top)."""
 
-    ID: ClassVar[int] = 1000
-    NAME: ClassVar[str] = "toy double"
     r: int  # the row
 
 
@@ -31,12 +25,8 @@ def double_fields(row):
     return row[1]
 
 
-@dataclass(frozen=True)
-class Sum(Task):
+class Sum(Task, id=1001, name="toy sum"):
     """Every doubled row summed, once each has been published."""
-
-    ID: ClassVar[int] = 1001
-    NAME: ClassVar[str] = "toy sum"
 
 
 SUM = Sum.constexpr()

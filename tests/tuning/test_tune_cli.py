@@ -67,7 +67,7 @@ def here(tmp_path, monkeypatch):
     (cwd / "afile").write_text("a file\n")
     (cwd / "d.log").mkdir()
     monkeypatch.chdir(cwd)
-    monkeypatch.setattr("glm53ctl.tuning.bench.gpu_count", lambda: 0)
+    monkeypatch.setattr("glm53ctl.commands.tune.gpu_count", lambda: 0)
     return cwd
 
 

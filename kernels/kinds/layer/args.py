@@ -2,12 +2,15 @@
 (kernel.py reads its fields by name). A layer has one attention half (KDA or MLA) and one FFN half (the dense MLP or
 the MoE): only its halves' groups are passed, and the kernel builds only their code (constexprs MLA, MOE).
 
-The tensors' shapes and layouts are in the halves' modules (kda.py, mla.py, mlp.py, moe.py) and launch.py.
+The tensors' shapes and layouts are in the halves' modules (ops/kda/layer.py, ops/dsa/layer.py, ops/ffn/layer_mlp.py,
+layer_moe.py) and launch.py.
 """
 
 from __future__ import annotations
 
 from typing import Any, NamedTuple
+
+from glm53ctl.kernels.ops.dsa.select import SelectDims
 
 T = Any  # a torch.Tensor (or its stand-in for ahead-of-time builds)
 
@@ -227,36 +230,37 @@ class LayerDims(NamedTuple):
 
 
 class MlaDims(NamedTuple):
-    HQ: int
-    NOPE: int
-    V: int
-    C: int
-    QL: int
-    QLP: int
-    IH: int
-    HI: int
-    KP: int
-    WIDTH: int
-    TOPP: int
-    LMAX: int
-    NA: int
-    NQB: int
-    BP: int
-    TB: int
-    NB: int
-    NBP: int
-    HB: int
-    CC: int
-    HBI: int
-    BN_AB: int
-    BN_UV: int
-    BK_A: int
-    BK_QB: int
-    BK_C: int
-    BK_NOPE: int
-    SPART: int
-    SNQ: int
-    SEL_BLOCK: int
+    """The MLA half's sizes on one rank (layer/table.py `Dims._mla` derives them, launch.py `mla_dims` adds the
+    tiles it alone needs): one constexpr record, read by field in ops/dsa/layer.py."""
+
+    HQ: int  # MLA heads on this rank
+    NOPE: int  # a head's query/key dimensions without the rotary part (qk_nope_head_dim)
+    V: int  # a head's value dimensions (v_head_dim)
+    C: int  # the latent's width (kv_lora_rank)
+    QL: int  # q_a's width (q_lora_rank)
+    QLP: int  # QL up to a power of two (a tl.arange over q_a)
+    IH: int  # the indexer's head dimension
+    HI: int  # the indexer's heads
+    KP: int  # tokens per pool (the indexer's kpool)
+    WIDTH: int  # tokens a row selects at most: TOPP * KP + KP - 1
+    TOPP: int  # pools a row selects (index_pools)
+    LMAX: int  # the caches' slots per row (whole pools)
+    NA: int  # the fused A projection's rows: q_a | kv_a | wk | pool gate | head weights
+    NQB: int  # q_b | the indexer's wq_b: HQ * NOPE + HI * IH rows
+    BP: int  # pools per score task
+    TB: int  # tokens per attention task (knob token_block; numeric: the combine's order)
+    NB: int  # attention blocks a row's selection makes: WIDTH / TB rounded up
+    NBP: int  # NB up to a power of two (the combine's tile)
+    HB: int  # heads per attention task: a tl.dot tile of 16 to 64
+    CC: int  # latent columns per combine task
+    HBI: int  # the indexer's heads up to a power of two, at least 16 (a tl.dot tile)
+    BN_AB: int  # latent columns per absorb task
+    BN_UV: int  # value rows per W_UV task
+    BK_A: int  # the A projection's K tile
+    BK_QB: int  # q_b's K tile (dividing QL)
+    BK_C: int  # W_UV's K tile over the latent
+    BK_NOPE: int  # the absorb's K tile over NOPE
+    SEL: SelectDims  # the selection's sizes (ops/dsa/select.py), derived once for the caches' pools
 
 
 class MoeDims(NamedTuple):

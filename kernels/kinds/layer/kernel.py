@@ -15,23 +15,16 @@ recomputes the new recurrent state from S_in with the same operations (the same 
 import triton
 import triton.language as tl
 
-from glm53ctl.kernels.kinds.layer.kda import kda_task, kda_write_back
-from glm53ctl.kernels.kinds.layer.mla import mla_task
-from glm53ctl.kernels.kinds.layer.mlp import mlp_task
-from glm53ctl.kernels.kinds.layer.moe import moe_task
 from glm53ctl.kernels.kinds.layer.prefetch import prefetch
-from glm53ctl.kernels.kinds.layer.shared import (
-    PR,
-    task_gate,
-    task_mix,
-    task_own,
-    task_partial,
-    task_push,
-    task_reduce,
-)
+from glm53ctl.kernels.kinds.layer.shared import task_gate, task_mix, task_own, task_push, task_reduce
+from glm53ctl.kernels.ops.dsa.layer import mla_task
 from glm53ctl.kernels.ops.dsa.tasks import MLA_A, SEL_PASS, WUV
+from glm53ctl.kernels.ops.ffn.layer_mlp import mlp_task
+from glm53ctl.kernels.ops.ffn.layer_moe import moe_task
 from glm53ctl.kernels.ops.ffn.tasks import DOWN, EXP_DOWN, GU, ROUTER
+from glm53ctl.kernels.ops.gemv.layer import PR, task_partial
 from glm53ctl.kernels.ops.gemv.tasks import OPROJ, oproj_fields
+from glm53ctl.kernels.ops.kda.layer import kda_task, kda_write_back
 from glm53ctl.kernels.ops.kda.tasks import INPROJ, KDA_HEAD, kda_head_fields
 from glm53ctl.kernels.ops.mhc.tasks import (
     COMB_A,

@@ -30,11 +30,11 @@ from glm53ctl.kernels.kinds.layer.args import (
     pick,
 )
 from glm53ctl.kernels.kinds.layer.kernel import layer_kernel
-from glm53ctl.kernels.kinds.layer.shared import PR
 from glm53ctl.kernels.kinds.layer.table import Dims, build_table, kda_parts, mix_tasks
 from glm53ctl.kernels.ops.dsa.naive import mla_scale
 from glm53ctl.kernels.ops.ffn.moe import ROUTER_TILE, n_slots_for
 from glm53ctl.kernels.ops.gemv.kernel import folds
+from glm53ctl.kernels.ops.gemv.layer import PR
 from glm53ctl.kernels.ops.kda.kernel import SCRATCH
 from glm53ctl.kernels.runtime.launch import DEFAULT_BUDGET_NS, PersistentLaunch, Runtime
 from glm53ctl.kernels.runtime.ranks import PeerLinks
@@ -148,9 +148,9 @@ class LayerLaunch(PersistentLaunch):
             "qi": e(R, d.HI * d.IH),
             "q_lat": e(R, d.HQ, d.C, dtype=bf16),
             "scores": e(R, d.LMAX // d.KP),
-            "sel_hist": e(R, 4, d.SNQ, 256, dtype=torch.int32),
+            "sel_hist": e(R, 4, d.SEL.NQ, 256, dtype=torch.int32),
             "sel_state": e(R, 4, 2, dtype=torch.int32),
-            "sel_above": e(R, 4, d.SNQ, dtype=torch.int32),
+            "sel_above": e(R, 4, d.SEL.NQ, dtype=torch.int32),
             "idx": e(R, d.WIDTH, dtype=torch.int32),
             "part_o": e(R, d.NB, d.HQ, d.C),
             "part_m": e(R, d.NB, d.HQ),
@@ -321,9 +321,6 @@ class LayerLaunch(PersistentLaunch):
             QLP=1 << (d.QL - 1).bit_length(),
             HBI=max(16, 1 << (d.HI - 1).bit_length()),
             BK_NOPE=min(self.knobs["block_k"], d.NOPE),
-            # blocks of at most 1024 scores: at 4 warps the one-program selection took 57 µs over 8,192 pools
-            # against 107 µs in blocks of 4096 (H200, docs/perf/sparse.md)
-            SEL_BLOCK=min(1024, d.SPART),
         )
 
     @property

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import math
 
-from glm53ctl.kernels.ops.dsa.select import select_part
+from glm53ctl.kernels.ops.dsa.select import select_dims
 from glm53ctl.kernels.ops.dsa.tasks import (
     Absorb,
     Attn,
@@ -215,10 +215,8 @@ class Dims:
         # dot of 32 heads by 64 pools on the FMA units; 16 gives a row's pools 4x the programs
         self.BP = 16
         self.NSB = -(-(slots // self.KP) // self.BP)
-        # the selection's parts (kernels/ops/dsa/select.py): SNQ_ROW of SPART pools cover the caches' pools
-        self.SPART = select_part(slots // self.KP)
-        self.SNQ_ROW = -(-(slots // self.KP) // self.SPART)
-        self.SNQ = 1 << (self.SNQ_ROW - 1).bit_length()
+        # the selection's sizes (kernels/ops/dsa/select.py): SEL.NQ_ROW parts of SEL.PART pools cover the caches'
+        self.SEL = select_dims(slots // self.KP)
         self.TB = knobs["token_block"]  # tokens per attention task (numeric: the combine's order)
         self.NB = -(-self.WIDTH // self.TB)
         self.HB = max(16, min(64, 1 << (self.HQ - 1).bit_length()))  # heads per attention task, a tl.dot tile
@@ -415,8 +413,8 @@ def _add_mla(
         scores = [(b * d.BP, (b + 1) * d.BP, add(Score(r, b), waits=[row_tasks[r], *qi])) for b in range(d.NSB)]
         # the selection over parts of the pools: pass 0 of a part waits on its scores, pass i on every part's
         # pass i - 1, the tokens of each part on every part's last pass
-        parts = range(d.SNQ_ROW)
-        sel = [add(SelectPass(r, 0, q), waits=_covering(scores, q * d.SPART, (q + 1) * d.SPART)) for q in parts]
+        parts = range(d.SEL.NQ_ROW)
+        sel = [add(SelectPass(r, 0, q), waits=_covering(scores, q * d.SEL.PART, (q + 1) * d.SEL.PART)) for q in parts]
         for i in range(1, 4):
             sel = [add(SelectPass(r, i, q), waits=sel) for q in parts]
         selects.append([add(Select(r, q), waits=sel) for q in parts])

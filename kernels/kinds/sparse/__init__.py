@@ -1,7 +1,7 @@
 """The `sparse` kind: one DSA layer with the MoE (layers 3, 7, ..., 43 of glm53_flash) as one persistent launch.
 Its facts.
 
-The launch is the layer kernel (kernels/kinds/layer/) with MLA as its attention half (layer/mla.py, the bodies of
+The launch is the layer kernel (kernels/kinds/layer/) with MLA as its attention half (ops/dsa/layer.py, the bodies of
 kernels/ops/dsa; the table's `_add_mla`) and the MoE as its FFN half (`kda`'s). This folder holds its facts, its
 harness (the caches and positions a key takes) and its stock-PyTorch baseline.
 

@@ -13,21 +13,48 @@ do not tell apart), four passes of 8 bits, each a histogram of the digit of the 
 digits found so far. Then the pools above that key are taken, and of those equal to it the lowest-indexed, as
 many as are left.
 
-Over parts of PART pools (one program each; PART is the layer's choice, `select_part`): pass i (`select_pass`) of
-part q first picks pass i - 1's digit from the parts' histograms summed (integers: any order, the same sums), as
-every part of the pass does alike (part 0 keeps the result), and keeps the count of its own pools that the
-pick puts above the threshold; then it counts its pools' digits at pass i. The last step (`select_take`) picks
-the last digit, works out from the counts how many pools the parts before it take (so where its own go), and
-writes its part's tokens in pool order; part 0 also the tail and the -1s. Parts past a row's pools do nothing.
+Over parts of PART pools (one program each; the sizes are one record, `SelectDims`, derived once by `select_dims`
+from the caches' pools and passed whole from the layer's table and launch to these bodies): pass i (`select_pass`)
+of part q first picks pass i - 1's digit from the parts' histograms summed (integers: any order, the same sums), as
+every part of the pass does alike (part 0 keeps the result), and keeps the count of its own pools that the pick puts
+above the threshold; then it counts its pools' digits at pass i. The last step (`select_take`) picks the last digit,
+works out from the counts how many pools the parts before it take (so where its own go), and writes its part's
+tokens in pool order; part 0 also the tail and the -1s. Parts past a row's pools do nothing.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
 from glm53ctl.kernels import tlx  # noqa: F401 - the interpreter's settings before any kernel is defined
+
+
+class SelectDims(NamedTuple):
+    """The selection's sizes for caches of some number of pools (`select_dims`): one constexpr record, the same
+    from the table (its tasks' parts) and the launch (its buffers) to the bodies."""
+
+    PART: int  # pools per part: one program's share of a row's pools
+    NQ_ROW: int  # the parts that cover a row's pools (a task each per pass)
+    NQ: int  # NQ_ROW up to a power of two: the histograms' part axis
+    BLOCK: int  # scores a program reads at once: at most 1024 (4 warps took 57 µs over 8,192 pools against 107
+    # in blocks of 4096, H200, docs/perf/sparse.md)
+
+
+def select_part(pools: int) -> int:
+    """Pools per part of a row's selection, for caches of `pools` pools: 256, or more where that would be more
+    than 32 parts (each pass sums every part's histogram)."""
+    return max(256, triton.next_power_of_2(-(-pools // 32)))
+
+
+def select_dims(pools: int, part: int | None = None) -> SelectDims:
+    """The selection's sizes for caches of `pools` pools, over parts of `part` pools (default `select_part`)."""
+    part = part or select_part(pools)
+    parts = -(-pools // part)
+    return SelectDims(PART=part, NQ_ROW=parts, NQ=triton.next_power_of_2(parts), BLOCK=min(part, 1024))
 
 
 @triton.jit
@@ -81,13 +108,14 @@ def select_pass(
     I: tl.constexpr,
     KP: tl.constexpr,
     TOPP: tl.constexpr,
-    PART: tl.constexpr,
-    NQ: tl.constexpr,
-    BLOCK: tl.constexpr,
+    SEL: tl.constexpr,
 ):
     """Pass I (0..3) of part q of a row (n cached tokens): scores [>= P] fp32; hist [4, NQ, 256] int32 (pass,
     part, digit); state [4, 2] int32 (the prefix and `left` before pass I, kept by part 0); above [4, NQ] int32
-    (the pools of a part above the threshold by pass I's digit)."""
+    (the pools of a part above the threshold by pass I's digit). SEL: the sizes (`SelectDims`)."""
+    PART: tl.constexpr = SEL.PART
+    NQ: tl.constexpr = SEL.NQ
+    BLOCK: tl.constexpr = SEL.BLOCK
     P = n // KP
     lo = q * PART
     if (P > TOPP) & (lo < P):
@@ -122,12 +150,13 @@ def select_take(
     KP: tl.constexpr,
     TOPP: tl.constexpr,
     WIDTH: tl.constexpr,
-    PART: tl.constexpr,
-    NQ: tl.constexpr,
-    BLOCK: tl.constexpr,
+    SEL: tl.constexpr,
 ):
     """Part q of a row's selected tokens into idx [WIDTH] int32 (n cached tokens), after its four passes
-    (`select_pass`'s buffers). WIDTH: TOPP * KP + KP - 1, the most a row selects."""
+    (`select_pass`'s buffers). WIDTH: TOPP * KP + KP - 1, the most a row selects. SEL: the sizes (`SelectDims`)."""
+    PART: tl.constexpr = SEL.PART
+    NQ: tl.constexpr = SEL.NQ
+    BLOCK: tl.constexpr = SEL.BLOCK
     P = n // KP
     lo = q * PART
     o_b = tl.arange(0, BLOCK)
@@ -175,28 +204,24 @@ def select_take(
             tl.store(idx + o_w, -1, mask=(o_w >= first + n - P * KP) & (o_w < WIDTH))
 
 
-def select_part(pools: int) -> int:
-    """Pools per part of a row's selection, for caches of `pools` pools: 256, or more where that would be more
-    than 32 parts (each pass sums every part's histogram)."""
-    return max(256, triton.next_power_of_2(-(-pools // 32)))
-
-
 @triton.jit
 def _pass_kernel(scores, hist, state, above, n, stride, I: tl.constexpr, KP: tl.constexpr, TOPP: tl.constexpr,
-                 PART: tl.constexpr, NQ: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+                 SEL: tl.constexpr):  # fmt: skip
     """Program (part, row)."""
     q, r = tl.program_id(0), tl.program_id(1)
+    NQ: tl.constexpr = SEL.NQ
     select_pass(scores + r * stride, hist + r * (4 * NQ * 256), state + r * 8, above + r * (4 * NQ), tl.load(n + r),
-                q, I, KP, TOPP, PART, NQ, BLOCK)  # fmt: skip
+                q, I, KP, TOPP, SEL)  # fmt: skip
 
 
 @triton.jit
 def _take_kernel(scores, idx, hist, state, above, n, stride, KP: tl.constexpr, TOPP: tl.constexpr,
-                 WIDTH: tl.constexpr, PART: tl.constexpr, NQ: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+                 WIDTH: tl.constexpr, SEL: tl.constexpr):  # fmt: skip
     """Program (part, row)."""
     q, r = tl.program_id(0), tl.program_id(1)
+    NQ: tl.constexpr = SEL.NQ
     select_take(scores + r * stride, idx + r * WIDTH, hist + r * (4 * NQ * 256), state + r * 8,
-                above + r * (4 * NQ), tl.load(n + r), q, KP, TOPP, WIDTH, PART, NQ, BLOCK)  # fmt: skip
+                above + r * (4 * NQ), tl.load(n + r), q, KP, TOPP, WIDTH, SEL)  # fmt: skip
 
 
 def select_launch(scores: torch.Tensor, n: torch.Tensor, spec, part: int | None = None) -> torch.Tensor:
@@ -206,8 +231,8 @@ def select_launch(scores: torch.Tensor, n: torch.Tensor, spec, part: int | None 
     is left from before."""
     R, width = scores.shape
     ix = spec.indexer
-    part = part or select_part(width)
-    nq = triton.next_power_of_2(-(-width // part))
+    sel = select_dims(width, part)
+    nq = sel.NQ
     dev = scores.device
     idx = torch.empty(R, spec.index_width, dtype=torch.int32, device=dev)
     hist = torch.randint(-9, 9, (R, 4, nq, 256), dtype=torch.int32, device=dev)
@@ -215,7 +240,7 @@ def select_launch(scores: torch.Tensor, n: torch.Tensor, spec, part: int | None 
     above = torch.randint(-9, 9, (R, 4, nq), dtype=torch.int32, device=dev)
     s = scores.float().contiguous()
     nn = n.to(torch.int32).to(dev).contiguous()
-    consts = dict(KP=ix.kpool, TOPP=spec.index_pools, PART=part, NQ=nq, BLOCK=min(part, 1024))
+    consts = dict(KP=ix.kpool, TOPP=spec.index_pools, SEL=sel)
     for i in range(4):
         _pass_kernel[(nq, R)](s, hist, state, above, nn, s.stride(0), I=i, **consts)
     _take_kernel[(nq, R)](s, idx, hist, state, above, nn, s.stride(0), WIDTH=spec.index_width, **consts)

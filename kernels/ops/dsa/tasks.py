@@ -1,11 +1,8 @@
-"""The task types of the MLA attention half with the DSA indexer (kernels/kinds/layer/mla.py). Each is a typed record
-(kernels/runtime/tasks.py `Task`): its id, its name and its fields, which the device code reads by name through
-the one unpacking function beside it (`<type>_fields(row)`)."""
+"""The task types of the MLA attention half with the DSA indexer (their dispatch and bodies in the layer kernel:
+layer.py). Each is a typed record (kernels/runtime/tasks.py `Task`): its id, its name and its fields, which the
+device code reads by name through the one unpacking function beside it (`<type>_fields(row)`)."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
-from typing import ClassVar
 
 import triton
 import triton.language as tl  # noqa: F401  (the interpreter patches it in the jit functions' globals)
@@ -13,12 +10,9 @@ import triton.language as tl  # noqa: F401  (the interpreter patches it in the j
 from glm53ctl.kernels.runtime.tasks import Task
 
 
-@dataclass(frozen=True)
-class MlaA(Task):
+class MlaA(Task, id=26, name="mla a_proj"):
     """A tile of the fused A projection, every row."""
 
-    ID: ClassVar[int] = 26
-    NAME: ClassVar[str] = "mla a_proj"
     n0: int  # the tile's first row of q_a | kv_a | wk | pool gate | head weights
 
 
@@ -31,12 +25,9 @@ def mla_a_fields(row):
     return row[1]
 
 
-@dataclass(frozen=True)
-class MlaRow(Task):
+class MlaRow(Task, id=27, name="mla row"):
     """One row's part after the A projection."""
 
-    ID: ClassVar[int] = 27
-    NAME: ClassVar[str] = "mla row"
     r: int  # the row
     part: int  # 0: q_a's norm; 1: the caches' writes and the head weights
 
@@ -50,12 +41,9 @@ def mla_row_fields(row):
     return row[1], row[2]
 
 
-@dataclass(frozen=True)
-class MlaQb(Task):
+class MlaQb(Task, id=28, name="mla q_b"):
     """A tile of q_b and the indexer's wq_b, every row."""
 
-    ID: ClassVar[int] = 28
-    NAME: ClassVar[str] = "mla q_b"
     n0: int  # the tile's first row of q_b | the indexer's wq_b
 
 
@@ -68,12 +56,9 @@ def mla_qb_fields(row):
     return row[1]
 
 
-@dataclass(frozen=True)
-class Absorb(Task):
+class Absorb(Task, id=29, name="mla absorb"):
     """A head's query absorbed into the latent space, a column tile."""
 
-    ID: ClassVar[int] = 29
-    NAME: ClassVar[str] = "mla absorb"
     h: int  # the head
     c0: int  # the first latent column
 
@@ -87,12 +72,9 @@ def absorb_fields(row):
     return row[1], row[2]
 
 
-@dataclass(frozen=True)
-class Score(Task):
+class Score(Task, id=30, name="index scores"):
     """The indexer's scores of a block of one row's pools."""
 
-    ID: ClassVar[int] = 30
-    NAME: ClassVar[str] = "index scores"
     r: int  # the row
     block: int  # the block of pools
 
@@ -106,12 +88,9 @@ def score_fields(row):
     return row[1], row[2]
 
 
-@dataclass(frozen=True)
-class Select(Task):
+class Select(Task, id=31, name="index select"):
     """A part's selected tokens, after the selection's passes."""
 
-    ID: ClassVar[int] = 31
-    NAME: ClassVar[str] = "index select"
     r: int  # the row
     part: int  # the part of the pools
 
@@ -125,12 +104,9 @@ def select_fields(row):
     return row[1], row[2]
 
 
-@dataclass(frozen=True)
-class Attn(Task):
+class Attn(Task, id=32, name="mla attention"):
     """The attention partials of a head group over a block of one row's selected tokens."""
 
-    ID: ClassVar[int] = 32
-    NAME: ClassVar[str] = "mla attention"
     r: int  # the row
     group: int  # the first head of the head group
     block: int  # the token block
@@ -145,12 +121,9 @@ def attn_fields(row):
     return row[1], row[2], row[3]
 
 
-@dataclass(frozen=True)
-class Combine(Task):
+class Combine(Task, id=33, name="mla combine"):
     """The blocks' partials of a head group combined, a latent column chunk."""
 
-    ID: ClassVar[int] = 33
-    NAME: ClassVar[str] = "mla combine"
     r: int  # the row
     group: int  # the first head of the head group
     c0: int  # the first latent column
@@ -165,12 +138,9 @@ def combine_fields(row):
     return row[1], row[2], row[3]
 
 
-@dataclass(frozen=True)
-class Wuv(Task):
+class Wuv(Task, id=34, name="mla w_uv"):
     """A head's latent output through W_UV, a tile of value rows."""
 
-    ID: ClassVar[int] = 34
-    NAME: ClassVar[str] = "mla w_uv"
     h: int  # the head
     n0: int  # the first value row
 
@@ -184,12 +154,9 @@ def wuv_fields(row):
     return row[1], row[2]
 
 
-@dataclass(frozen=True)
-class SelectPass(Task):
+class SelectPass(Task, id=35, name="index select pass"):
     """A pass of the exact top-k over a part of one row's pools."""
 
-    ID: ClassVar[int] = 35
-    NAME: ClassVar[str] = "index select pass"
     r: int  # the row
     step: int  # the pass, 0 to 3
     part: int  # the part of the pools

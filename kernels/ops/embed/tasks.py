@@ -4,33 +4,24 @@ its id, its name and its fields, which the device code reads by name through the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
-
 import triton
 import triton.language as tl  # noqa: F401  (the interpreter patches it in the jit functions' globals)
 
 from glm53ctl.kernels.runtime.tasks import Task
 
 
-@dataclass(frozen=True)
-class EmbedGather(Task):
+class EmbedGather(Task, id=0, name="embed gather"):
     """A column chunk of every row's embedding, gathered from this rank's vocabulary slice."""
 
-    ID: ClassVar[int] = 0
-    NAME: ClassVar[str] = "embed gather"
     d0: int  # the first column of the chunk gathered from this rank's vocabulary slice
 
 
 EMBED_GATHER = EmbedGather.constexpr()
 
 
-@dataclass(frozen=True)
-class EmbedReduce(Task):
+class EmbedReduce(Task, id=1, name="embed reduce"):
     """A column chunk of H: the ranks' gathers summed."""
 
-    ID: ClassVar[int] = 1
-    NAME: ClassVar[str] = "embed reduce"
     d0: int  # the chunk's first column
 
 

@@ -1,6 +1,6 @@
 """The MoE as Triton bodies (docs/model.md §6.2): the router, the routing decided on the device, the touched
 experts' clamped SwiGLU, and their sum in a fixed order. A kind's tasks call these bodies (the `kda` kind:
-kinds/layer/moe.py adds the hand-offs); `moe_launch` runs them as plain launches, one per step, for the tests.
+ops/ffn/layer_moe.py adds the hand-offs); `moe_launch` runs them as plain launches, one per step, for the tests.
 
 The routing is decided where the rows are, with no host round trip and nothing that depends on timing:
 

@@ -1,11 +1,8 @@
-"""The task types of the FFN halves: the dense MLP (kernels/kinds/layer/mlp.py) and the MoE (moe.py). Each is a typed
-record (kernels/runtime/tasks.py `Task`): its id, its name and its fields, which the device code reads by name
-through the one unpacking function beside it (`<type>_fields(row)`)."""
+"""The task types of the FFN halves: the dense MLP (layer_mlp.py) and the MoE (layer_moe.py). Each is a typed record
+(kernels/runtime/tasks.py `Task`): its id, its name and its fields, which the device code reads by name through the
+one unpacking function beside it (`<type>_fields(row)`)."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
-from typing import ClassVar
 
 import triton
 import triton.language as tl  # noqa: F401  (the interpreter patches it in the jit functions' globals)
@@ -13,12 +10,9 @@ import triton.language as tl  # noqa: F401  (the interpreter patches it in the j
 from glm53ctl.kernels.runtime.tasks import Task
 
 
-@dataclass(frozen=True)
-class GateUp(Task):
+class GateUp(Task, id=17, name="gate_up"):
     """A tile of the dense MLP's gate and up over a K slice."""
 
-    ID: ClassVar[int] = 17
-    NAME: ClassVar[str] = "gate_up"
     n0: int  # the tile's first row of gate and up
     ks: int  # its K slice (slice 0 adds the others' sums and makes act)
 
@@ -32,12 +26,9 @@ def gu_fields(row):
     return row[1], row[2]
 
 
-@dataclass(frozen=True)
-class Down(Task):
+class Down(Task, id=18, name="down_proj"):
     """A tile of down_proj over a K slice: this rank's partial."""
 
-    ID: ClassVar[int] = 18
-    NAME: ClassVar[str] = "down_proj"
     n0: int  # the tile's first output column
     ks: int  # the K slice
 
@@ -51,12 +42,9 @@ def down_fields(row):
     return row[1], row[2]
 
 
-@dataclass(frozen=True)
-class Router(Task):
+class Router(Task, id=21, name="router"):
     """The router's logits of a tile of experts over a K slice, every row."""
 
-    ID: ClassVar[int] = 21
-    NAME: ClassVar[str] = "router"
     e0: int  # the tile's first expert
     ks: int  # the K slice
 
@@ -70,12 +58,9 @@ def router_fields(row):
     return row[1], row[2]
 
 
-@dataclass(frozen=True)
-class Route(Task):
+class Route(Task, id=22, name="route"):
     """Row r's top-k and weights; the last row to arrive makes the slots."""
 
-    ID: ClassVar[int] = 22
-    NAME: ClassVar[str] = "route"
     r: int  # the row
 
 
@@ -88,12 +73,9 @@ def route_fields(row):
     return row[1]
 
 
-@dataclass(frozen=True)
-class ExpertGateUp(Task):
+class ExpertGateUp(Task, id=23, name="expert gate_up"):
     """A tile of a slot's expert gate and up over a K slice."""
 
-    ID: ClassVar[int] = 23
-    NAME: ClassVar[str] = "expert gate_up"
     slot: int  # the slot (the shared expert's is the last)
     n0: int  # the tile's first row
     ks: int  # its K slice
@@ -108,12 +90,9 @@ def exp_gu_fields(row):
     return row[1], row[2], row[3]
 
 
-@dataclass(frozen=True)
-class ExpertDown(Task):
+class ExpertDown(Task, id=24, name="expert down"):
     """A tile of a slot's down projection."""
 
-    ID: ClassVar[int] = 24
-    NAME: ClassVar[str] = "expert down"
     slot: int  # the slot
     n0: int  # the tile's first output column
 

@@ -4,21 +4,15 @@ the one unpacking function beside it (`<type>_fields(row)`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
-
 import triton
 import triton.language as tl  # noqa: F401  (the interpreter patches it in the jit functions' globals)
 
 from glm53ctl.kernels.runtime.tasks import Task
 
 
-@dataclass(frozen=True)
-class OProj(Task):
+class OProj(Task, id=11, name="o_proj"):
     """A tile of o_proj over a K slice: this rank's partial."""
 
-    ID: ClassVar[int] = 11
-    NAME: ClassVar[str] = "o_proj"
     n0: int  # the tile's first output column
     ks: int  # the K slice
 

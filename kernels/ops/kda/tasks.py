@@ -1,11 +1,8 @@
-"""The task types of the KDA attention half (kernels/kinds/layer/kda.py). Each is a typed record
-(kernels/runtime/tasks.py `Task`): its id, its name and its fields, which the device code reads by name through
-the one unpacking function beside it (`<type>_fields(row)`)."""
+"""The task types of the KDA attention half (their dispatch and bodies in the layer kernel: layer.py). Each is a typed
+record (kernels/runtime/tasks.py `Task`): its id, its name and its fields, which the device code reads by name
+through the one unpacking function beside it (`<type>_fields(row)`)."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
-from typing import ClassVar
 
 import triton
 import triton.language as tl  # noqa: F401  (the interpreter patches it in the jit functions' globals)
@@ -13,12 +10,9 @@ import triton.language as tl  # noqa: F401  (the interpreter patches it in the j
 from glm53ctl.kernels.runtime.tasks import Task
 
 
-@dataclass(frozen=True)
-class InProj(Task):
+class InProj(Task, id=9, name="in_proj"):
     """A tile of the fused in-projection over a K slice."""
 
-    ID: ClassVar[int] = 9
-    NAME: ClassVar[str] = "in_proj"
     n0: int  # the tile's first row of the fused in-projection
     ks: int  # its K slice (slice 0 adds the others' sums)
 
@@ -32,12 +26,9 @@ def inproj_fields(row):
     return row[1], row[2]
 
 
-@dataclass(frozen=True)
-class KdaHead(Task):
+class KdaHead(Task, id=10, name="kda head"):
     """One head of one row: the gates, the conv, the delta rule on a part of its value columns."""
 
-    ID: ClassVar[int] = 10
-    NAME: ClassVar[str] = "kda head"
     h: int  # the head
     r: int  # the row
     part: int  # the part of the head's value columns

@@ -4,21 +4,15 @@ name through the one unpacking function beside it (`<type>_fields(row)`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
-
 import triton
 import triton.language as tl  # noqa: F401  (the interpreter patches it in the jit functions' globals)
 
 from glm53ctl.kernels.runtime.tasks import Task
 
 
-@dataclass(frozen=True)
-class MixA(Task):
+class MixA(Task, id=6, name="attn mix"):
     """A column chunk of one row's attention-gate mix logits, sum of squares and Gram matrix."""
 
-    ID: ClassVar[int] = 6
-    NAME: ClassVar[str] = "attn mix"
     c: int  # the column chunk
     r: int  # the row
 
@@ -26,12 +20,9 @@ class MixA(Task):
 MIX_A = MixA.constexpr()
 
 
-@dataclass(frozen=True)
-class GateA(Task):
+class GateA(Task, id=7, name="attn gate"):
     """Row r's attention gate (hc_pre without the comb) and chunk c of x̂; chunk 0 also post, pre and 1/RMS."""
 
-    ID: ClassVar[int] = 7
-    NAME: ClassVar[str] = "attn gate"
     r: int  # the row
     c: int  # the column chunk
 
@@ -39,24 +30,18 @@ class GateA(Task):
 GATE_A = GateA.constexpr()
 
 
-@dataclass(frozen=True)
-class CombA(Task):
+class CombA(Task, id=8, name="attn comb"):
     """Row r's Sinkhorn comb (for hc_post)."""
 
-    ID: ClassVar[int] = 8
-    NAME: ClassVar[str] = "attn comb"
     r: int  # the row
 
 
 COMB_A = CombA.constexpr()
 
 
-@dataclass(frozen=True)
-class ReduceA(Task):
+class ReduceA(Task, id=12, name="attn reduce"):
     """A column chunk of one row: the attention partials summed in rank order, hc_post (H1)."""
 
-    ID: ClassVar[int] = 12
-    NAME: ClassVar[str] = "attn reduce"
     c: int  # the column chunk
     r: int  # the row
 
@@ -64,12 +49,9 @@ class ReduceA(Task):
 RED_A = ReduceA.constexpr()
 
 
-@dataclass(frozen=True)
-class OwnA(Task):
+class OwnA(Task, id=13, name="attn partial"):
     """A column chunk of this rank's attention partial, for its peers."""
 
-    ID: ClassVar[int] = 13
-    NAME: ClassVar[str] = "attn partial"
     c: int  # the column chunk
     r: int  # the row
 
@@ -77,12 +59,9 @@ class OwnA(Task):
 OWN_A = OwnA.constexpr()
 
 
-@dataclass(frozen=True)
-class MixF(Task):
+class MixF(Task, id=14, name="ffn mix"):
     """A column chunk of one row's FFN-gate mix logits, as a task of its own."""
 
-    ID: ClassVar[int] = 14
-    NAME: ClassVar[str] = "ffn mix"
     c: int  # the column chunk
     r: int  # the row
 
@@ -90,12 +69,9 @@ class MixF(Task):
 MIX_F = MixF.constexpr()
 
 
-@dataclass(frozen=True)
-class GateF(Task):
+class GateF(Task, id=15, name="ffn gate"):
     """Row r's FFN gate on H1 and chunk c of x̂."""
 
-    ID: ClassVar[int] = 15
-    NAME: ClassVar[str] = "ffn gate"
     r: int  # the row
     c: int  # the column chunk
 
@@ -103,24 +79,18 @@ class GateF(Task):
 GATE_F = GateF.constexpr()
 
 
-@dataclass(frozen=True)
-class CombF(Task):
+class CombF(Task, id=16, name="ffn comb"):
     """Row r's FFN comb."""
 
-    ID: ClassVar[int] = 16
-    NAME: ClassVar[str] = "ffn comb"
     r: int  # the row
 
 
 COMB_F = CombF.constexpr()
 
 
-@dataclass(frozen=True)
-class ReduceF(Task):
+class ReduceF(Task, id=19, name="ffn reduce"):
     """A column chunk of one row: the FFN partials summed in rank order, hc_post (H)."""
 
-    ID: ClassVar[int] = 19
-    NAME: ClassVar[str] = "ffn reduce"
     c: int  # the column chunk
     r: int  # the row
 
@@ -128,12 +98,9 @@ class ReduceF(Task):
 RED_F = ReduceF.constexpr()
 
 
-@dataclass(frozen=True)
-class OwnF(Task):
+class OwnF(Task, id=20, name="ffn partial"):
     """A column chunk of this rank's FFN partial, for its peers."""
 
-    ID: ClassVar[int] = 20
-    NAME: ClassVar[str] = "ffn partial"
     c: int  # the column chunk
     r: int  # the row
 

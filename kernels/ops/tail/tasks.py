@@ -4,21 +4,15 @@ id, its name and its fields, which the device code reads by name through the one
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
-
 import triton
 import triton.language as tl  # noqa: F401  (the interpreter patches it in the jit functions' globals)
 
 from glm53ctl.kernels.runtime.tasks import Task
 
 
-@dataclass(frozen=True)
-class TailNorm(Task):
+class TailNorm(Task, id=3, name="final norm"):
     """Row r's mean of the streams, its final norm (ĥ) and 1/RMS."""
 
-    ID: ClassVar[int] = 3
-    NAME: ClassVar[str] = "final norm"
     r: int  # the row
 
 
@@ -31,12 +25,9 @@ def tail_norm_fields(row):
     return row[1]
 
 
-@dataclass(frozen=True)
-class TailLmHead(Task):
+class TailLmHead(Task, id=4, name="lm_head"):
     """A tile of this rank's lm_head logits, every row."""
 
-    ID: ClassVar[int] = 4
-    NAME: ClassVar[str] = "lm_head"
     n0: int  # the first logit column of the tile
     n: int  # its columns (at most the tile's)
 
@@ -50,12 +41,9 @@ def tail_lm_head_fields(row):
     return row[1], row[2]
 
 
-@dataclass(frozen=True)
-class TailGather(Task):
+class TailGather(Task, id=5, name="logits gather"):
     """A peer's logits columns into their place in the full rows."""
 
-    ID: ClassVar[int] = 5
-    NAME: ClassVar[str] = "logits gather"
     peer: int  # the peer, 1-based in rank order without this rank
     c0: int  # the first column of the chunk
 

@@ -11,8 +11,8 @@ sums).
 import triton
 import triton.language as tl
 
-from glm53ctl.kernels.kinds.layer.shared import _fold_rows
 from glm53ctl.kernels.ops.gemv.kernel import gemv_first_weights, gemv_tile, gemv_tile_from
+from glm53ctl.kernels.ops.gemv.layer import fold_rows
 from glm53ctl.kernels.ops.kda.kernel import kda_head, kda_norm, kda_write_state
 from glm53ctl.kernels.ops.kda.tasks import INPROJ, KDA_HEAD, inproj_fields, kda_head_fields
 from glm53ctl.kernels.runtime.device import arrive_last, pdl_wait, stamp, wait_task
@@ -213,7 +213,7 @@ def task_inproj(
             for q in tl.static_range(1, KS):
                 acc += tl.load(p_ipp + q * (32 * NIN), mask=m_ipp, other=0.0)
             if FOLD:
-                y = _fold_rows(acc, pr, R, HC, M, BN)
+                y = fold_rows(acc, pr, R, HC, M, BN)
                 o_m = tl.arange(0, M // HC)
             else:
                 y = acc

@@ -15,7 +15,6 @@ row's position only.
 import triton
 import triton.language as tl
 
-from glm53ctl.kernels.kinds.layer.shared import task_gemv
 from glm53ctl.kernels.ops.dsa.attend import attend_block, combine_blocks
 from glm53ctl.kernels.ops.dsa.indexer import scores_block
 from glm53ctl.kernels.ops.dsa.kernel import mla_row
@@ -43,6 +42,7 @@ from glm53ctl.kernels.ops.dsa.tasks import (
     wuv_fields,
 )
 from glm53ctl.kernels.ops.gemv.kernel import gemv_tile
+from glm53ctl.kernels.ops.gemv.layer import task_gemv
 from glm53ctl.kernels.tlx import to_bf16
 
 
@@ -109,13 +109,13 @@ def mla_task(
         r, step, part = sel_pass_fields(row)
         task_select_pass(
             b.scores, (b.sel_hist, b.sel_state, b.sel_above), c.pos, r, step, part, mla.KP, mla.TOPP, mla.LMAX,
-            mla.SPART, mla.SNQ, mla.SEL_BLOCK,
+            mla.SEL,
         )  # fmt: skip
     elif ttype == SELECT:
         r, part = select_fields(row)
         task_select(
             b.scores, b.idx, (b.sel_hist, b.sel_state, b.sel_above), c.pos, r, part, mla.KP, mla.TOPP, mla.WIDTH,
-            mla.LMAX, mla.SPART, mla.SNQ, mla.SEL_BLOCK,
+            mla.LMAX, mla.SEL,
         )  # fmt: skip
     elif ttype == ATTN:
         r, group, block = attn_fields(row)
@@ -262,21 +262,21 @@ def task_select_pass(
     KP: tl.constexpr,
     TOPP: tl.constexpr,
     LMAX: tl.constexpr,
-    PART: tl.constexpr,
-    NQ: tl.constexpr,
-    BLOCK: tl.constexpr,
+    SEL: tl.constexpr,
 ):
-    """SEL_PASS (row r, pass i, part q): `select_pass`; sel: the selection's buffers (hist, state, above)."""
+    """SEL_PASS (row r, pass i, part q): `select_pass`; sel: the selection's buffers (hist, state, above); SEL:
+    its sizes (`SelectDims`)."""
+    NQ: tl.constexpr = SEL.NQ
     s, n = scores + r * (LMAX // KP), tl.load(pos + r) + 1
     h, st, ab = sel[0] + r * (4 * NQ * 256), sel[1] + r * 8, sel[2] + r * (4 * NQ)
     if i == 0:
-        select_pass(s, h, st, ab, n, q, 0, KP, TOPP, PART, NQ, BLOCK)
+        select_pass(s, h, st, ab, n, q, 0, KP, TOPP, SEL)
     elif i == 1:
-        select_pass(s, h, st, ab, n, q, 1, KP, TOPP, PART, NQ, BLOCK)
+        select_pass(s, h, st, ab, n, q, 1, KP, TOPP, SEL)
     elif i == 2:
-        select_pass(s, h, st, ab, n, q, 2, KP, TOPP, PART, NQ, BLOCK)
+        select_pass(s, h, st, ab, n, q, 2, KP, TOPP, SEL)
     else:
-        select_pass(s, h, st, ab, n, q, 3, KP, TOPP, PART, NQ, BLOCK)
+        select_pass(s, h, st, ab, n, q, 3, KP, TOPP, SEL)
 
 
 @triton.jit(noinline=True)
@@ -291,14 +291,13 @@ def task_select(
     TOPP: tl.constexpr,
     WIDTH: tl.constexpr,
     LMAX: tl.constexpr,
-    PART: tl.constexpr,
-    NQ: tl.constexpr,
-    BLOCK: tl.constexpr,
+    SEL: tl.constexpr,
 ):
     """SELECT (row r, part q): the part's tokens (`select_take`) after its passes."""
+    NQ: tl.constexpr = SEL.NQ
     select_take(
         scores + r * (LMAX // KP), idx + r * WIDTH, sel[0] + r * (4 * NQ * 256), sel[1] + r * 8, sel[2] + r * (4 * NQ),
-        tl.load(pos + r) + 1, q, KP, TOPP, WIDTH, PART, NQ, BLOCK,
+        tl.load(pos + r) + 1, q, KP, TOPP, WIDTH, SEL,
     )  # fmt: skip
 
 

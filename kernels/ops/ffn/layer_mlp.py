@@ -9,10 +9,10 @@ what down_proj reads; gup: gate/up's K-slice sums).
 import triton
 import triton.language as tl
 
-from glm53ctl.kernels.kinds.layer.shared import PR, _fold_rows, task_partial
 from glm53ctl.kernels.ops.ffn.kernel import swiglu_act
 from glm53ctl.kernels.ops.ffn.tasks import DOWN, GU, down_fields, gu_fields
 from glm53ctl.kernels.ops.gemv.kernel import gemv_first_weights, gemv_tile_pair, gemv_tile_pair_from
+from glm53ctl.kernels.ops.gemv.layer import PR, fold_rows, task_partial
 from glm53ctl.kernels.runtime.device import pdl_wait, stamp, wait_task
 from glm53ctl.kernels.tlx import to_bf16
 
@@ -179,8 +179,8 @@ def task_gate_up(
                 g_s += tl.load(p_gup + (q * 2) * (32 * I), mask=m_gup, other=0.0)
                 u_s += tl.load(p_gup + (q * 2 + 1) * (32 * I), mask=m_gup, other=0.0)
             if FOLD:
-                g = _fold_rows(g_s, pr, R, HC, M, BN)
-                u = _fold_rows(u_s, pr, R, HC, M, BN)
+                g = fold_rows(g_s, pr, R, HC, M, BN)
+                u = fold_rows(u_s, pr, R, HC, M, BN)
                 o_m = tl.arange(0, M // HC)
             else:
                 g = g_s
