@@ -78,3 +78,19 @@ def test_run_saves_its_reference_and_its_launch(tmp_path):
     assert (ref["inputs.x"] == got["inputs.x"]).all() and (ref["outputs.y"] == got["outputs.y"]).all()
     assert (ref["outputs.top"] == got["outputs.top"]).all()
     assert (ref["outputs.total"] - got["outputs.total"]).abs().max() < 1e-5
+
+
+def test_its_tasks_are_a_toy_ops_types_named_in_a_fault(tmp_path):
+    """The toy kind schedules a toy op's task types (tests/toy_op/tasks.py, declared as the tree's ops declare
+    theirs): its table holds their records' rows, and `fault --list` names its waits by the op's type names."""
+    import dataclasses
+
+    from tests.toy_kind.table import build_table
+    from tests.toy_op.tasks import Double, Sum
+
+    t = build_table(rows=2, handoff="flag")
+    assert t.tasks == [Double(0).row(), Double(1).row(), Sum().row()] and Double(1).row() == (1000, 1, 0, 0)
+    assert [f.name for f in dataclasses.fields(Double)] == ["r"] and t.type_name(2) == "toy sum"
+    p = glm53ctl("fault", "--kind", "toy", "--tp", "1", "--rows", "2", "--list")
+    assert p.returncode == 0, p.stderr
+    assert "toy sum <- toy double ×2" in p.stdout, p.stdout
