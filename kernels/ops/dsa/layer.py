@@ -109,13 +109,13 @@ def mla_task(
         r, step, part = sel_pass_fields(row)
         task_select_pass(
             b.scores, (b.sel_hist, b.sel_state, b.sel_above), c.pos, r, step, part, mla.KP, mla.TOPP, mla.LMAX,
-            mla.SEL,
+            mla.SEL.PART, mla.SEL.NQ, mla.SEL.BLOCK,
         )  # fmt: skip
     elif ttype == SELECT:
         r, part = select_fields(row)
         task_select(
             b.scores, b.idx, (b.sel_hist, b.sel_state, b.sel_above), c.pos, r, part, mla.KP, mla.TOPP, mla.WIDTH,
-            mla.LMAX, mla.SEL,
+            mla.LMAX, mla.SEL.PART, mla.SEL.NQ, mla.SEL.BLOCK,
         )  # fmt: skip
     elif ttype == ATTN:
         r, group, block = attn_fields(row)
@@ -262,21 +262,22 @@ def task_select_pass(
     KP: tl.constexpr,
     TOPP: tl.constexpr,
     LMAX: tl.constexpr,
-    SEL: tl.constexpr,
+    PART: tl.constexpr,
+    NQ: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
-    """SEL_PASS (row r, pass i, part q): `select_pass`; sel: the selection's buffers (hist, state, above); SEL:
-    its sizes (`SelectDims`)."""
-    NQ: tl.constexpr = SEL.NQ
+    """SEL_PASS (row r, pass i, part q): `select_pass`; sel: the selection's buffers (hist, state, above); PART,
+    NQ, BLOCK: the selection's sizes (`SelectDims`, mla.SEL), by their names."""
     s, n = scores + r * (LMAX // KP), tl.load(pos + r) + 1
     h, st, ab = sel[0] + r * (4 * NQ * 256), sel[1] + r * 8, sel[2] + r * (4 * NQ)
     if i == 0:
-        select_pass(s, h, st, ab, n, q, 0, KP, TOPP, SEL)
+        select_pass(s, h, st, ab, n, q, 0, KP, TOPP, PART, NQ, BLOCK)
     elif i == 1:
-        select_pass(s, h, st, ab, n, q, 1, KP, TOPP, SEL)
+        select_pass(s, h, st, ab, n, q, 1, KP, TOPP, PART, NQ, BLOCK)
     elif i == 2:
-        select_pass(s, h, st, ab, n, q, 2, KP, TOPP, SEL)
+        select_pass(s, h, st, ab, n, q, 2, KP, TOPP, PART, NQ, BLOCK)
     else:
-        select_pass(s, h, st, ab, n, q, 3, KP, TOPP, SEL)
+        select_pass(s, h, st, ab, n, q, 3, KP, TOPP, PART, NQ, BLOCK)
 
 
 @triton.jit(noinline=True)
@@ -291,13 +292,14 @@ def task_select(
     TOPP: tl.constexpr,
     WIDTH: tl.constexpr,
     LMAX: tl.constexpr,
-    SEL: tl.constexpr,
+    PART: tl.constexpr,
+    NQ: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     """SELECT (row r, part q): the part's tokens (`select_take`) after its passes."""
-    NQ: tl.constexpr = SEL.NQ
     select_take(
         scores + r * (LMAX // KP), idx + r * WIDTH, sel[0] + r * (4 * NQ * 256), sel[1] + r * 8, sel[2] + r * (4 * NQ),
-        tl.load(pos + r) + 1, q, KP, TOPP, WIDTH, SEL,
+        tl.load(pos + r) + 1, q, KP, TOPP, WIDTH, PART, NQ, BLOCK,
     )  # fmt: skip
 
 

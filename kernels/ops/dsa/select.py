@@ -14,12 +14,13 @@ digits found so far. Then the pools above that key are taken, and of those equal
 many as are left.
 
 Over parts of PART pools (one program each; the sizes are one record, `SelectDims`, derived once by `select_dims`
-from the caches' pools and passed whole from the layer's table and launch to these bodies): pass i (`select_pass`)
-of part q first picks pass i - 1's digit from the parts' histograms summed (integers: any order, the same sums), as
-every part of the pass does alike (part 0 keeps the result), and keeps the count of its own pools that the pick puts
-above the threshold; then it counts its pools' digits at pass i. The last step (`select_take`) picks the last digit,
-works out from the counts how many pools the parts before it take (so where its own go), and writes its part's
-tokens in pool order; part 0 also the tail and the -1s. Parts past a row's pools do nothing.
+from the caches' pools and passed whole from the layer's table and launch to its dispatch, which hands these bodies
+its fields by their names): pass i (`select_pass`) of part q first picks pass i - 1's digit from the parts'
+histograms summed (integers: any order, the same sums), as every part of the pass does alike (part 0 keeps the
+result), and keeps the count of its own pools that the pick puts above the threshold; then it counts its pools'
+digits at pass i. The last step (`select_take`) picks the last digit, works out from the counts how many pools the
+parts before it take (so where its own go), and writes its part's tokens in pool order; part 0 also the tail and the
+-1s. Parts past a row's pools do nothing.
 """
 
 from __future__ import annotations
@@ -108,14 +109,14 @@ def select_pass(
     I: tl.constexpr,
     KP: tl.constexpr,
     TOPP: tl.constexpr,
-    SEL: tl.constexpr,
+    PART: tl.constexpr,
+    NQ: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     """Pass I (0..3) of part q of a row (n cached tokens): scores [>= P] fp32; hist [4, NQ, 256] int32 (pass,
     part, digit); state [4, 2] int32 (the prefix and `left` before pass I, kept by part 0); above [4, NQ] int32
-    (the pools of a part above the threshold by pass I's digit). SEL: the sizes (`SelectDims`)."""
-    PART: tl.constexpr = SEL.PART
-    NQ: tl.constexpr = SEL.NQ
-    BLOCK: tl.constexpr = SEL.BLOCK
+    (the pools of a part above the threshold by pass I's digit). PART, NQ, BLOCK: `SelectDims`'s fields, by
+    their names (a record cannot cross into a noinline task, the compiler's tuples being values)."""
     P = n // KP
     lo = q * PART
     if (P > TOPP) & (lo < P):
@@ -150,13 +151,13 @@ def select_take(
     KP: tl.constexpr,
     TOPP: tl.constexpr,
     WIDTH: tl.constexpr,
-    SEL: tl.constexpr,
+    PART: tl.constexpr,
+    NQ: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     """Part q of a row's selected tokens into idx [WIDTH] int32 (n cached tokens), after its four passes
-    (`select_pass`'s buffers). WIDTH: TOPP * KP + KP - 1, the most a row selects. SEL: the sizes (`SelectDims`)."""
-    PART: tl.constexpr = SEL.PART
-    NQ: tl.constexpr = SEL.NQ
-    BLOCK: tl.constexpr = SEL.BLOCK
+    (`select_pass`'s buffers). WIDTH: TOPP * KP + KP - 1, the most a row selects. PART, NQ, BLOCK: `SelectDims`'s
+    fields."""
     P = n // KP
     lo = q * PART
     o_b = tl.arange(0, BLOCK)
@@ -206,22 +207,20 @@ def select_take(
 
 @triton.jit
 def _pass_kernel(scores, hist, state, above, n, stride, I: tl.constexpr, KP: tl.constexpr, TOPP: tl.constexpr,
-                 SEL: tl.constexpr):  # fmt: skip
+                 PART: tl.constexpr, NQ: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
     """Program (part, row)."""
     q, r = tl.program_id(0), tl.program_id(1)
-    NQ: tl.constexpr = SEL.NQ
     select_pass(scores + r * stride, hist + r * (4 * NQ * 256), state + r * 8, above + r * (4 * NQ), tl.load(n + r),
-                q, I, KP, TOPP, SEL)  # fmt: skip
+                q, I, KP, TOPP, PART, NQ, BLOCK)  # fmt: skip
 
 
 @triton.jit
 def _take_kernel(scores, idx, hist, state, above, n, stride, KP: tl.constexpr, TOPP: tl.constexpr,
-                 WIDTH: tl.constexpr, SEL: tl.constexpr):  # fmt: skip
+                 WIDTH: tl.constexpr, PART: tl.constexpr, NQ: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
     """Program (part, row)."""
     q, r = tl.program_id(0), tl.program_id(1)
-    NQ: tl.constexpr = SEL.NQ
     select_take(scores + r * stride, idx + r * WIDTH, hist + r * (4 * NQ * 256), state + r * 8,
-                above + r * (4 * NQ), tl.load(n + r), q, KP, TOPP, WIDTH, SEL)  # fmt: skip
+                above + r * (4 * NQ), tl.load(n + r), q, KP, TOPP, WIDTH, PART, NQ, BLOCK)  # fmt: skip
 
 
 def select_launch(scores: torch.Tensor, n: torch.Tensor, spec, part: int | None = None) -> torch.Tensor:
@@ -240,7 +239,7 @@ def select_launch(scores: torch.Tensor, n: torch.Tensor, spec, part: int | None 
     above = torch.randint(-9, 9, (R, 4, nq), dtype=torch.int32, device=dev)
     s = scores.float().contiguous()
     nn = n.to(torch.int32).to(dev).contiguous()
-    consts = dict(KP=ix.kpool, TOPP=spec.index_pools, SEL=sel)
+    consts = dict(KP=ix.kpool, TOPP=spec.index_pools, PART=sel.PART, NQ=sel.NQ, BLOCK=sel.BLOCK)
     for i in range(4):
         _pass_kernel[(nq, R)](s, hist, state, above, nn, s.stride(0), I=i, **consts)
     _take_kernel[(nq, R)](s, idx, hist, state, above, nn, s.stride(0), WIDTH=spec.index_width, **consts)
