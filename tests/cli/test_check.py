@@ -325,9 +325,10 @@ def test_a_context_sizes_sparse_rows_and_its_build():
     ],
 )
 def test_check_and_fault_refuse_bad_keys_before_any_kind_is_loaded(args):
-    """Refused before any kind's launch code is imported (the registry loads a harness when first asked) or any
-    weight is made. (Before issue 46 it came before torch was imported, the commands deferring their imports into
-    their functions; the command's module now imports what it uses at its top: about 2 s on a CPU.)"""
+    """Refused before any kind's harness or weight layout is imported (the registry loads a harness when first
+    asked), so before any weight is made or kernel built. (Before issue 46 it came before torch was imported, the
+    commands deferring their imports into their functions; the command's module now imports what it uses at its
+    top: about 2 s on a CPU.)"""
     code = (
         "import sys\nfrom glm53ctl.cli import run_cli\nc = run_cli(sys.argv[1:])\n"
         "print(c, sorted(m for m in sys.modules if m.endswith(('.harness', '.weights')) and 'kinds.' in m))"
