@@ -42,7 +42,7 @@ class BuildError(Glm53Error):
 
 def for_build(key: ResolvedKey) -> ResolvedKey:
     """A key resolved for no device, as a build compiles it: a grid of 0 is an H200's."""
-    return key.with_knobs({"grid": BUILD_GRID}) if key.knobs["grid"] == 0 else key
+    return key.with_knobs({"grid": BUILD_GRID}) if key.knobs.grid == 0 else key
 
 
 @dataclass
@@ -287,7 +287,7 @@ def build(keys: list[ResolvedKey], target: int, out: Path, jobs: int, progress=N
             f"{out / 'manifest.json'} not written: it would leave the other keys out"
         ) from None
     entries = [
-        {"model": k.model, "kind": k.kind, "tp": k.tp, "rows": k.rows, "key": k.name, "knobs": k.knobs}
+        {"model": k.model, "kind": k.kind, "tp": k.tp, "rows": k.rows, "key": k.name, "knobs": dict(k.knobs)}
         | {"context": k.context}
         | results[k]
         for k in sorted(keys, key=lambda k: (k.model, k.kind, k.tp, k.rows, k.context or 0))

@@ -131,12 +131,12 @@ def check_key(weights: Weights, key: ResolvedKey, seed: int, tick=_quiet) -> tup
         other = make_harness(weights, key.with_knobs({"grid": g}))(x, peers, poison=True)
         if not outputs_equal(out, other):
             res.grids_equal = False
-            res.problems.append(f"grid {g} gives other bits than grid {k.knobs['grid']}")
+            res.problems.append(f"grid {g} gives other bits than grid {k.knobs.grid}")
     if (other := other_schedule(key)) is not None:
         tick(f"the launch as launch={other}")
         if not outputs_equal(out, make_harness(weights, key.with_knobs({"launch": other}))(x, peers, poison=True)):
             res.schedules_equal = False
-            res.problems.append(f"launch={other} gives other bits than launch={key.knobs['launch']}")
+            res.problems.append(f"launch={other} gives other bits than launch={key.knobs.launch}")
     epoch = k.launch.runtime.epoch
     for i in range(k.CHECK_REPEATS):
         tick(f"repeated launch {i + 1} of {k.CHECK_REPEATS}")

@@ -9,6 +9,7 @@ same way, with no file read again. The value is frozen and picklable: worker and
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from glm53ctl.kernels.ops.gemv.kernel import folds
@@ -24,18 +25,15 @@ class ResolvedKey:
     context: int | None
     device: str | None  # the device the grid was resolved for ("cpu": the interpreter's 4 programs; None: a build)
     streams: int  # the model's mHC streams (what the norm folds depend on)
-    knob_items: tuple[tuple[str, object], ...]  # every knob in force, the grid resolved
+    # every knob in force, the grid resolved: the kind's typed record (kernels/kinds/base.py `KnobRecord`),
+    # read by attribute (`key.knobs.block_k`)
+    knobs: Mapping
     source: str = "defaults"  # "defaults", or "tuned r<revision>" where a tuned entry applied
     # what the lookup had to say (another GPU, another Triton, another context), each line naming the file
     warnings: tuple[str, ...] = ()
     bound_items: tuple[tuple[str, float], ...] = ()  # the kind's bounds (its registry entry)
     # a composite kind's parts (`model`): one resolved key per part kind, in the registry's order
     parts: tuple[ResolvedKey, ...] = field(default=(), repr=False)
-
-    @property
-    def knobs(self) -> dict:
-        """The knobs in force (a fresh dict: the key stays as it was)."""
-        return dict(self.knob_items)
 
     @property
     def bounds(self) -> dict[str, float]:
@@ -46,8 +44,7 @@ class ResolvedKey:
         """Whether knob `norm` folds the norm into the GEMV after it at these rows (`gemv.folds`); False for a
         kind without one."""
 
-        knobs = self.knobs
-        return "norm" in knobs and folds(knobs["norm"], self.rows, self.streams)
+        return "norm" in self.knobs and folds(self.knobs.norm, self.rows, self.streams)
 
     def part(self, kind: str) -> ResolvedKey:
         """A composite's part key of `kind`."""
@@ -59,10 +56,10 @@ class ResolvedKey:
         every part's)."""
         if not overrides:
             return self
-        knobs = resolve_grid(self.knobs | overrides, self.device)
+        knobs = self.knobs.replace(**resolve_grid({**self.knobs, **overrides}, self.device))
         handed = {n: v for n, v in overrides.items() if n == "grid" or (n == "launch" and v != "parts")}
         parts = tuple(p.with_knobs(handed) for p in self.parts)
-        return replace(self, knob_items=tuple(knobs.items()), parts=parts, warnings=())
+        return replace(self, knobs=knobs, parts=parts, warnings=())
 
     @property
     def name(self) -> str:

@@ -186,7 +186,7 @@ def _time_emulation(weights, key: ResolvedKey, baselines, rounds: int, seed: int
         "tp": tp,
         "rows": rows,
         "context": context,
-        "knobs": k.knobs,
+        "knobs": dict(k.knobs),
         "tasks": k.launch.table.n_tasks,
         "us": us,
         "rounds_us": rounds_us,

@@ -84,7 +84,7 @@ def launches() -> None:
 
 
 replay = measure.graph_timer(launches, inner=max(1, math.ceil(40 / len(copies))))
-say("ready", t.nbytes, len(copies), json.dumps(k.knobs))
+say("ready", t.nbytes, len(copies), json.dumps(dict(k.knobs)))
 for line in sys.stdin:
     if line.strip() != "round":
         break

@@ -92,7 +92,7 @@ def resolve_key(
         context=context if entry.reads_context else None,
         device=None if device is None else str(device),
         streams=spec.mhc.streams,
-        knob_items=tuple(resolve_grid(knobs, device).items()),
+        knobs=entry.record(**resolve_grid(knobs, device)),
         source=source,
         warnings=tuple(said) + tuple(w for p in parts for w in p.warnings),
         bound_items=tuple(entry.bounds.items()),

@@ -217,10 +217,10 @@ def carried_variants(key) -> list[tuple[str, object]]:
         out += [
             (f"chain={c}", key.with_knobs({"chain": c}))
             for c in kind_knobs(key.kind)["chain"].values
-            if c != knobs["chain"]
+            if c != knobs.chain
         ]
     else:
-        out += [(f"grid={g}", key.with_knobs({"grid": g})) for g in harness.CHECK_GRIDS if g != knobs["grid"]]
+        out += [(f"grid={g}", key.with_knobs({"grid": g})) for g in harness.CHECK_GRIDS if g != knobs.grid]
         if harness.STAGES:
             whole = key.with_knobs({"launch": "persistent"}) if "launch" in knobs else key
             out += [("separate", whole), ("separate-pdl", whole)]

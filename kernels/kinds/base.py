@@ -9,11 +9,13 @@ module back for its own sake: the kinds' code sits below the registry (the layer
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from types import MappingProxyType
-from typing import Literal
+from typing import ClassVar, Literal
 
 KnobClass = Literal["schedule", "numeric"]
 
@@ -54,6 +56,63 @@ RUNTIME_KNOBS = {
         Knob("stages", (1, 2, 3, 4, 6, 8), 4, "schedule", "software-pipelining depth of the GEMV's K loop"),
     )
 }
+
+
+class KnobRecord(Mapping):
+    """The knobs in force at a key: one typed field per knob of its kind (`Kind.record`, a frozen dataclass made
+    from the kind's declarations), read by name as attributes (`knobs.block_k`). It is also a read-only mapping,
+    for the code that goes over every knob whatever it is (labels, config files, JSON), and equal to a dict of
+    the same items. `replace(**changes)` is the same record with other values; a value of another type than the
+    knob's default is refused when the record is made."""
+
+    DECLARED: ClassVar[dict[str, Knob]] = {}
+
+    def __post_init__(self) -> None:
+        for name, knob in self.DECLARED.items():
+            value = getattr(self, name)
+            if not isinstance(value, type(knob.default)) or isinstance(value, bool) != isinstance(knob.default, bool):
+                raise TypeError(f"knob {name}={value!r}: expected {type(knob.default).__name__}")
+
+    def __getitem__(self, name: str):
+        if name not in self.DECLARED:
+            raise KeyError(name)
+        return getattr(self, name)
+
+    def __iter__(self):
+        return iter(self.DECLARED)
+
+    def __len__(self) -> int:
+        return len(self.DECLARED)
+
+    def __hash__(self) -> int:
+        return hash(tuple(self.items()))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{n}={v!r}' for n, v in self.items())})"
+
+    def replace(self, **changes) -> KnobRecord:
+        return dataclasses.replace(self, **changes)
+
+    def __reduce__(self):  # pickled by kind (worker and rank processes are sent keys): its class is made at run time
+        return (_knob_record, (self.KIND, dict(self)))
+
+
+def knob_record(kind: str, knobs: dict[str, Knob]) -> type[KnobRecord]:
+    """A kind's knob record class: a frozen dataclass with one field per knob, typed as its default, defaulting to
+    it (the kind's default for a runtime knob)."""
+
+    fields = [(n, type(k.default), dataclasses.field(default=k.default)) for n, k in knobs.items()]
+    name = "".join(p.capitalize() for p in kind.split("_")) + "Knobs"
+    cls = dataclasses.make_dataclass(
+        name, fields, bases=(KnobRecord,), frozen=True, eq=False, namespace={"__hash__": KnobRecord.__hash__}
+    )
+    cls.DECLARED, cls.KIND, cls.__module__ = dict(knobs), kind, __name__
+    return cls
+
+
+def _knob_record(kind: str, values: dict) -> KnobRecord:
+    """A record unpickled: its kind's record class from the registry (which every process can import)."""
+    return importlib.import_module("glm53ctl.kernels.kinds").get_kind(kind).record(**values)
 
 
 LAUNCH = Knob(
@@ -120,6 +179,11 @@ class Kind:
 
     def defaults(self) -> dict[str, object]:
         return {name: k.default for name, k in self.all_knobs().items()}
+
+    @cached_property
+    def record(self) -> type[KnobRecord]:
+        """Its knobs as a typed record class (`KnobRecord`); `record()` holds the defaults."""
+        return knob_record(self.name, self.all_knobs())
 
 
 def load(where: str):

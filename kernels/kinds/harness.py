@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from glm53ctl.kernels.key import ResolvedKey
+from glm53ctl.kernels.kinds.base import KnobRecord
 from glm53ctl.kernels.kinds.run_key import RunKey, layer_for, row_contexts
 from glm53ctl.kernels.numerics import Numerics
 from glm53ctl.kernels.ops.dsa.naive import dsa_attention_prefill
@@ -238,7 +239,7 @@ class KindHarness:
         return cls.scheduled_builds(key, out)
 
     @classmethod
-    def stage_schedule(cls, knobs: dict) -> bool:
+    def stage_schedule(cls, knobs: KnobRecord) -> bool:
         """Whether knob `launch` runs the key as its stages (runtime/stages.py), not as one persistent launch."""
         return knobs.get("launch", "persistent") == "stages" and bool(cls.STAGES)
 

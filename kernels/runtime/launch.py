@@ -174,8 +174,8 @@ class PersistentLaunch:
 
         return {
             "INTERPRET": interpreting(),
-            "POLL": self.knobs["poll"],
-            "THREADS": 32 * self.knobs["warps"],
+            "POLL": self.knobs.poll,
+            "THREADS": 32 * self.knobs.warps,
             "PDL": self.pdl and not interpreting(),
             "ONE_TASK": self.one_task,
         }
@@ -185,9 +185,9 @@ class PersistentLaunch:
         `launch_pdl` for a launch chained by programmatic dependent launch (Triton keys its builds on it too, so
         an ahead-of-time warmup without it would build a variant that never runs)."""
 
-        opts = {"num_warps": self.knobs["warps"]}
+        opts = {"num_warps": self.knobs.warps}
         if "stages" in self.knobs:
-            opts["num_stages"] = self.knobs["stages"]
+            opts["num_stages"] = self.knobs.stages
         if self.pdl and not interpreting():
             opts["launch_pdl"] = True
         return opts

@@ -136,12 +136,10 @@ def test_every_split_task_waits_on_exactly_its_parts(tp, rows, knobs):
     other slices wait early on what they read, and late on nothing. The FFN gate and comb wait on their row's
     mix logits: the attention reduces, or (`mix_tasks`) the mix tasks, each on its chunk's reduce alone."""
     from glm53ctl.kernels.kinds.layer.table import Dims, build_table, kda_parts, mix_tasks
-    from glm53ctl.tuning.knobs import defaults
-
-    k = {**defaults("dense"), **knobs}
+    k = get_kind("dense").record(**knobs)
     d = Dims(load_model("tiny"), tp, k)
     t = build_table(d, rows, k)
-    fold = folds(k["norm"], rows, load_model("tiny").mhc.streams)
+    fold = folds(k.norm, rows, load_model("tiny").mhc.streams)
     of_type = lambda ttype: {i for i, task in enumerate(t.tasks) if task[0] == ttype}  # noqa: E731
     for i, (ttype, a0, a1, _) in enumerate(t.tasks):
         sites = [s for s in t.sites if s.task == i]
@@ -192,10 +190,9 @@ def test_kda_split_0_splits_heads_as_far_as_the_grid_covers_their_parts():
     """kda_split 0 at glm53_flash's keys on an H200's 396 programs: the parts that measured fastest of 1, 2, 4
     (docs/perf/dense.md); a value given is kept."""
     from glm53ctl.kernels.kinds.layer.table import Dims, kda_parts
-    from glm53ctl.tuning.knobs import defaults
 
     spec = load_model("glm53_flash")
-    heads = {tp: Dims(spec, tp, defaults("dense")).HL for tp in (1, 2, 4, 8)}
+    heads = {tp: Dims(spec, tp, get_kind("dense").record()).HL for tp in (1, 2, 4, 8)}
     best = {(1, 1): 4, (1, 2): 2, (1, 4): 1, (1, 8): 1, (2, 2): 4, (2, 4): 2, (2, 8): 1, (4, 1): 4, (4, 4): 4}
     best |= {(4, 8): 2, (8, 1): 4, (8, 8): 4}
     assert {key: kda_parts(0, heads[key[0]], key[1], 396) for key in best} == best

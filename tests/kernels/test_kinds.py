@@ -114,13 +114,13 @@ def test_every_command_reads_the_kinds_from_the_registry():
 def test_tables_compose_into_one_step():
     """embed, two dense layers and the tail in one table: each builder waits on the tasks that produce its
     input and returns those that produce its output; the whole stays in topological order."""
+    from glm53ctl.kernels.kinds import get_kind
     from glm53ctl.kernels.kinds.embed.table import add_embed
     from glm53ctl.kernels.kinds.layer.table import Dims, add_dense
     from glm53ctl.kernels.kinds.tail.table import add_tail
-    from glm53ctl.tuning.knobs import defaults
 
     spec, tp, rows = load_model("tiny"), 2, 2
-    knobs = {**defaults("dense"), "grid": 4}
+    knobs = get_kind("dense").record(grid=4)
     t = TaskTable("step", peers=tp - 1)
     h = add_embed(t, spec.hidden, 64, tp, "box", partial_only=False)
     parts = [(len(t.tasks), h)]  # (the part's first task, the tasks its input comes from)

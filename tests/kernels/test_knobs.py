@@ -99,15 +99,64 @@ def test_launches_take_the_tuned_entry_of_their_key(tmp_path, monkeypatch):
     (tmp_path / "tuned" / "tiny" / "tp4.json").write_text(json.dumps(d))
     monkeypatch.setenv("GLM53CTL_CONFIG_DIR", str(tmp_path))
     w = Weights(load_model("tiny"))
-    assert make_harness(w, resolve_key("tiny", "tail", 4, 2, {}, "cpu")).knobs["block_n"] == 32
+    assert make_harness(w, resolve_key("tiny", "tail", 4, 2, {}, "cpu")).knobs.block_n == 32
     key = resolve_key("tiny", "tail", 4, 2, {}, "cpu")
-    assert key.knobs["handoff"] == "flag" and key.source == "tuned r3"
+    assert key.knobs.handoff == "flag" and key.source == "tuned r3"
     assert resolve_key("tiny", "tail", 4, 1, {}, "cpu").knobs == {**defaults("tail"), "grid": 4}
-    assert resolve_key("tiny", "tail", 4, 2, {"block_n": 64}, "cpu").knobs["block_n"] == 64
+    assert resolve_key("tiny", "tail", 4, 2, {"block_n": 64}, "cpu").knobs.block_n == 64
     # a variant of the key (a check's other grid, a tune trial) keeps the tuned entry and reads no file again
-    assert key.with_knobs({"grid": 3}).knobs == key.knobs | {"grid": 3}
+    assert key.with_knobs({"grid": 3}).knobs == key.knobs.replace(grid=3)
     d["entries"] = {"tail": {"2": {"knobs": {"chunk": 256}}}}
     (tmp_path / "tuned" / "tiny" / "tp4.json").write_text(json.dumps(d))
     # a tuned file naming another kind's knob is refused naming the file and the key path
     with pytest.raises(ConfigError, match=r"tp4.json: entries.tail.2.knobs.chunk: 'chunk' is not a knob of tail"):
         resolve_key("tiny", "tail", 4, 2, {}, "cpu")
+
+
+def test_a_key_carries_its_kinds_knobs_as_a_typed_record():
+    """The record of a kind's knobs has one field per knob the registry declares, typed and defaulting as
+    declared; a value of another type is refused; it reads as a mapping equal to the dict of its items and
+    crosses to a worker process (pickled) as the same kind's record."""
+    import pickle
+
+    from glm53ctl.tuning.knobs import resolve_key
+
+    for kind in kernel_kinds() + ("model",):
+        record = KINDS[kind].record
+        assert list(record.__dataclass_fields__) == list(kind_knobs(kind)), kind
+        assert record() == defaults(kind) and dict(record()) == defaults(kind)
+        for name, knob in kind_knobs(kind).items():
+            assert record.__dataclass_fields__[name].type is type(knob.default), (kind, name)
+    key = resolve_key("tiny", "dense", 4, 2, {"block_k": 64}, "cpu")
+    assert type(key.knobs).__name__ == "DenseKnobs" and key.knobs.block_k == 64 and key.knobs.grid == 4
+    assert pickle.loads(pickle.dumps(key)) == key and pickle.loads(pickle.dumps(key.knobs)).block_k == 64
+    assert key.with_knobs({"grid": 8}).knobs.grid == 8 and key.knobs.grid == 4  # a variant; the key unchanged
+    with pytest.raises(TypeError, match="block_k='64'"):
+        key.knobs.replace(block_k="64")
+    with pytest.raises(TypeError):
+        key.knobs.replace(no_such_knob=1)
+    with pytest.raises(AttributeError):  # frozen
+        key.knobs.block_k = 32
+
+
+def test_kernels_read_knobs_by_field_not_by_string():
+    """Nothing under kernels/ (launches, tables, harnesses, the runtime) reads a knob as `knobs["name"]`: a knob
+    is a field of its kind's record (a renamed or removed knob fails where it is read, not with a KeyError at
+    run time). Shared code reads a knob some kinds lack with `knobs.get(name, default)`."""
+    import ast
+    from pathlib import Path
+
+    import glm53ctl.kernels as kernels
+
+    found = []
+    for path in Path(kernels.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Subscript)
+                and isinstance(node.ctx, ast.Load)
+                and isinstance(node.slice, ast.Constant)
+                and isinstance(node.slice.value, str)
+                and (getattr(node.value, "id", None) or getattr(node.value, "attr", None)) == "knobs"
+            ):
+                found.append(f"{path.name}:{node.lineno}")
+    assert not found, found

@@ -81,7 +81,7 @@ def test_the_step_in_stages_gives_the_persistent_steps_bits_at_tp2(weights):
 
     kp = ModelHarness(weights, resolved("model", 2, 1), steps=1)
     ks = ModelHarness(weights, resolved("model", 2, 1, {"launch": "stages"}), steps=1)
-    assert all(p.knobs["launch"] == "stages" for p in resolved("model", 2, 1, {"launch": "stages"}).parts)
+    assert all(p.knobs.launch == "stages" for p in resolved("model", 2, 1, {"launch": "stages"}).parts)
     assert all(isinstance(h.launch, SeparateLaunches) for _, h in ks.launch.parts)
     x = kp.inputs(seed=3)[0]
     assert_same_bits(kp(x, poison=True), ks(x, poison=True), "model tp2 r1 stages")

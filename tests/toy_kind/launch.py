@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from glm53ctl.kernels.kinds.base import KnobRecord
 from glm53ctl.kernels.runtime.launch import DEFAULT_BUDGET_NS, PersistentLaunch, Runtime
 from tests.toy_kind import DEFECTS, WIDTH, defect
 from tests.toy_kind.kernel import toy_kernel
@@ -13,10 +14,10 @@ from tests.toy_kind.table import build_table
 class ToyLaunch(PersistentLaunch):
     kernel = toy_kernel
 
-    def __init__(self, spec, tp: int, rows: int, knobs: dict, device) -> None:
+    def __init__(self, spec, tp: int, rows: int, knobs: KnobRecord, device) -> None:
         self.spec, self.tp, self.rows, self.knobs = spec, tp, rows, knobs
-        self.table = build_table(rows, knobs["handoff"], knobs["sum_first"])
-        self.grid = knobs["grid"]
+        self.table = build_table(rows, knobs.handoff, knobs.sum_first)
+        self.grid = knobs.grid
         self.runtime = Runtime(self.table, torch.device(device), max_programs=self.grid)
         self.defect = defect()
         self.scar = torch.zeros(1, device=device)  # the `scarred` defect's mark, kept from launch to launch

@@ -177,9 +177,9 @@ def test_nothing_unproven_reaches_a_tuned_file(weights, tmp_path, monkeypatch):
 
     def planted(self, x, *args, **kwargs):
         out = real_call(self, x, *args, **kwargs)
-        if self.knobs["block_n"] == 16:
+        if self.knobs.block_n == 16:
             out["logits"] = torch.nextafter(out["logits"], torch.full_like(out["logits"], float("inf")))
-        if self.knobs["gathers"] == "first":
+        if self.knobs.gathers == "first":
             raise RuntimeError("planted: this launch does not build")
         return out
 

@@ -189,11 +189,11 @@ def test_a_written_file_validates_loads_and_changes_what_check_and_build_use(con
     code, _, err = invoke(capsys, "configs", "validate", str(path))
     assert code == 0, err
     # what check (its harness) and build (its key's knobs) use
-    assert resolve_key("tiny", "dense", 4, 2).knobs["oproj_first"] == 1
-    assert for_build(resolve_key("tiny", "dense", 4, 2)).knobs["oproj_first"] == 1
+    assert resolve_key("tiny", "dense", 4, 2).knobs.oproj_first == 1
+    assert for_build(resolve_key("tiny", "dense", 4, 2)).knobs.oproj_first == 1
     assert for_build(resolve_key("tiny", "dense", 4, 1)).knobs == {**before, "grid": 396}
     k = make_harness(Weights(load_model("tiny"), seed=0), resolve_key("tiny", "dense", 4, 2, None, "cpu"))
-    assert k.knobs["oproj_first"] == 1 and k.launch.constexprs()["sched"].OPROJ_FIRST
+    assert k.knobs.oproj_first == 1 and k.launch.constexprs()["sched"].OPROJ_FIRST
     # a second write keeps the other entries and bumps the revision
     (path,), _ = write_results("tiny", [_result(rows=8, kept={})], env, root=config_dir)
     cfg = tuned.load(path)
@@ -278,7 +278,7 @@ def test_a_search_of_part_of_the_space_holds_and_keeps_the_tuned_knobs_outside_i
     assert r2.knobs == {"block_n_down": 128} and r2.evidence.ratio == 0.973  # the held knob's own evidence
     assert [(d.knob, d.value) for d in r2.dropped] == [("box_words", 8), ("launch", "stages")]
     assert r8.knobs == {"block_n_down": 128, "launch": "stages"}
-    assert resolve_key("tiny", "kda", 4, 8).knobs["launch"] == "stages"
+    assert resolve_key("tiny", "kda", 4, 8).knobs.launch == "stages"
     line = changelog_line(path, cfg, [nothing, stages])
     assert "kda rows 2 keeps the defaults beside block_n_down=128" in line
     kept = "kda rows 8 keeps launch=stages (0.973× the µs with block_n_down=128 alone), holding block_n_down=128"
@@ -297,8 +297,8 @@ def test_the_steps_schedule_tuned_per_width_like_any_kinds(config_dir):
     step = _result("model", tp=2, rows=1, kept={"launch": "stages"}) | {"decisions": []}
     write_results("tiny", [step], env, root=config_dir)
     key = resolve_key("tiny", "model", 2, 1)
-    assert key.knobs["launch"] == "stages" and all(p.knobs["launch"] == "stages" for p in key.parts)
-    assert resolve_key("tiny", "model", 2, 8).knobs["launch"] == "parts"  # another width keeps the default
+    assert key.knobs.launch == "stages" and all(p.knobs.launch == "stages" for p in key.parts)
+    assert resolve_key("tiny", "model", 2, 8).knobs.launch == "parts"  # another width keeps the default
     dense = next(p for p in key.parts if p.kind == "dense")
     assert {k: v for k, v in dense.knobs.items() if k != "launch"} == {
         k: v for k, v in resolve_key("tiny", "dense", 2, 1).knobs.items() if k != "launch"

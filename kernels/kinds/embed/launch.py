@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from glm53ctl.kernels.kinds.base import KnobRecord
 from glm53ctl.kernels.kinds.embed.kernel import embed_kernel
 from glm53ctl.kernels.kinds.embed.table import build_table
 from glm53ctl.kernels.ops.embed.naive import check_tokens
@@ -18,16 +19,23 @@ class EmbedLaunch(PersistentLaunch):
     kernel = embed_kernel
 
     def __init__(
-        self, spec, tp: int, rows: int, knobs: dict, device, partial_only: bool = False, links: PeerLinks | None = None
+        self,
+        spec,
+        tp: int,
+        rows: int,
+        knobs: KnobRecord,
+        device,
+        partial_only: bool = False,
+        links: PeerLinks | None = None,
     ) -> None:
         self.spec, self.tp, self.rows, self.knobs = spec, tp, rows, knobs
         self.D, self.v_local = spec.hidden, spec.shards(tp).vocab
-        self.chunk = min(knobs["chunk"], self.D)
+        self.chunk = min(knobs.chunk, self.D)
         self.partial_only = partial_only
         self.links = links
         peer_ranks = [q for q in range(tp) if q != links.rank] if links else None
-        self.table = build_table(self.D, self.chunk, tp, knobs["handoff"], partial_only, peer_ranks)
-        self.grid = knobs["grid"]
+        self.table = build_table(self.D, self.chunk, tp, knobs.handoff, partial_only, peer_ranks)
+        self.grid = knobs.grid
         flags = links.flags.local if links else None
         self.runtime = Runtime(self.table, torch.device(device), max_programs=self.grid, flags=flags)
         self.peer_words = self.table.n_tasks  # where the peers' words start in every rank's flag mailbox
@@ -39,10 +47,10 @@ class EmbedLaunch(PersistentLaunch):
         self._no_peers = torch.zeros(1, dtype=torch.int64, device=device)
 
     @staticmethod
-    def mailbox_shapes(spec, tp: int, rows: int, knobs: dict) -> dict[str, tuple[int, ...]]:
+    def mailbox_shapes(spec, tp: int, rows: int, knobs: KnobRecord) -> dict[str, tuple[int, ...]]:
         """The mailboxes real ranks make before their launches (PeerLinks)."""
         D = spec.hidden
-        n_tasks = build_table(D, min(knobs["chunk"], D), tp, knobs["handoff"], False, list(range(tp - 1))).n_tasks
+        n_tasks = build_table(D, min(knobs.chunk, D), tp, knobs.handoff, False, list(range(tp - 1))).n_tasks
         return {"slots": (2, tp, rows, D), "flags": (n_tasks + tp - 1,)}
 
     def kernel_args(

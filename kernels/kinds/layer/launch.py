@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from glm53ctl.kernels.kinds.base import KnobRecord
 from glm53ctl.kernels.kinds.layer.args import (
     OUTPUT_NAMES,
     Consts,
@@ -59,7 +60,7 @@ class LayerLaunch(PersistentLaunch):
         spec,
         tp: int,
         rows: int,
-        knobs: dict,
+        knobs: KnobRecord,
         device,
         rank: int = 0,
         mode: str = "full",
@@ -76,7 +77,7 @@ class LayerLaunch(PersistentLaunch):
         self.links = links
         assert links is None or (links.rank == rank and mode == "full")
         self.table = build_table(d, rows, knobs, mode, rank if links else None)
-        self.grid = knobs["grid"]
+        self.grid = knobs.grid
         self.tracing = False  # a diagnostic build: each task's claim, ready and publish times (runtime/trace.py)
         # the KDA heads' arrival words (`arrive_last`), then the routing's, then (real ranks) the two
         # all-reduces' pushes: tagged with the epoch of the launch's own runtime, so never shared with another
@@ -225,7 +226,7 @@ class LayerLaunch(PersistentLaunch):
         return KdaStates(conv_in, S_in, self.conv_out, self.S_out)
 
     @staticmethod
-    def mailbox_shapes(spec, tp: int, rows: int, knobs: dict, **dims) -> dict[str, tuple[int, ...]]:
+    def mailbox_shapes(spec, tp: int, rows: int, knobs: KnobRecord, **dims) -> dict[str, tuple[int, ...]]:
         """The mailboxes real ranks make before their launches (PeerLinks): every rank's partials of both
         all-reduces [2 (launch parity), 2 (attention, FFN), T, R, D], and the table's flag words then two groups of
         one word per peer. `dims`: the layer's halves and caches (ffn, attn, slots), as the launch takes them."""
@@ -274,8 +275,8 @@ class LayerLaunch(PersistentLaunch):
             "moe": self.moe_dims() if d.moe else None,
             "sched": Schedule(
                 # the state write-back after the next task: KDA's only
-                OPROJ_FIRST=bool(self.knobs["oproj_first"]) and not d.mla,
-                PREFETCH=self.knobs["prefetch"],
+                OPROJ_FIRST=bool(self.knobs.oproj_first) and not d.mla,
+                PREFETCH=self.knobs.prefetch,
                 WEIGHTS_FIRST=first,
                 PDL_FIRST=first and rt["PDL"],
                 FOLD=self.fold,
@@ -296,7 +297,7 @@ class LayerLaunch(PersistentLaunch):
             LIMIT=self.spec.moe.swiglu_limit,
             # a folded GEMV's rows are H's R * HC stream rows, padded to a `tl.dot` tile
             M=16 if not self.fold or self.rows * d.HC <= 16 else 32,
-            NV=kda_parts(self.knobs["kda_split"], d.HL, self.rows, self.knobs["grid"]),
+            NV=kda_parts(self.knobs.kda_split, d.HL, self.rows, self.knobs.grid),
         )
 
     def moe_dims(self) -> MoeDims:
@@ -320,18 +321,18 @@ class LayerLaunch(PersistentLaunch):
             **shared,
             QLP=1 << (d.QL - 1).bit_length(),
             HBI=max(16, 1 << (d.HI - 1).bit_length()),
-            BK_NOPE=min(self.knobs["block_k"], d.NOPE),
+            BK_NOPE=min(self.knobs.block_k, d.NOPE),
         )
 
     @property
     def fold(self) -> bool:
         """Whether the GEMVs after the gates fold the norm (knob `norm`; never MLA's A projection)."""
-        return folds(self.knobs["norm"], self.rows, self.d.HC) and not self.d.mla
+        return folds(self.knobs.norm, self.rows, self.d.HC) and not self.d.mla
 
     def options(self) -> dict:
         opts = super().options()
-        if self.knobs["maxnreg"]:  # a cap for ptxas: fewer registers, more programs resident per SM
-            opts["maxnreg"] = self.knobs["maxnreg"]
+        if self.knobs.maxnreg:  # a cap for ptxas: fewer registers, more programs resident per SM
+            opts["maxnreg"] = self.knobs.maxnreg
         return opts
 
     def __call__(self, H, w, *state, stuck_site=-1, budget_ns=None, check=True, mute=False) -> dict[str, torch.Tensor]:

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import math
 
+from glm53ctl.kernels.kinds.base import KnobRecord
 from glm53ctl.kernels.ops.dsa.select import select_dims
 from glm53ctl.kernels.ops.dsa.tasks import (
     Absorb,
@@ -158,7 +159,7 @@ class Dims:
     intermediate share, and the FFN partial is one slice, the MoE sum), and the tile and slice sizes a key's
     knobs give them."""
 
-    def __init__(self, spec, tp: int, knobs: dict, ffn: str = "dense", attn: str = "kda", slots: int = 4) -> None:
+    def __init__(self, spec, tp: int, knobs: KnobRecord, ffn: str = "dense", attn: str = "kda", slots: int = 4) -> None:
         sh = spec.shards(tp)
         self.moe, self.mla = ffn == "moe", attn == "mla"
         self.D, self.HC, self.iters = spec.hidden, spec.mhc.streams, spec.mhc.sinkhorn_iters
@@ -170,14 +171,14 @@ class Dims:
         self.NIN = 2 * self.RG + self.HL + 3 * self.P
         self.HDR = 2 * self.RG + self.HL
         # the reduce / mix column chunk (numeric: it sets the order of the gates' sums)
-        self.CH = min(knobs["chunk_cols"], self.D // 4)
+        self.CH = min(knobs.chunk_cols, self.D // 4)
         self.NCH = self.D // self.CH
-        self.KS_O, self.KS_F = k_slices(knobs["ksplit"], self.P), 1 if self.moe else k_slices(knobs["ksplit"], self.I)
-        self.KS_GU = k_slices(knobs["ksplit_gu"], self.D)
-        self.KS_IN = k_slices(knobs["ksplit_in"], self.D)
+        self.KS_O, self.KS_F = k_slices(knobs.ksplit, self.P), 1 if self.moe else k_slices(knobs.ksplit, self.I)
+        self.KS_GU = k_slices(knobs.ksplit_gu, self.D)
+        self.KS_IN = k_slices(knobs.ksplit_in, self.D)
         self.PK, self.IK = self.P // self.KS_O, self.I // self.KS_F
-        self.BN, self.BN_GU, self.BN_O = knobs["block_n_in"], knobs["block_n_gu"], knobs["block_n_out"]
-        bk = knobs["block_k"]
+        self.BN, self.BN_GU, self.BN_O = knobs.block_n_in, knobs.block_n_gu, knobs.block_n_out
+        bk = knobs.block_k
         self.BK_D, self.BK_R, self.BK_O, self.BK_I = (min(bk, n) for n in (self.D, self.RG, self.PK, self.IK))
         self.BK_GU = min(bk, self.D // self.KS_GU)
         self.BK_IN = min(bk, self.D // self.KS_IN)
@@ -194,7 +195,7 @@ class Dims:
             assert k % tile == 0, f"a K slice of {k} columns is not whole K tiles of {tile}"
         assert self.IK % self.BK_I == 0 and self.D % self.BK_D == 0 and self.RG % self.BK_R == 0
 
-    def _mla(self, spec, sh, knobs: dict, slots: int) -> None:
+    def _mla(self, spec, sh, knobs: KnobRecord, slots: int) -> None:
         """`sparse`'s attention half (attn "mla"): the MLA heads of this rank, the replicated indexer, the caches'
         slots (whole pools), and the tiles: o_proj's K (P) is the heads' values."""
         m, ix = spec.mla, spec.indexer
@@ -217,7 +218,7 @@ class Dims:
         self.NSB = -(-(slots // self.KP) // self.BP)
         # the selection's sizes (kernels/ops/dsa/select.py): SEL.NQ_ROW parts of SEL.PART pools cover the caches'
         self.SEL = select_dims(slots // self.KP)
-        self.TB = knobs["token_block"]  # tokens per attention task (numeric: the combine's order)
+        self.TB = knobs.token_block  # tokens per attention task (numeric: the combine's order)
         self.NB = -(-self.WIDTH // self.TB)
         self.HB = max(16, min(64, 1 << (self.HQ - 1).bit_length()))  # heads per attention task, a tl.dot tile
         self.NBP = 1 << (self.NB - 1).bit_length()
@@ -228,16 +229,16 @@ class Dims:
         self.BN_UV = min(64, self.V)  # value rows per W_UV task
 
 
-def mix_tasks(knobs: dict, rows: int, streams: int) -> bool:
+def mix_tasks(knobs: KnobRecord, rows: int, streams: int) -> bool:
     """Knob `ffn_mix`: whether the FFN gate's mix logits are tasks of their own. "auto": where gate/up folds
     the norm, so waits for the reduces' H1 alone and starts sooner; unfolded it waits for the FFN gates, which
     would then wait one hand-off more (H200, docs/perf/dense.md: TP8 rows 1 65.0 -> 62.3 µs,
     rows 8 83.7 -> 85.2)."""
-    mode = knobs["ffn_mix"]
-    return mode == "task" or (mode == "auto" and folds(knobs["norm"], rows, streams))
+    mode = knobs.ffn_mix
+    return mode == "task" or (mode == "auto" and folds(knobs.norm, rows, streams))
 
 
-def build_table(d: Dims, rows: int, knobs: dict, mode: str = "full", rank: int | None = None) -> TaskTable:
+def build_table(d: Dims, rows: int, knobs: KnobRecord, mode: str = "full", rank: int | None = None) -> TaskTable:
     """The tasks of one rank's launch in topological order. mode "attn": up to this rank's attention partial;
     "ffn": up to its FFN partial (given every rank's attention partial); "full": the whole layer. `rank` given
     (real ranks, mode "full"): the rank pushes both partials to its peers itself (`add_dense`'s `push`), and
@@ -254,7 +255,7 @@ def build_table(d: Dims, rows: int, knobs: dict, mode: str = "full", rank: int |
 
 
 def add_dense(
-    t: TaskTable, d: Dims, rows: int, knobs: dict, mode: str = "full", after: list[int] = (), push: bool = False
+    t: TaskTable, d: Dims, rows: int, knobs: KnobRecord, mode: str = "full", after: list[int] = (), push: bool = False
 ) -> list[int]:
     """Append one rank's layer to `t`: its first tasks (the attention mix) wait on `after`, the tasks that
     produce its input H when the layer is part of a larger table. Returns the tasks that produce its output:
@@ -265,7 +266,7 @@ def add_dense(
     reduces wait on the peers' tags of their group. Every push of a reduce comes before it in claim order, so
     ranks whose programs run one after another (the interpreter) never wait on each other in a circle."""
     assert mode in MODES
-    how, words = knobs["handoff"], knobs["box_words"]
+    how, words = knobs.handoff, knobs.box_words
     first = bool(knobs.get("weights_first", 0))  # o_proj's and down's waits in their bodies, after their weights
 
     def add(job: Task, waits: list[int] = (), peers: int | None = None, late: bool = False) -> int:
@@ -286,7 +287,7 @@ def add_dense(
     # a folded INPROJ streams H from the start (once H is there) and waits for its gates at its end
     # (never MLA's A projection: the fold's one more bf16 rounding of its weights took sparse's attn.out to 6.8e-2
     # against the reference at glm53_flash's width, H200; docs/perf/spread.md)
-    fold = folds(knobs["norm"], rows, d.HC) and not d.mla
+    fold = folds(knobs.norm, rows, d.HC) and not d.mla
     if d.mla:
         oproj = _add_mla(t, add, d, rows, gates, first)
     else:
@@ -300,7 +301,7 @@ def add_dense(
             if fold:
                 t.wait(inproj[-1][2], gate_heads, how, words, late=True)
         small = _covering(inproj, 0, 2 * d.RG)  # f_a | g_a: every head's low-rank rows
-        nv = kda_parts(knobs["kda_split"], d.HL, rows, knobs["grid"])
+        nv = kda_parts(knobs.kda_split, d.HL, rows, knobs.grid)
         heads = []
         for h in range(d.HL):
             own = small + _covering(inproj, 2 * d.RG + h, 2 * d.RG + h + 1)
@@ -360,13 +361,13 @@ def add_dense(
     ]
 
 
-def _add_moe(t: TaskTable, add, d: Dims, rows: int, gates_f: list[int], knobs: dict) -> list[list[tuple]]:
+def _add_moe(t: TaskTable, add, d: Dims, rows: int, gates_f: list[int], knobs: KnobRecord) -> list[list[tuple]]:
     """The MoE after the FFN gates: router tiles over K slices (every row's logits), the routing (a task per row;
     the last to arrive makes the slots), then per slot (the shared expert's first: it needs no routing, so it
     streams while the router and routing run; then one slot per expert the rows may choose, skipped past those
     chosen) its gate/up tiles over K slices (slice 0 adds the others' sums, late, and makes act) and its down
     tiles. Returns each slot's down tiles (lo, hi, task): the FFN reduce of a chunk sums the slots covering it."""
-    how, words = knobs["handoff"], knobs["box_words"]
+    how, words = knobs.handoff, knobs.box_words
     nslot = n_slots_for(rows, d.TOPK)
     router = [add(Router(e0, ks), waits=gates_f) for e0 in range(0, d.E, ROUTER_TILE) for ks in range(d.KS_RT)]
 

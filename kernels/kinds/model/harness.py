@@ -113,7 +113,7 @@ class ModelHarness(KindHarness):
         self.parts = dict(parts)
         # the choices the step's layers make that the reference follows (each part kind's FOLLOWED)
         self.followed = tuple(dict.fromkeys(n for _, h in parts for n in h.FOLLOWED))
-        chain(parts, self.knobs["chain"])
+        chain(parts, self.knobs.chain)
         self.chosen: list[dict] = []  # each step's routing and selection: what the reference follows at a near-tie
 
     @classmethod
@@ -129,7 +129,7 @@ class ModelHarness(KindHarness):
                 part, kw = replace(part, context=longest), {"steps": steps}
             for n, la in load_harness(kind).build_launches(spec, part, **kw):
                 if n == "launch":  # a peer's launch is emulation; a stage launch is chained already
-                    la.pdl = key.knobs.get("chain", "pdl") == "pdl"
+                    la.pdl = key.knobs.chain == "pdl"
                 out.append((f"{name}.{n}", la))
         return out
 
@@ -440,7 +440,7 @@ class ModelHarness(KindHarness):
     def schedules(self, x: ModelInput, peers) -> dict[str, Timed]:
         """The step under the other `chain` value, the same launches (`bench --baseline chain` times it beside
         the step)."""
-        other = "stream" if self.knobs["chain"] == "pdl" else "pdl"
+        other = "stream" if self.knobs.chain == "pdl" else "pdl"
         main = getattr(self, "_main", None) or self.timed(x, peers)
 
         def call(c) -> None:  # pdl is read when a launch is made: while a graph captures this call
@@ -448,7 +448,7 @@ class ModelHarness(KindHarness):
             try:
                 main.call(c)
             finally:
-                chain(self.launch.parts, self.knobs["chain"])
+                chain(self.launch.parts, self.knobs.chain)
 
         return {f"chain={other}": replace(main, call=call)}
 

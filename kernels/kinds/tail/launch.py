@@ -6,6 +6,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from glm53ctl.kernels.kinds.base import KnobRecord
 from glm53ctl.kernels.kinds.tail.kernel import tail_kernel
 from glm53ctl.kernels.kinds.tail.table import GATHER_N, build_table
 from glm53ctl.kernels.ops.gemv.kernel import fold_norm, folds
@@ -48,14 +49,21 @@ class TailLaunch(PersistentLaunch):
     kernel = tail_kernel
 
     def __init__(
-        self, spec, tp: int, rows: int, knobs: dict, device, partial_only: bool = False, links: PeerLinks | None = None
+        self,
+        spec,
+        tp: int,
+        rows: int,
+        knobs: KnobRecord,
+        device,
+        partial_only: bool = False,
+        links: PeerLinks | None = None,
     ) -> None:
         self.spec, self.tp, self.rows, self.knobs = spec, tp, rows, knobs
         self.D, self.v_local = spec.hidden, spec.shards(tp).vocab
         self.partial_only = partial_only
         self.links = links
         self.table = self.layout(spec, tp, rows, knobs, partial_only, links.rank if links else None)
-        self.grid = knobs["grid"]
+        self.grid = knobs.grid
         flags = links.flags.local if links else None
         self.runtime = Runtime(self.table, torch.device(device), max_programs=self.grid, flags=flags)
         self.peer_words = self.table.n_tasks  # where the peers' words start in every rank's flag mailbox
@@ -67,7 +75,7 @@ class TailLaunch(PersistentLaunch):
         assert rows * spec.mhc.streams <= 32, "the folded GEMV pads H's stream rows to at most 32"
 
     @staticmethod
-    def layout(spec, tp: int, rows: int, knobs: dict, partial_only: bool = False, rank: int | None = None):
+    def layout(spec, tp: int, rows: int, knobs: KnobRecord, partial_only: bool = False, rank: int | None = None):
         """The task table; with real ranks (`rank` given) the GATHER tasks last whatever `gathers` says (a gather
         waits on a peer's whole shard, so one before this rank's own GEMV tasks would wait on a peer waiting on
         it), and the peers named by their ranks."""
@@ -75,26 +83,26 @@ class TailLaunch(PersistentLaunch):
             rows,
             spec.shards(tp).vocab,
             1 if partial_only else tp,
-            knobs["block_n"],
-            knobs["handoff"],
-            "last" if rank is not None else knobs["gathers"],
-            knobs["split"],
-            knobs["grid"],
-            folds(knobs["norm"], rows, spec.mhc.streams),
+            knobs.block_n,
+            knobs.handoff,
+            "last" if rank is not None else knobs.gathers,
+            knobs.split,
+            knobs.grid,
+            folds(knobs.norm, rows, spec.mhc.streams),
         )
         if rank is not None:
             table.peer_ranks = [q for q in range(tp) if q != rank]
         return table
 
     @staticmethod
-    def mailbox_shapes(spec, tp: int, rows: int, knobs: dict) -> dict[str, tuple[int, ...]]:
+    def mailbox_shapes(spec, tp: int, rows: int, knobs: KnobRecord) -> dict[str, tuple[int, ...]]:
         """The mailboxes real ranks make before their launches (PeerLinks)."""
         n_tasks = TailLaunch.layout(spec, tp, rows, knobs, rank=0).n_tasks
         return {"slots": (2, tp, rows, spec.shards(tp).vocab), "flags": (n_tasks + tp - 1,)}
 
     def prepare_lm_head(self, norm_w: torch.Tensor, lm_w: torch.Tensor) -> torch.Tensor:
         """The lm_head shard as this launch reads it: folded with the norm weight under `norm` "fold"."""
-        return fold_norm(norm_w, lm_w) if folds(self.knobs["norm"], self.rows, self.spec.mhc.streams) else lm_w
+        return fold_norm(norm_w, lm_w) if folds(self.knobs.norm, self.rows, self.spec.mhc.streams) else lm_w
 
     @property
     def width(self) -> int:
@@ -136,14 +144,14 @@ class TailLaunch(PersistentLaunch):
                 HC=self.spec.mhc.streams,
                 V_LOCAL=self.v_local,
                 V=self.width,
-                BLOCK_N=self.knobs["block_n"],
-                BLOCK_K=min(self.knobs["block_k"], self.D),
+                BLOCK_N=self.knobs.block_n,
+                BLOCK_K=min(self.knobs.block_k, self.D),
                 GATHER_COLS=GATHER_N,
                 # the folded GEMV's rows are H's R * HC stream rows, padded to a `tl.dot` tile
                 M=16 if self.rows * self.spec.mhc.streams <= 16 else 32,
                 TP=self.tp,
             ),
-            "NORM_FOLD": folds(self.knobs["norm"], self.rows, self.spec.mhc.streams),
+            "NORM_FOLD": folds(self.knobs.norm, self.rows, self.spec.mhc.streams),
             "REMOTE": self.links is not None,
         }
 
