@@ -178,12 +178,11 @@ def test_ffn_mix_auto_makes_mix_tasks_where_gate_up_folds():
     unfolded, gate/up waits for the FFN gates and a mix task would add a hand-off before them."""
     from glm53ctl.kernels.kinds.layer.table import mix_tasks
 
-    auto = [mix_tasks({"ffn_mix": "auto", "norm": "auto"}, rows, 4) for rows in (1, 2, 4, 5, 8)]
+    k = get_kind("dense").record
+    auto = [mix_tasks(k(ffn_mix="auto", norm="auto"), rows, 4) for rows in (1, 2, 4, 5, 8)]
     assert auto == [True, True, True, False, False]
-    assert not mix_tasks({"ffn_mix": "auto", "norm": "task"}, 1, 4)
-    assert mix_tasks({"ffn_mix": "task", "norm": "task"}, 8, 4) and not mix_tasks(
-        {"ffn_mix": "reduce", "norm": "fold"}, 1, 4
-    )
+    assert not mix_tasks(k(ffn_mix="auto", norm="task"), 1, 4)
+    assert mix_tasks(k(ffn_mix="task", norm="task"), 8, 4) and not mix_tasks(k(ffn_mix="reduce", norm="fold"), 1, 4)
 
 
 def test_kda_split_0_splits_heads_as_far_as_the_grid_covers_their_parts():
