@@ -52,6 +52,11 @@ COMMANDS = {
         "Time launches: µs per launch, bytes moved, the floor at the copy bandwidth and % of it; beside baselines "
         "and another git ref.",
     ),
+    "report": (
+        "report",
+        "The evidence of a kernel change against REF in one document: bits (check), builds (build) and, on a GPU, "
+        "time (bench) over the same keys; report.md for the pull request, report.json, and with --html one page.",
+    ),
     "tune": ("tune", "Search each key's knobs with Optuna; keep a knob only where it measures faster (docs/knobs.md)."),
     "prune": (
         "prune",
@@ -62,8 +67,28 @@ COMMANDS = {
 }
 
 
+# The commands that launch kernels where they run, in Triton's interpreter where there is no GPU. That is chosen
+# before their module is imported: these modules import kernels at their top, and a `@triton.jit` function is made
+# for the interpreter or the compiler when it is defined (one defined for the compiler, then called in the
+# interpreter: "Cannot call @triton.jit'd outside of the scope of a kernel"). `build` compiles for the GPU on any
+# machine; `bench` needs a GPU; `report` runs each part as its own command.
+LAUNCHERS = ("run", "check", "fault", "tune")
+
+
+def interpreter_where_no_gpu() -> None:
+    """TRITON_INTERPRET=1 on a machine with no GPU, unless it is set already (0 keeps the compiler)."""
+    if "TRITON_INTERPRET" not in os.environ:
+        import torch
+
+        if not torch.cuda.is_available():
+            os.environ["TRITON_INTERPRET"] = "1"
+
+
 def load_command(name: str):
-    """The Click command `name` (COMMANDS), its module imported."""
+    """The Click command `name` (COMMANDS), its module imported (for a launcher, after the interpreter is chosen
+    where there is no GPU)."""
+    if name in LAUNCHERS:
+        interpreter_where_no_gpu()
     module = importlib.import_module(f"glm53ctl.commands.{COMMANDS[name][0]}")
     holder = typer.Typer(add_completion=False, rich_markup_mode=None)  # as the root's own
     if hasattr(module, "register"):

@@ -30,7 +30,7 @@ from glm53ctl.kernels.key import ResolvedKey
 from glm53ctl.kernels.kinds import get_kind, load_harness
 from glm53ctl.kernels.runtime.launch import on_device
 from glm53ctl.kernels.runtime.tasks import name_of
-from glm53ctl.kernels.runtime.trace import summarize
+from glm53ctl.kernels.runtime.trace import chrome_events, summarize
 from glm53ctl.kernels.spec import load_model
 from glm53ctl.kernels.weights import Weights
 from glm53ctl.tuning import measure
@@ -281,10 +281,12 @@ def trace_key(k, x, peers) -> dict | None:
     try:
         k(x, peers)  # the first traced launch compiles
         _replay(k, x, peers)
-        s = summarize(*launch.trace_record())
+        table, trace = launch.trace_record()
+        s = summarize(table, trace)
     finally:
         launch.tracing = False
-    return s | {"stages": stage_rows(s, k.STAGES)}
+    # the launch as a Chrome trace (bench --perfetto gathers every key's; the command takes it out of the row)
+    return s | {"stages": stage_rows(s, k.STAGES), "perfetto": chrome_events(table, trace, 0, "launch")}
 
 
 def _replay(k, x, peers) -> None:
@@ -348,16 +350,19 @@ def step_trace(k, x, peers) -> dict:
     try:
         k(x, peers)  # the traced builds compile
         _replay(k, x, peers)
-        parts = []
-        for name, h in traced:
-            s = summarize(*h.launch.trace_record())
+        parts, records = [], [(name, h, *h.launch.trace_record()) for name, h in traced]
+        t0 = min(int(trace[:, 0].min()) for *_, trace in records)  # one replay: the parts share a clock
+        events = []
+        for i, (name, h, table, trace) in enumerate(records):
+            s = summarize(table, trace)
             path = path_by_stage(s, h.STAGES)
             holds = max(path, key=path.get)
             parts.append({"part": name, "kind": h.kind, "us": s["end_us"], "path": path, "holds": holds})
+            events += chrome_events(table, trace, i, f"{name} ({h.kind})", t0)
     finally:
         for _, h in traced:
             h.launch.tracing = False
-    return {"parts": parts, "by_kind": step_kinds(parts)}
+    return {"parts": parts, "by_kind": step_kinds(parts), "perfetto": events}
 
 
 def step_kinds(parts: list[dict]) -> dict[str, dict]:

@@ -25,7 +25,7 @@ from glm53ctl.commands.keys import (
     use_kernel_cache,
 )
 from glm53ctl.errors import CheckFailed, UsageError
-from glm53ctl.files import write_atomic_with
+from glm53ctl.files import check_replaceable, write_atomic_with
 from glm53ctl.kernels import kernel_cache
 from glm53ctl.kernels.checks import key_seed
 from glm53ctl.kernels.kernel_cache import open_cache
@@ -90,6 +90,15 @@ def bench(
     trace: Annotated[
         bool, typer.Option("--trace", help="Where a launch's time goes: task types, stages, path.")
     ] = False,
+    perfetto: Annotated[
+        Path | None,
+        typer.Option(
+            "--perfetto",
+            metavar="FILE",
+            help="With --trace: every traced launch as a Chrome trace (a track per program, a slice per task's wait "
+            "and work, the critical path marked), which the Perfetto UI opens.",
+        ),
+    ] = None,
     rounds: Annotated[int, typer.Option("--rounds", min=3, help="Graph replays (and A B B A rounds) per figure.")] = 15,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the inputs.")] = 0,
     save: Annotated[
@@ -136,6 +145,10 @@ def bench(
         check_knobs(k, v)
     if save is not None and save.exists() and not save.is_dir():
         raise UsageError(f"--save {save}: not a folder")
+    if perfetto is not None:
+        if not trace:
+            raise UsageError("--perfetto FILE writes the traced launches: give --trace too")
+        check_replaceable("--perfetto", perfetto)
     command = "glm53ctl " + shlex.join(sys.argv[1:])  # as typed, whether run as glm53ctl or python -m glm53ctl
     ref_sha = _resolve_ref(against) if against is not None else None
 
@@ -188,6 +201,12 @@ def bench(
         counts = compiles()
         for row, key in zip(results, keys, strict=True):
             row["kernels"] = counts.get(key.name, kernel_cache.Counts()).as_dict()
+        if perfetto is not None:  # taken out of the rows before they are printed or saved
+            chrome = perfetto_trace(results)
+            write_atomic_with(perfetto, lambda tmp: tmp.write_text(json.dumps(chrome) + "\n"))
+            err_console.print(f"saved {perfetto} ({len(chrome['traceEvents']):,} events; open it in ui.perfetto.dev)")
+        for r in results:
+            (r.get("trace") or {}).pop("perfetto", None)
         env = measure.environment(command)
         doc = {
             "environment": env,
@@ -227,6 +246,20 @@ def bench(
             names = ", ".join(key_label(r) for r in slower)
             of = plural(len(results), "keys")
             raise CheckFailed(f"{against} is faster beyond the noise at {len(slower)} of {of}: {names}")
+
+
+def perfetto_trace(rows: list[dict]) -> dict:
+    """Every traced key's launch (a step's parts) in one Chrome trace, a key's launches as processes named by
+    the key (`bench --perfetto FILE`), taken out of the rows (their JSON stays the size it was)."""
+    events = []
+    for i, r in enumerate(rows):
+        for ev in (r.get("trace") or {}).pop("perfetto", []):
+            pid = (i + 1) * 1000 + ev["pid"]
+            ev = ev | {"pid": pid} | ({"id": pid * 1_000_000 + ev["id"] % 1_000_000} if "id" in ev else {})
+            if ev["ph"] == "M" and ev["name"] == "process_name":
+                ev["args"] = {"name": f"{key_label(r)}: {ev['args']['name']}"}
+            events.append(ev)
+    return {"traceEvents": events, "displayTimeUnit": "ns"}
 
 
 def _real_ranks(gpus: int, kind: str | None, tp: str | None, against: str | None, trace: bool) -> str:

@@ -45,20 +45,72 @@ def summarize(table: TaskTable, trace: torch.Tensor) -> dict:
         s["work"] /= s["n"]
         if "own" in s:
             s["own"] /= s.pop("n_own")
+    path = []
+    for task, before in critical_path(table, t):
+        step = {"task": task, "type": table.type_name(task), "program": t[task][3]}
+        step |= {"claimed": us(t[task][0]), "ready": us(t[task][1]), "done": us(t[task][2])}
+        if before is not None:
+            step["handoff"] = (t[task][1] - t[before][2]) / 1000
+        path.append(step)
+    return {"end_us": us(max(r[2] for r in t)), "types": dict(types), "critical_path": path}
+
+
+def critical_path(table: TaskTable, t: list[list[int]]) -> list[tuple[int, int | None]]:
+    """The critical path of a traced launch, first step first: back from the last publish, each step's latest
+    producer; each step as (task, the producer it waited on last, None for the first)."""
     prods = producers(table)
     task = max(range(len(t)), key=lambda i: t[i][2])
     path = []
     while True:
-        step = {"task": task, "type": table.type_name(task), "program": t[task][3]}
-        step |= {"claimed": us(t[task][0]), "ready": us(t[task][1]), "done": us(t[task][2])}
         before = max(prods[task], key=lambda p: t[p][2], default=None)
-        if before is not None:
-            step["handoff"] = (t[task][1] - t[before][2]) / 1000
-        path.append(step)
+        path.append((task, before))
         if before is None:
-            break
+            return path[::-1]
         task = before
-    return {"end_us": us(max(r[2] for r in t)), "types": dict(types), "critical_path": path[::-1]}
+
+
+def chrome_events(table: TaskTable, trace: torch.Tensor, pid: int, name: str, t0: int | None = None) -> list[dict]:
+    """One traced launch in the Trace Event Format (the JSON the Perfetto UI and chrome://tracing open): a process
+    `name`, a track per program, and per task a slice of its wait (claimed -> ready) and one of its work (ready ->
+    published), named by its task type, with the task's index; the critical path's work slices in category
+    "critical" and a flow arrow from each of its steps to the next. Times in µs from t0 (ns; default the
+    launch's first claim: the parts of a step traced in one replay share one t0 and so one time line)."""
+    t = trace.cpu().tolist()
+    t0 = min(r[0] for r in t) if t0 is None else t0
+    us = lambda ns: (ns - t0) / 1000  # noqa: E731
+    path = critical_path(table, t)
+    on_path = {task for task, _ in path}
+    events = [{"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": name}}]
+    for program in sorted({r[3] for r in t}):
+        events.append(
+            {"ph": "M", "name": "thread_name", "pid": pid, "tid": program, "args": {"name": f"program {program}"}}
+        )
+    for task, (claimed, ready, done, program, *_) in enumerate(t):
+        kind, args = table.type_name(task), {"task": task}
+        if ready > claimed:
+            events.append(_slice(pid, program, "wait " + kind, "wait", us(claimed), us(ready), args))
+        cat = "critical" if task in on_path else "work"
+        events.append(_slice(pid, program, kind, cat, us(ready), us(done), args))
+    for n, (task, before) in enumerate(path):
+        if before is None:
+            continue
+        flow = {"name": "critical path", "cat": "critical", "id": pid * 1_000_000 + n, "pid": pid}
+        events.append(flow | {"ph": "s", "tid": t[before][3], "ts": us(t[before][2])})
+        events.append(flow | {"ph": "f", "bp": "e", "tid": t[task][3], "ts": us(t[task][1])})
+    return events
+
+
+def _slice(pid: int, tid: int, name: str, cat: str, start: float, end: float, args: dict) -> dict:
+    return {
+        "ph": "X",
+        "name": name,
+        "cat": cat,
+        "pid": pid,
+        "tid": tid,
+        "ts": start,
+        "dur": max(end - start, 0.0),
+        "args": args,
+    }
 
 
 def format_summary(s: dict) -> str:

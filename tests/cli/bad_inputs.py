@@ -64,6 +64,13 @@ CASES: list[tuple[str, str]] = [
     ("build -o {here}/afile/sub", "afile"),
     ("build -o {here}/afile", "afile"),
     ("build --against no-such-ref-xyz", "no-such-ref-xyz"),
+    # report
+    ("report", "Missing option '--against'"),
+    ("report --against no-such-ref-xyz --kind embed", "no-such-ref-xyz"),
+    ("report --against HEAD --parts check,nope", "--parts 'check,nope'"),
+    ("report --against HEAD --kind dense --context 5", "--context applies to the kinds that read caches"),
+    ("report --against HEAD --kind embed -o {here}/afile", "afile"),
+    ("report --against {here} --kind embed", "not a glm53ctl tree"),
     # check
     ("check --kind nope", "--kind 'nope'"),
     ("check --tp 5", "--tp '5'"),
@@ -99,6 +106,7 @@ CASES: list[tuple[str, str]] = [
     ("bench --kind dense --gpus 2 --tp 4", "--gpus 2 times TP2 keys"),
     ("bench --kind dense --gpus 2 --against main", "no --against or --trace with it"),
     ("bench --kind dense --gpus 2 --trace", "no --against or --trace with it"),
+    ("bench --kind dense --perfetto t.json", "--perfetto FILE writes the traced launches: give --trace too"),
     ("bench --kind dense --baseline nope", "--baseline 'nope'"),
     ("bench --kind model --baseline separate", "--baseline separate: not for model"),
     ("bench --kind dense,model --baseline chain", "--baseline chain: a step's"),

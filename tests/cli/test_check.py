@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from glm53ctl.worktree import run_cli
+from tests.cli.conftest import edit
 from tests.helpers import invoke, invoke_json
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,34 +86,6 @@ def test_fault_one_site_and_bad_input(capsys):
     assert code == 2 and "no git ref 'no-such-ref-xyz'" in err
 
 
-def _git(cwd, *args):
-    subprocess.run(
-        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd, check=True, capture_output=True
-    )
-
-
-@pytest.fixture
-def repo(tmp_path):
-    """A copy of this project's tracked files as a fresh git repository with one commit."""
-    repo = tmp_path / "repo"
-    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
-    for f in files:
-        (repo / f).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ROOT / f, repo / f)
-    _git(repo, "init", "-q")
-    _git(repo, "add", "-A")
-    _git(repo, "commit", "-qm", "one")
-    return repo
-
-
-def _edit(repo, path, old, new):
-    f = repo / path
-    text = f.read_text()
-    assert old in text, old
-    f.write_text(text.replace(old, new))
-    _git(repo, "commit", "-qam", f"edit {path}")
-
-
 def _check_against(repo, tmp_path, kind):
     args = [
         "check",
@@ -135,7 +108,7 @@ def _check_against(repo, tmp_path, kind):
 @pytest.mark.slow
 def test_against_a_schedule_knob_change_is_bitwise_equal(repo, tmp_path):
     old = '"handoff",\n            ("flag", "box"),\n            "box",'
-    _edit(repo, "kernels/kinds/base.py", old, old.replace('"box",', '"flag",'))
+    edit(repo, "kernels/kinds/base.py", old, old.replace('"box",', '"flag",'))
     code, doc, err = _check_against(repo, tmp_path, "tail")
     assert code == 0, err
     assert doc["summary"].startswith("2 of 2 configs bitwise equal to HEAD~1")
@@ -145,7 +118,7 @@ def test_against_a_schedule_knob_change_is_bitwise_equal(repo, tmp_path):
 @pytest.mark.slow
 def test_against_an_arithmetic_change_fails_naming_the_tensor(repo, tmp_path):
     old = "b_e = tl.load(table + e_row * D + o_d, mask=(o_d < D) & mine, other=0.0).to(tl.float32)"
-    _edit(repo, "kernels/ops/embed/kernel.py", old, old + " * 2.0")
+    edit(repo, "kernels/ops/embed/kernel.py", old, old + " * 2.0")
     code, doc, err = _check_against(repo, tmp_path, "embed")
     assert code == 1
     assert doc["summary"].startswith("0 of 2 configs bitwise equal to HEAD~1")
@@ -159,8 +132,8 @@ def test_against_a_ref_that_differs_names_every_tensor_in_the_table(repo, tmp_pa
     result that had none: an IndexError traceback, exit 1, no table (issue 30). REF here doubles the gathered rows;
     this tree is right, so the bitwise difference is the only failure."""
     old = "b_e = tl.load(table + e_row * D + o_d, mask=(o_d < D) & mine, other=0.0).to(tl.float32)"
-    _edit(repo, "kernels/ops/embed/kernel.py", old, old + " * 2.0")
-    _edit(repo, "kernels/ops/embed/kernel.py", old + " * 2.0", old)  # HEAD is right again, HEAD~1 doubles
+    edit(repo, "kernels/ops/embed/kernel.py", old, old + " * 2.0")
+    edit(repo, "kernels/ops/embed/kernel.py", old + " * 2.0", old)  # HEAD is right again, HEAD~1 doubles
     args = ["check", "--against", "HEAD~1", "--kind", "embed", "--tp", "1", "--rows", "1"]
     p = run_cli(repo, args + ["--worktrees", str(tmp_path / "cache")], capture_stderr=True)
     assert p.returncode == 1, p.stderr

@@ -37,7 +37,7 @@ def test_every_command_group_is_registered():
 
     group = typer.main.get_command(app)
     names = group.list_commands(None)
-    assert sorted(names) == ["bench", "build", "check", "compare", "configs", "fault", "prune", "run", "tune"]
+    assert sorted(names) == ["bench", "build", "check", "compare", "configs", "fault", "prune", "report", "run", "tune"]
     for name in names:
         command = group.get_command(None, name)
         assert command.name == name and command.get_short_help_str(1000) == COMMANDS[name][1]
@@ -134,6 +134,22 @@ def test_python_dash_m_and_console_script():
     assert p.returncode == 0 and p.stdout.strip() == f"glm53ctl {__version__}"
     p = subprocess.run([sys.executable, "-m", "glm53ctl", "tune"], capture_output=True, text=True)
     assert p.returncode == 2 and p.stderr.startswith("Error:") and "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize("verb", ["check", "run"])
+def test_on_a_cpu_the_launching_commands_choose_the_interpreter_themselves(verb, tmp_path):
+    """The README's first command, `glm53ctl check`, with no TRITON_INTERPRET in the environment (a new user's
+    shell; the tests' conftest sets it). Before: the command's module imported the kernels before `check` chose
+    the interpreter, and every key died "Cannot call @triton.jit'd outside of the scope of a kernel"."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    args = ["--kind", "tail", "--tp", "1", "--rows", "1"]
+    if verb == "run":
+        args += ["--backend", "triton", "--out", str(tmp_path / "t.safetensors")]
+    p = subprocess.run([sys.executable, "-m", "glm53ctl", verb, *args], capture_output=True, text=True, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "Traceback" not in p.stderr
 
 
 def test_readme_test_command_is_what_ci_runs():

@@ -6,6 +6,7 @@ Exit(130) hid the message, and SIGTERM left `/tmp/glm53ctl-against-*` and the re
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -129,6 +130,26 @@ def test_check_against_stops_the_refs_process_and_leaves_no_folder(tmp_path):
     try:
         code, err, took = _interrupt(tmp_path, args, signal.SIGTERM, after="running HEAD", settle_s=6.0)
         _stopped(code, err, took, signal.SIGTERM, "while HEAD computed its outputs")
+        listed = subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True).stdout
+        for tree in (cache / "worktrees").glob("*"):
+            assert str(tree.resolve()) in listed and (tree / "glm53ctl" / "cli.py").is_file()
+    finally:  # never leave a worktree registered in the developer's checkout
+        for left in (cache / "worktrees").glob("*"):
+            subprocess.run(["git", "worktree", "remove", "--force", str(left)], cwd=ROOT, capture_output=True)
+        subprocess.run(["git", "worktree", "prune"], cwd=ROOT, capture_output=True)
+
+
+def test_report_stops_its_part_and_keeps_the_parts_that_finished(tmp_path):
+    """Ctrl-C while `report`'s second part runs: the part's process and its workers go at once, the report of the
+    first part stays written, no temporary folder is left, and REF's worktree is whole or gone."""
+    cache, out = tmp_path / "cache", tmp_path / "report"
+    args = ["report", "--against", "HEAD", "--kind", "embed,kda", "--tp", "1", "--rows", "1"]
+    args += ["--parts", "build,check", "--out", str(out), "--worktrees", str(cache)]
+    try:
+        code, err, took = _interrupt(tmp_path, args, signal.SIGINT, after="report: part 2 of 2, check", settle_s=6.0)
+        _stopped(code, err, took, signal.SIGINT, f"1 of 2 parts reported in {out}")
+        doc = json.loads((out / "report.json").read_text())
+        assert list(doc["parts"]) == ["build"] and doc["parts"]["build"]["status"] == "passed"
         listed = subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True).stdout
         for tree in (cache / "worktrees").glob("*"):
             assert str(tree.resolve()) in listed and (tree / "glm53ctl" / "cli.py").is_file()

@@ -193,38 +193,39 @@ class Consts(NamedTuple):
 
 
 class LayerDims(NamedTuple):
-    """One rank's shapes and tiles (table.py `Dims`) that both halves' tasks read, KDA's and the dense MLP's."""
+    """One rank's shapes and tiles (table.py `Dims`, launch.py `layer_dims`) that both halves' tasks read, KDA's and
+    the FFN's: one constexpr record, read by field in ops/kda/layer.py, ops/ffn/layer_*.py and ops/gemv/layer.py."""
 
-    D: int
-    HC: int
-    ITERS: int
-    HL: int
-    K: int
-    W: int
-    RG: int
-    I: int  # noqa: E741 (the SPEC's name)
-    T: int
+    D: int  # the hidden size
+    HC: int  # mHC streams
+    ITERS: int  # Sinkhorn iterations of the mixes
+    HL: int  # KDA heads on this rank
+    K: int  # a KDA head's dimension
+    W: int  # the short convolution's kernel width
+    RG: int  # the gates' low rank (gate_rank)
+    I: int  # noqa: E741 (the SPEC's name) the FFN's intermediate share on this rank (an expert's, for the MoE)
+    T: int  # the TP width
     P: int  # what o_proj reads: KDA's z or MLA's heads' values
-    NIN: int
-    HDR: int
-    PK: int
-    IK: int
-    CH: int
-    NCH: int
-    KS_O: int
-    KS_F: int
-    KS_GU: int
-    KS_IN: int
-    BN: int
-    BN_GU: int
-    BN_O: int
-    BK_D: int
-    BK_R: int
-    BK_O: int
-    BK_I: int
-    BK_GU: int
-    BK_IN: int
-    LIMIT: float
+    NIN: int  # the in-projection's rows: the two gates' low-rank inputs, beta per head, q | k | v
+    HDR: int  # the in-projection's rows before q | k | v (2 RG + HL)
+    PK: int  # o_proj's K slice (P / KS_O)
+    IK: int  # down_proj's K slice (I / KS_F)
+    CH: int  # columns per mix / reduce chunk (knob chunk_cols)
+    NCH: int  # column chunks of a row (D / CH)
+    KS_O: int  # o_proj's K slices (knob ksplit)
+    KS_F: int  # the dense down_proj's K slices (knob ksplit; 1 for the MoE)
+    KS_GU: int  # gate/up's K slices (knob ksplit_gu)
+    KS_IN: int  # the in-projection's K slices (knob ksplit_in)
+    BN: int  # in-projection rows per task (knob block_n_in)
+    BN_GU: int  # gate/up rows per task (knob block_n_gu)
+    BN_O: int  # o_proj and down_proj rows per task (knob block_n_out)
+    BK_D: int  # the K tile over D (knob block_k, at most D)
+    BK_R: int  # the K tile over the gates' rank
+    BK_O: int  # o_proj's K tile (within PK)
+    BK_I: int  # down_proj's K tile (within IK)
+    BK_GU: int  # gate/up's K tile (within a K slice)
+    BK_IN: int  # the in-projection's K tile (within a K slice)
+    LIMIT: float  # the SwiGLU's clamp (swiglu_limit)
     M: int  # the rows of a GEMV tile: R padded to 16, or a folded GEMV's R * HC stream rows padded
     NV: int  # a KDA head's parts (knob kda_split)
 
@@ -264,15 +265,18 @@ class MlaDims(NamedTuple):
 
 
 class MoeDims(NamedTuple):
-    E: int
-    E_ALL: int
-    TOPK: int
-    SCALE: float
-    NSLOT: int
-    BLOCK_E: int
-    KS_RT: int
-    BK_RT: int
-    BN_DN: int
+    """The MoE half's sizes on one rank (launch.py `moe_dims`): one constexpr record, read by field in
+    ops/ffn/layer_moe.py."""
+
+    E: int  # routed experts
+    E_ALL: int  # E up to a power of two (the router's tl.arange)
+    TOPK: int  # experts a row takes
+    SCALE: float  # the routed experts' scale (routed_scaling_factor)
+    NSLOT: int  # expert slots of the rows' distinct picks: rows x TOPK up to a power of two
+    BLOCK_E: int  # experts per router tile
+    KS_RT: int  # the router's K slices
+    BK_RT: int  # the router's K tile
+    BN_DN: int  # an expert's down_proj rows per task (knob block_n_down)
 
 
 class Schedule(NamedTuple):
