@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # On a GPU machine: `glm53ctl report --against REF` over several key sets, one report a set, each within its own
 # time limit so that a set that runs out keeps the others (a report is written after each of its parts).
-# Usage: benchmarks/gpu_report.sh REF SET...; SET is KINDS:TPS:ROWS:PARTS[:CONTEXT] (e.g. dense,kda:4,8:1,8:check,
-# sparse,tail:8:1:build,bench:4096).
+# Usage: benchmarks/gpu_report.sh REF SET...; SET is KINDS:TPS:ROWS:PARTS[:CONTEXT[:SECONDS]] (e.g. dense,kda:4,8:1,8:check,
+# sparse,tail:8:1:build,bench:4096:300; SECONDS: its limit, default $SET_S or 280).
 # Each set's report.md/json/html in $OUT/<kinds>-<parts>/; a summary line a set last. Carry .whl and REF's
 # worktree (build/worktrees/<sha12>) so that nothing is fetched.
 set -uo pipefail
@@ -11,10 +11,10 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 for set in "$@"; do
-  IFS=: read -r kinds tps rows parts context <<< "$set"
+  IFS=: read -r kinds tps rows parts context limit <<< "$set"
   name="${kinds//,/-}-${parts//,/-}"
   start=$(date +%s)
-  timeout "${SET_S:-280}" glm53ctl report --against "$ref" -m glm53_flash --kind "$kinds" --tp "$tps" --rows "$rows" \
+  timeout "${limit:-${SET_S:-280}}" glm53ctl report --against "$ref" -m glm53_flash --kind "$kinds" --tp "$tps" --rows "$rows" \
     --parts "$parts" ${context:+--context $context} --html --out "$OUT/$name" > "$OUT/$name.out" 2> "$OUT/$name.err"
   echo "$name: exit $? in $(( $(date +%s) - start )) s: $(cat "$OUT/$name.out")" >> "$OUT/summary.txt"
 done
