@@ -40,6 +40,7 @@ from glm53ctl.tuning import measure
 from glm53ctl.tuning.ab import against
 from glm53ctl.tuning.bench import compile_workers, environment_ok, precompile, time_key
 from glm53ctl.tuning.knobs import check_knobs, defaults, parse_knobs, resolve_key
+from glm53ctl.tuning.ops_bench import OPS, time_op
 from glm53ctl.worktree import checkout, repo_root, resolve, this_tree
 
 BASELINES = ("separate", "separate-pdl", "torch", "compile", "defaults", "persistent", "stages", "chain")
@@ -90,6 +91,18 @@ def bench(
     trace: Annotated[
         bool, typer.Option("--trace", help="Where a launch's time goes: task types, stages, path.")
     ] = False,
+    op: Annotated[
+        str | None,
+        typer.Option(
+            "--op",
+            metavar="OP,...",
+            help="Time an op's body alone instead of launches: select (the top-k over --sizes pools), route (the "
+            "routing of --sizes rows); its plain launches in a CUDA graph.",
+        ),
+    ] = None,
+    sizes: Annotated[
+        str | None, typer.Option("--sizes", metavar="N,...", help="With --op: its sizes (default: the op's own).")
+    ] = None,
     perfetto: Annotated[
         Path | None,
         typer.Option(
@@ -127,6 +140,9 @@ def bench(
 
     if as_json and markdown:
         raise UsageError("--json and --markdown: choose one")
+    if op is not None or sizes is not None:
+        _bench_ops(op, sizes, model, rounds, save, as_json, markdown, kind, against, trace, baseline)
+        return
     if gpus > 1:
         tp = _real_ranks(gpus, kind, tp, against, trace)
     kinds = parse_list("--kind", kind, selectable_kinds(), default=kernel_kinds())
@@ -260,6 +276,44 @@ def perfetto_trace(rows: list[dict]) -> dict:
                 ev["args"] = {"name": f"{key_label(r)}: {ev['args']['name']}"}
             events.append(ev)
     return {"traceEvents": events, "displayTimeUnit": "ns"}
+
+
+def _bench_ops(op, sizes, model, rounds, save, as_json, markdown, kind, against, trace, baseline) -> None:
+    """`bench --op`: each op's body alone at each size (tuning/ops_bench.py), µs per call."""
+    if op is None:
+        raise UsageError("--sizes: the sizes of an --op", hint=f"--op {','.join(OPS)} --sizes 1024,4096")
+    given = [n for n, v in (("--kind", kind), ("--against", against), ("--baseline", baseline)) if v is not None]
+    if given or trace or markdown:
+        raise UsageError(f"--op times an op's body alone: no {', '.join(given) or '--trace or --markdown'} with it")
+    names = parse_list("--op", op, tuple(OPS))
+    if sizes is not None:
+        try:
+            values = [int(v) for v in sizes.split(",") if v.strip()]
+        except ValueError:
+            values = []
+        if not values or min(values) < 1:
+            raise UsageError(f"--sizes {sizes!r}: expected a comma-separated list of counts, 1 or more")
+        if "route" in names and max(values) > 8:
+            raise UsageError(f"--sizes {sizes!r}: the routing's sizes are rows, 1 to 8")
+    if save is not None and save.exists() and not save.is_dir():
+        raise UsageError(f"--save {save}: not a folder")
+    spec = load_model(model)
+    command = "glm53ctl " + shlex.join(sys.argv[1:])
+    environment_ok()  # exit 2 without a GPU
+    measure.warm_clocks()
+    rows = []
+    for name in names:
+        for size in values if sizes is not None else OPS[name].sizes:
+            row = time_op(name, spec, size, rounds)
+            rows.append(row)
+            err_console.print(f"{name} at {size} {OPS[name].unit}: {row['us']:.2f} us")
+    doc = {"environment": measure.environment(command), "model": model, "rounds": rounds, "ops": rows, "keys": []}
+    if save is not None:
+        _save(save, doc)
+    o = Output(as_json)
+    o.json(doc)
+    table = [(r["op"], f"{r['size']} {OPS[r['op']].unit}", f"{r['us']:.2f}", str(OPS[r["op"]].launches)) for r in rows]
+    o.table(f"bench --op on {doc['environment']['gpu_name']} ({model})", ["op", "size", "µs", "launches"], table)
 
 
 def _real_ranks(gpus: int, kind: str | None, tp: str | None, against: str | None, trace: bool) -> str:

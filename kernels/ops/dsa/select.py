@@ -25,6 +25,7 @@ parts before it take (so where its own go), and writes its part's tokens in pool
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -228,6 +229,12 @@ def select_launch(scores: torch.Tensor, n: torch.Tensor, spec, part: int | None 
     tokens -> idx [R, index_width] int32, as the reference's `select_token_rows`; over parts of `part` pools
     (`select_part` of the scores' width by default), a launch a pass. The buffers start as garbage: nothing read
     is left from before."""
+    return select_runner(scores, n, spec, part)()
+
+
+def select_runner(scores: torch.Tensor, n: torch.Tensor, spec, part: int | None = None) -> Callable[[], torch.Tensor]:
+    """`select_launch` made once (its buffers, garbage to start with) and launched at each call into the same
+    buffers, returning idx: what `bench --op select` times in a CUDA graph, allocating nothing per call."""
     R, width = scores.shape
     ix = spec.indexer
     sel = select_dims(width, part)
@@ -240,7 +247,11 @@ def select_launch(scores: torch.Tensor, n: torch.Tensor, spec, part: int | None 
     s = scores.float().contiguous()
     nn = n.to(torch.int32).to(dev).contiguous()
     consts = dict(KP=ix.kpool, TOPP=spec.index_pools, PART=sel.PART, NQ=sel.NQ, BLOCK=sel.BLOCK)
-    for i in range(4):
-        _pass_kernel[(nq, R)](s, hist, state, above, nn, s.stride(0), I=i, **consts)
-    _take_kernel[(nq, R)](s, idx, hist, state, above, nn, s.stride(0), WIDTH=spec.index_width, **consts)
-    return idx
+
+    def run() -> torch.Tensor:
+        for i in range(4):
+            _pass_kernel[(nq, R)](s, hist, state, above, nn, s.stride(0), I=i, **consts)
+        _take_kernel[(nq, R)](s, idx, hist, state, above, nn, s.stride(0), WIDTH=spec.index_width, **consts)
+        return idx
+
+    return run

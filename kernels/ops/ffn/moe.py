@@ -25,6 +25,8 @@ owns (all columns of it) and publishes its partial sum as TP mode does; the redu
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import triton
 import triton.language as tl
@@ -354,6 +356,26 @@ def stack_experts(w, experts: int, shared: bool = False) -> tuple[torch.Tensor, 
     )
 
 
+def route_runner(logits: torch.Tensor, bias: torch.Tensor, spec, rows: int, into: tuple | None = None) -> Callable:
+    """The routing of `rows` rows from the router's logits [KS, 16, E] (its K slices' partial sums) and the
+    correction bias [E], a program a row, made once and launched at each call into the same buffers (`into`:
+    ids [R, top_k], weights [R, top_k] and the experts' marks `on` [16, E], zeros; made here where not given):
+    what `moe_launch` runs and `bench --op route` times. Returns (ids, weights, on)."""
+    moe, dev = spec.moe, logits.device
+    E, TOPK, KS = moe.experts, moe.top_k, logits.shape[0]
+    if into is None:
+        i32, f32 = dict(dtype=torch.int32, device=dev), dict(dtype=torch.float32, device=dev)
+        into = (torch.zeros(rows, TOPK, **i32), torch.zeros(rows, TOPK, **f32), torch.zeros(16, E, **i32))
+    ids, weights, on = into
+    consts = dict(E=E, KS=KS, BLOCK_E=triton.next_power_of_2(E), TOPK=TOPK, SCALE=moe.routed_scaling_factor)
+
+    def run() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        _route_kernel[(rows,)](logits, bias, ids, weights, on, **consts)
+        return ids, weights, on
+
+    return run
+
+
 def moe_launch(x_hat: torch.Tensor, w, spec, block_n: int = 16, block_k: int = 64) -> dict[str, torch.Tensor]:
     """The MoE of one rank as plain launches: x̂ [R, D] bf16 and this rank's weights under the checkpoint's
     names (`gate.weight`, `gate.e_score_correction_bias`, `experts.{e}.*`, `shared_experts.*`). Returns out
@@ -390,8 +412,7 @@ def moe_launch(x_hat: torch.Tensor, w, spec, block_n: int = 16, block_k: int = 6
         INTERPRET=interp,
     )
     bias = w["gate.e_score_correction_bias"].float().contiguous()
-    scale = moe.routed_scaling_factor
-    _route_kernel[(R,)](logits, bias, ids, weights, on, E=E, KS=KS, BLOCK_E=block_e, TOPK=TOPK, SCALE=scale)
+    route_runner(logits, bias, spec, R, (ids, weights, on))()
     _slots_kernel[(1,)](on, slots, n_slots, slot_of, R, E=E, BLOCK_E=block_e, NSLOT=NSLOT)
     bn, bk = min(block_n, I), min(block_k, D)
     lim = moe.swiglu_limit

@@ -1,0 +1,42 @@
+"""`bench --op`: an op's body alone (tuning/ops_bench.py). What it launches is checked here against the reference
+in the interpreter, at tiny's sizes, twice over the same buffers (a CUDA graph replays it so); the timing needs a
+GPU (tests/gpu and `glm53ctl bench --op` there)."""
+
+import pytest
+import torch
+
+from glm53ctl.kernels.ops.dsa.naive import select_token_rows
+from glm53ctl.kernels.ops.ffn.naive import topk_ordered
+from glm53ctl.kernels.spec import load_model
+from glm53ctl.tuning.ops_bench import OPS
+
+pytestmark = pytest.mark.interpreter
+
+
+@pytest.mark.parametrize("pools", [3, 16, 40])
+def test_the_selection_alone_is_the_references_at_every_call(pools):
+    spec = load_model("tiny")
+    run = OPS["select"].make(spec, pools, "cpu")
+    g = torch.Generator().manual_seed(pools)
+    scores = torch.randn(1, pools, generator=g)  # what make draws
+    want = select_token_rows(scores, torch.tensor([pools * spec.indexer.kpool]), spec).to(torch.int32)
+    for _ in range(2):
+        assert torch.equal(run(), want)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_the_routing_alone_is_the_references_at_every_call(rows):
+    spec = load_model("tiny")
+    run = OPS["route"].make(spec, rows, "cpu")
+    g = torch.Generator().manual_seed(rows)
+    logits = torch.randn(4, 16, spec.moe.experts, generator=g)
+    bias = 0.1 * torch.randn(spec.moe.experts, generator=g)
+    s = torch.sigmoid(logits.sum(0)[:rows])
+    want = topk_ordered(s + bias, spec.moe.top_k).sort(dim=-1).values
+    chosen = s.gather(1, want)
+    weights = chosen / (chosen.sum(-1, keepdim=True) + 1e-20) * spec.moe.routed_scaling_factor
+    for _ in range(2):
+        ids, w, _ = run()
+        order = ids.long().sort(dim=-1)
+        assert torch.equal(order.values, want)
+        assert torch.allclose(w.gather(1, order.indices), weights, rtol=1e-5, atol=1e-6)
