@@ -7,9 +7,7 @@
 # worktree (build/worktrees/<sha12>) so that nothing is fetched.
 set -uo pipefail
 ref=$1; shift
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+[ -n "${PYTHONPATH:-}" ] || . benchmarks/gpu_setup.sh
 for set in "$@"; do
   IFS=: read -r kinds tps rows parts context limit <<< "$set"
   name="${kinds//,/-}-${parts//,/-}"
