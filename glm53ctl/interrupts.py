@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -123,12 +124,28 @@ def run_group(args: list[str], **kwargs) -> subprocess.CompletedProcess:
         try:
             out, err = p.communicate()
         except BaseException:
-            _kill_group(p.pid)
-            p.wait()
+            _stop_group(p)
             raise
         return subprocess.CompletedProcess(args, p.returncode, out, err)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _stop_group(p: subprocess.Popen, grace_s: float = 5.0) -> None:
+    """The child's session stopped: SIGTERM first, so that a child that runs children of its own in sessions of
+    theirs (`report` runs `check`, which runs REF's glm53ctl) stops them as it goes, then SIGKILL to whatever of
+    the group is left. SIGKILL alone orphaned the grandchildren: they ran on into folders already removed."""
+    try:
+        os.killpg(p.pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        pass
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:  # the leader's exit waited for, not reaped: the group's id stays its own
+        if os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+            break
+        time.sleep(0.05)
+    _kill_group(p.pid)
+    p.wait()
 
 
 def _kill_group(pgid: int) -> None:

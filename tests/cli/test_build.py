@@ -2,12 +2,12 @@
 
 import json
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from glm53ctl.worktree import run_cli
+from tests.cli.conftest import edit
 from tests.helpers import invoke, invoke_json
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,27 +89,11 @@ def test_build_refuses_a_key_the_model_cannot_shard(capsys, tmp_path):
     assert code == 2 and "unknown model 'nope'" in err
 
 
-def _git(cwd, *args):
-    subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True)
-
-
 @pytest.mark.slow
-def test_against_names_exactly_the_keys_whose_code_changed(tmp_path):
+def test_against_names_exactly_the_keys_whose_code_changed(repo, tmp_path):
     """Two commits of a copy of this project: the second changes the embed kernel's arithmetic only."""
-    repo = tmp_path / "repo"
-    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
-    for f in files:
-        (repo / f).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ROOT / f, repo / f)
-    _git(repo, "init", "-q")
-    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "add", "-A")
-    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
-    kernel = repo / "kernels" / "ops" / "embed" / "kernel.py"
-    src = kernel.read_text()
     old = "b_e = tl.load(table + e_row * D + o_d, mask=(o_d < D) & mine, other=0.0).to(tl.float32)"
-    assert old in src
-    kernel.write_text(src.replace(old, old + " * 2.0"))
-    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "two")
+    edit(repo, "kernels/ops/embed/kernel.py", old, old + " * 2.0")
     p = run_cli(
         repo,
         [

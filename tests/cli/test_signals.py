@@ -122,6 +122,20 @@ def test_build_stops_its_compilers_and_keeps_what_finished(tmp_path, sig):
     assert list((out / "cache").glob("*.json"))  # what finished is kept: a rerun takes it free
 
 
+def _whole_or_gone(cache: Path) -> None:
+    """Every worktree left in `cache` is whole (the cache, reused next time) and known to git."""
+    listed = subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True).stdout
+    for tree in (cache / "worktrees").glob("*"):
+        assert str(tree.resolve()) in listed and (tree / "glm53ctl" / "cli.py").is_file()
+
+
+def _forget_worktrees(cache: Path) -> None:
+    """Never leave a worktree registered in the developer's checkout."""
+    for left in (cache / "worktrees").glob("*"):
+        subprocess.run(["git", "worktree", "remove", "--force", str(left)], cwd=ROOT, capture_output=True)
+    subprocess.run(["git", "worktree", "prune"], cwd=ROOT, capture_output=True)
+
+
 def test_check_against_stops_the_refs_process_and_leaves_no_folder(tmp_path):
     """SIGTERM while REF's glm53ctl computes its outputs (in a session of its own): it and its folder go too; the
     ref's worktree is either whole (the cache, reused next time) or gone."""
@@ -130,13 +144,9 @@ def test_check_against_stops_the_refs_process_and_leaves_no_folder(tmp_path):
     try:
         code, err, took = _interrupt(tmp_path, args, signal.SIGTERM, after="running HEAD", settle_s=6.0)
         _stopped(code, err, took, signal.SIGTERM, "while HEAD computed its outputs")
-        listed = subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True).stdout
-        for tree in (cache / "worktrees").glob("*"):
-            assert str(tree.resolve()) in listed and (tree / "glm53ctl" / "cli.py").is_file()
-    finally:  # never leave a worktree registered in the developer's checkout
-        for left in (cache / "worktrees").glob("*"):
-            subprocess.run(["git", "worktree", "remove", "--force", str(left)], cwd=ROOT, capture_output=True)
-        subprocess.run(["git", "worktree", "prune"], cwd=ROOT, capture_output=True)
+        _whole_or_gone(cache)
+    finally:
+        _forget_worktrees(cache)
 
 
 def test_report_stops_its_part_and_keeps_the_parts_that_finished(tmp_path):
@@ -150,10 +160,6 @@ def test_report_stops_its_part_and_keeps_the_parts_that_finished(tmp_path):
         _stopped(code, err, took, signal.SIGINT, f"1 of 2 parts reported in {out}")
         doc = json.loads((out / "report.json").read_text())
         assert list(doc["parts"]) == ["build"] and doc["parts"]["build"]["status"] == "passed"
-        listed = subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True).stdout
-        for tree in (cache / "worktrees").glob("*"):
-            assert str(tree.resolve()) in listed and (tree / "glm53ctl" / "cli.py").is_file()
-    finally:  # never leave a worktree registered in the developer's checkout
-        for left in (cache / "worktrees").glob("*"):
-            subprocess.run(["git", "worktree", "remove", "--force", str(left)], cwd=ROOT, capture_output=True)
-        subprocess.run(["git", "worktree", "prune"], cwd=ROOT, capture_output=True)
+        _whole_or_gone(cache)
+    finally:
+        _forget_worktrees(cache)

@@ -136,6 +136,7 @@ def test_every_split_task_waits_on_exactly_its_parts(tp, rows, knobs):
     other slices wait early on what they read, and late on nothing. The FFN gate and comb wait on their row's
     mix logits: the attention reduces, or (`mix_tasks`) the mix tasks, each on its chunk's reduce alone."""
     from glm53ctl.kernels.kinds.layer.table import Dims, build_table, kda_parts, mix_tasks
+
     k = get_kind("dense").record(**knobs)
     d = Dims(load_model("tiny"), tp, k)
     t = build_table(d, rows, k)
