@@ -90,3 +90,40 @@ def test_bench_against_a_faster_tree_exits_1(tmp_path):
     p = glm53ctl("bench", *KEY, "--rounds", "5", "--against", this_tree(), "--worktrees", tmp_path / "wt", tree=slow)
     assert p.returncode == 1, p.stdout + p.stderr
     assert "faster" in p.stdout + p.stderr
+
+
+def test_report_against_a_faster_tree_times_it_and_exits_1(tmp_path):
+    """`report` on a GPU: the slowed copy of this tree against this tree, bench part only: its table says REF is
+    faster (verdict `slower` for this tree), report.md and report.json carry it, exit 1."""
+    slow = tmp_path / "slow"
+    shutil.copytree(this_tree(), slow, ignore=shutil.ignore_patterns(".git", "build", ".venv", ".whl", "*.egg-info"))
+    kernel = slow / "kernels" / "kinds" / "tail" / "kernel.py"
+    anchor = "    epoch = launch_epoch(ctl, INTERPRET)\n"
+    text = kernel.read_text().replace(anchor, anchor + SLOW)
+    text = text.replace(
+        "from glm53ctl.kernels.runtime.device import (",
+        "from glm53ctl.kernels.runtime.device import (\n    _nanosleep,",
+    )
+    kernel.write_text(text)
+    out = tmp_path / "report"
+    args = ["report", "--against", this_tree(), *KEY, "--parts", "bench", "--rounds", "5", "--out", out, "--html"]
+    p = glm53ctl(*args, "--worktrees", tmp_path / "wt", tree=slow)
+    assert p.returncode == 1, p.stdout + p.stderr
+    doc = json.loads((out / "report.json").read_text())
+    (row,) = doc["parts"]["bench"]["doc"]["keys"]
+    assert row["against"]["verdict"] == "slower" and "1 slower" in doc["summary"]
+    assert "| tail TP2 r2 |" in (out / "report.md").read_text() and (out / "report.html").exists()
+
+
+def test_bench_perfetto_and_op(tmp_path):
+    """`bench --trace --perfetto FILE` writes the traced launch as a Chrome trace; `bench --op` times each op."""
+    trace = tmp_path / "t.json"
+    p = glm53ctl("bench", *KEY, "--rounds", "5", "--trace", "--perfetto", trace)
+    assert p.returncode == 0, p.stderr
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert any(ev["ph"] == "X" and ev["cat"] == "critical" for ev in events)
+    p = glm53ctl("bench", "--op", "select,route", "--sizes", "1,4", "--rounds", "5", "--json")
+    assert p.returncode == 0, p.stderr
+    rows = json.loads(p.stdout)["ops"]
+    assert [(r["op"], r["size"]) for r in rows] == [("select", 1), ("select", 4), ("route", 1), ("route", 4)]
+    assert all(r["us"] > 0 for r in rows)
