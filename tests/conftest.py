@@ -95,3 +95,13 @@ def leaves_no_build_folder():
     made = [p for p in LEFT_BEHIND if (ROOT / p).exists() and p not in before]
     if made:
         pytest.fail(f"the test left {', '.join(made)} in the checkout ({ROOT}); run it in a tmp_path")
+
+
+@pytest.fixture(autouse=True)
+def forgets_models_loaded_by_path(monkeypatch):
+    """A model loaded by its .toml's path is known by name for the rest of the process (kernels/spec.py
+    `load_model`, through $GLM53CTL_MODEL_FILES, so that workers find it): each test starts with the models the
+    process started with, whichever tests ran before it in its worker (`configs show` listed another test's 'odd')."""
+    from glm53ctl.kernels.spec import MODEL_FILES_ENV
+
+    monkeypatch.setenv(MODEL_FILES_ENV, os.environ.get(MODEL_FILES_ENV, ""))
