@@ -15,6 +15,7 @@ kernels/kinds/harness.py), so a kind added to the registry is benched with no ch
 from __future__ import annotations
 
 import functools
+import gc
 import logging
 import math
 import os
@@ -265,6 +266,14 @@ def step_breakdown(k, step_us: float, rounds: int, copy_tb_s: float | None) -> d
         "gaps_us": step_us - total,
         "tokens_per_s": k.rows * 1e6 / step_us,
     }
+
+
+def free_for_workers(weights: Weights) -> None:
+    """This process's GPU memory given back before worker processes time a key with weights of their own (`bench
+    --against`): the checkpoint-layout tensors made so far (they come back on demand) and the allocator's cache."""
+    weights.drop_raw()
+    gc.collect()
+    torch.cuda.empty_cache()
 
 
 def trace_key(k, x, peers) -> dict | None:

@@ -38,7 +38,7 @@ from glm53ctl.output import Output, Progress, err_console, plural, print_warning
 from glm53ctl.pictures import key_label, matrix_picture, saved_steps, step_picture
 from glm53ctl.tuning import measure
 from glm53ctl.tuning.ab import against
-from glm53ctl.tuning.bench import compile_workers, environment_ok, precompile, time_key
+from glm53ctl.tuning.bench import compile_workers, environment_ok, free_for_workers, precompile, time_key
 from glm53ctl.tuning.knobs import check_knobs, defaults, parse_knobs, resolve_key
 from glm53ctl.tuning.ops_bench import OPS, time_op
 from glm53ctl.worktree import checkout, repo_root, resolve, this_tree
@@ -211,6 +211,8 @@ def bench(
                 )
             if ref_tree is not None:
                 s = key_seed(seed, key.name)
+                free_for_workers(weights)  # the two trees' workers each hold a key's weights: on an 80 GB card,
+                # kda's beside this process's own did not fit (H100, 2026-12-07)
                 row["against"] = _against(this_tree(), ref_tree, model, k, t, r, overrides[k], s, rounds, c)
             results.append(row)
             err_console.print(progress.line(_summary_line(row)))
