@@ -223,6 +223,15 @@ def git_state(root: Path) -> tuple[str, bool]:
     return head.stdout.strip(), status.returncode != 0 or bool(status.stdout.strip())
 
 
+def tree_state(root: Path | None = None) -> tuple[str, bool]:
+    """(sha, dirty) of the tree this code runs from (or `root`), GIT_SHA and GIT_DIRTY=0/1 overriding what its
+    git says (a device machine's copy of the tree may carry a stale .git)."""
+    sha, dirty = git_state(root or _tree_root())
+    sha = os.environ.get("GIT_SHA") or sha
+    dirty = os.environ["GIT_DIRTY"] == "1" if os.environ.get("GIT_DIRTY") in ("0", "1") else dirty
+    return sha, dirty
+
+
 def _driver_version() -> str:
     try:
         out = subprocess.run(
@@ -244,9 +253,7 @@ def environment(command: str, study: str | None = None, seed: int | None = None)
     the commit where that checkout's own .git cannot (a device machine's copy of the tree may carry a stale one).
     Without a GPU the GPU fields read "cpu", "0.0" and "none", so it runs anywhere.
     """
-    sha, dirty = git_state(_tree_root())
-    sha = os.environ.get("GIT_SHA") or sha
-    dirty = os.environ["GIT_DIRTY"] == "1" if os.environ.get("GIT_DIRTY") in ("0", "1") else dirty
+    sha, dirty = tree_state()
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         gpu_name, capability, driver = props.name, f"{props.major}.{props.minor}", _driver_version()

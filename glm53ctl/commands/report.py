@@ -35,7 +35,8 @@ from glm53ctl.interrupts import interrupted
 from glm53ctl.kernels.kinds import kernel_kinds, selectable_kinds
 from glm53ctl.kernels.spec import ROW_COUNTS, ROWS, TP_WIDTHS, load_model
 from glm53ctl.output import err_console, plural
-from glm53ctl.tuning.measure import git_state
+from glm53ctl.pictures import key_label
+from glm53ctl.tuning.measure import tree_state
 from glm53ctl.worktree import checkout, run_cli, this_tree
 
 PARTS = ("check", "build", "bench")
@@ -196,7 +197,7 @@ def summary(results: dict, against: str) -> str:
 
 
 def _this() -> dict:
-    sha, dirty = git_state(this_tree())
+    sha, dirty = tree_state(this_tree())
     return {"sha": sha, "dirty": dirty}
 
 
@@ -288,7 +289,7 @@ def _bench_table(d: dict, ref: str):
     rows_ = []
     for k in d["keys"]:
         a = k.get("against") or {}
-        label = f"{k['kind']} TP{k['tp']} r{k['rows']}" + (f" {k['context']}" if k.get("context") is not None else "")
+        label = key_label(k)
         ci = a.get("ratio_ci") or [float("nan")] * 2
         rows_.append(
             [

@@ -98,7 +98,7 @@ def test_the_timing_part_reads_as_a_table_and_the_page_inlines_the_step(tmp_path
     doc = _timed_doc(tmp_path)
     jsonschema.validate(doc, SCHEMA)
     md = markdown(doc, tmp_path)
-    assert "| model TP8 r1 4096 | 5000.0 | 5230.1 | 0.9560 [0.9500, 0.9620] | 0.0100 | faster | 31.9 | 1596.0 |" in md
+    assert "| model TP8 r1 4K | 5000.0 | 5230.1 | 0.9560 [0.9500, 0.9620] | 0.0100 | faster | 31.9 | 1596.0 |" in md
     assert "![bench-glm53_flash-x-model-tp8-r1](bench/bench-glm53_flash-x-model-tp8-r1.svg)" in md
     html = page(doc, tmp_path)
     assert "data:image/svg+xml;base64," in html  # self-contained: every source inlined
