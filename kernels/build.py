@@ -57,12 +57,30 @@ class KernelRecord:
     hash: str  # of the cubin, built without line info: stable across checkouts
     compile_s: float
     cached: bool = False
+    # of the PTX with its functions' mangled names (which carry the module a function is defined in) numbered in
+    # order of appearance: equal where only names differ. ptxas allocates registers differently for other names,
+    # so a moved function can change the cubin (and the speed, by a few percent: docs/perf/path/) with the same code
+    code: str = ""
 
 
 # what this build reports on: Triton 3.6 builds for NVIDIA GPUs of capability 8.0 and newer, and its wheel's ptxas
 # (CUDA 12.8), which gives the resources, reads the PTX it makes for these; for 10.0 and newer Triton uses another
 # ptxas and a newer PTX version that this one refuses
 TARGETS = (80, 86, 87, 89, 90)
+
+
+# what a cached record holds: 2 added `code` (a record without it is built again)
+RECORD_FORMAT = 2
+
+# a mangled Triton function name (or one of its parameters): the module path and name, `.` spelled `_$_`
+_MANGLED = re.compile(r"glm53ctl_\$_[A-Za-z0-9_$]+")
+
+
+def unnamed_ptx(ptx: str) -> str:
+    """PTX with every mangled name of this project's functions replaced by its number in order of first
+    appearance: what is left is the code."""
+    names: dict[str, str] = {}
+    return _MANGLED.sub(lambda m: names.setdefault(m.group(0), f"f{len(names)}"), ptx)
 
 
 def parse_target(target: str) -> int:
@@ -203,7 +221,8 @@ def _compile_one(
     options = parsed.__dict__
     spec = (src.signature, src.constants, src.attrs)
     ident = json.dumps(
-        [fn.cache_key, repr(spec), launch.options(), target, triton.__version__, _toolchain(ptxas)], sort_keys=True
+        [fn.cache_key, repr(spec), launch.options(), target, triton.__version__, _toolchain(ptxas), RECORD_FORMAT],
+        sort_keys=True,
     )
     cached = cache_dir / f"{hashlib.sha256(ident.encode()).hexdigest()}.json"
     entry = kernel_cache.entry_name(src, target, options)
@@ -239,6 +258,7 @@ def _compile_one(
             symbol=compiled.metadata.name,
             shared=compiled.metadata.shared,
             hash=hashlib.sha256(compiled.asm["cubin"]).hexdigest()[:16],
+            code=hashlib.sha256(unnamed_ptx(compiled.asm["ptx"]).encode()).hexdigest()[:16],
             compile_s=round(seconds, 3),
             **rep,
         )
@@ -341,7 +361,10 @@ def compare(ours: dict, theirs: dict) -> list[dict]:
                     {
                         "role": role,
                         **{f: [ra.get(f) if ra else None, rb.get(f) if rb else None] for f in fields},
+                        # the same PTX but for its functions' names (None: a side that did not record it)
+                        "same_code": bool(ra and rb and ra.get("code") and ra.get("code") == rb.get("code")),
                     }
                 )
-        rows.append({"key": key, "status": "changed" if diff else "unchanged", "diff": diff})
+        status = "unchanged" if not diff else "renamed" if all(d["same_code"] for d in diff) else "changed"
+        rows.append({"key": key, "status": status, "diff": diff})
     return rows

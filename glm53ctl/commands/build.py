@@ -172,6 +172,9 @@ def build(
     rows_ = compare(manifest, theirs)
     changed = sum(r["status"] != "unchanged" for r in rows_)
     summary = f"{changed} of {plural(len(rows_), 'builds')} {'changes' if changed == 1 else 'change'} against {against}"
+    renamed = sum(r["status"] == "renamed" for r in rows_)
+    if renamed:  # ptxas's choices follow the functions' names: the code is REF's, the speed need not be
+        summary += f" ({renamed} only renamed: the same PTX but for its functions' names)"
     o.json({"against": against, "summary": summary, "keys": rows_, "manifest": manifest})
     _table(o, manifest)
     o.table(

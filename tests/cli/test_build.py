@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from glm53ctl.worktree import run_cli
-from tests.cli.conftest import edit
+from tests.cli.conftest import edit, git
 from tests.helpers import invoke, invoke_json
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -197,3 +197,23 @@ def test_ptxas_report_is_parsed_to_its_figures():
         "spill_stores": 0,
         "spill_loads": 0,
     }
+
+
+@pytest.mark.slow
+def test_against_tells_a_renamed_function_from_changed_code(repo, tmp_path):
+    """HEAD renames a noinline task body (its mangled name is in the PTX and the cubin): the cubin changes, the
+    code does not, and `build --against` says so ("renamed"): ptxas's choices follow the names, so such a change
+    can move the speed by itself (docs/perf/path/2026-12-07-ptx-identity.md)."""
+    path = "kernels/ops/kda/layer.py"
+    text = (repo / path).read_text()
+    (repo / path).write_text(text.replace("task_inproj", "task_in_projection"))
+    git(repo, "commit", "-qam", "rename a task body")
+    args = ["build", "--against", "HEAD~1", "--model", "tiny", "--kind", "dense", "--tp", "1", "--rows", "1"]
+    p = run_cli(repo, [*args, "--no-carry", "-j", "2", "--json", "--out", str(tmp_path / "build")])
+    assert p.returncode == 0
+    doc = json.loads(p.stdout)
+    (row,) = doc["keys"]
+    assert row["status"] == "renamed" and all(d["same_code"] for d in row["diff"]), row
+    assert doc["summary"] == (
+        "1 of 1 build changes against HEAD~1 (1 only renamed: the same PTX but for its functions' names)"
+    )
