@@ -316,7 +316,7 @@ def _check_keys(weights, keys, jobs: int, seed: int, device: str, ref_dir: Path 
                 row["against"] = diff = _bitwise(launch_outputs(weights, keys[i], seed), theirs)
                 row["bitwise_equal"] = not diff
                 if diff:  # a failure of its own, said first: the table names every tensor that differs
-                    row["problems"].insert(0, f"other bits than the ref: {', '.join(_names(diff))}")
+                    row["problems"].insert(0, f"other bits than the ref: {', '.join(tensor_names(diff))}")
                     row["ok"] = False
             results[i] = row
             worst = f" ({_worst(row)})" if row["errors"] else ""
@@ -559,11 +559,11 @@ def _waits_summary(waits: list[str]) -> str:
 def _first_difference(diff: list[str]) -> str:
     """The table's view of a bitwise difference: the first differing tensor whole (its first differing element, the
     two values, how many elements differ), then the other tensors by name."""
-    rest = _names(diff[1:])
+    rest = tensor_names(diff[1:])
     return diff[0] + (f"; also {', '.join(rest)}" if rest else "")
 
 
-def _names(diff: list[str]) -> list[str]:
+def tensor_names(diff: list[str]) -> list[str]:
     """The tensors a `_bitwise` list names ('H[0, 1]: 1 vs 2' -> 'H'), in its order."""
     return [re.split(r"[\[:]", d, maxsplit=1)[0] for d in diff]
 

@@ -27,7 +27,7 @@ import typer
 from glm53ctl import __version__
 from glm53ctl.commands import Command
 from glm53ctl.commands.build import parse_list
-from glm53ctl.commands.check import ContextOpt, KindOpt, ModelOpt, RowsOpt, TpOpt
+from glm53ctl.commands.check import ContextOpt, KindOpt, ModelOpt, RowsOpt, TpOpt, tensor_names
 from glm53ctl.commands.keys import KernelCacheOpt, context_applies
 from glm53ctl.errors import EXIT_USAGE, CheckFailed, UsageError
 from glm53ctl.files import check_folder_writable, write_atomic_with
@@ -163,7 +163,7 @@ def _part_summary(part: str, doc: dict) -> str:
         differ = [k for k in keys if not k.get("bitwise_equal", True)]
         line = doc["summary"]
         if differ:
-            named = "; ".join(f"{k['key']}: {', '.join(_tensors(k['against']))}" for k in differ)
+            named = "; ".join(f"{k['key']}: {', '.join(tensor_names(k['against']))}" for k in differ)
             line += f"; {len(differ)} of {len(keys)} differ ({named})"
         return line
     if part == "build":
@@ -176,11 +176,6 @@ def _part_summary(part: str, doc: dict) -> str:
         if timed
         else "no key timed"
     )
-
-
-def _tensors(diff: list[str]) -> list[str]:
-    """The tensors a check's bitwise difference names ('H[0, 1]: 1 vs 2' -> 'H')."""
-    return [d.split("[", 1)[0].split(":", 1)[0] for d in diff]
 
 
 def summary(results: dict, against: str) -> str:
