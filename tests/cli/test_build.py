@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from glm53ctl.kernels.build import compare
 from glm53ctl.worktree import run_cli
 from tests.cli.conftest import edit, git
 from tests.helpers import invoke, invoke_json
@@ -217,3 +218,18 @@ def test_against_tells_a_renamed_function_from_changed_code(repo, tmp_path):
     assert doc["summary"] == (
         "1 of 1 build changes against HEAD~1 (1 only renamed: the same PTX but for its functions' names)"
     )
+
+
+def test_a_launch_one_side_lists_alone_is_no_change_when_both_build_its_code():
+    """REF's manifest without the peers' launches (an older build listed only the key's own), of the code object
+    both sides build: unchanged; a peer of new code is a change."""
+
+    def manifest(*kernels):
+        fields = dict(registers=255, spill_stores=0, spill_loads=0, shared=0, stack=0, code=None)
+        return {"keys": [{"key": "k", "kernels": [{"role": r, "hash": h, **fields} for r, h in kernels]}]}
+
+    theirs = manifest(("launch", "a"))
+    (row,) = compare(manifest(("launch", "a"), ("peer.attn", "a"), ("peer.ffn", "a")), theirs)
+    assert row == {"key": "k", "status": "unchanged", "diff": []}
+    (row,) = compare(manifest(("launch", "a"), ("peer.attn", "b")), theirs)
+    assert row["status"] == "changed" and [d["role"] for d in row["diff"]] == ["peer.attn"]

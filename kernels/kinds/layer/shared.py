@@ -13,9 +13,13 @@ from glm53ctl.kernels.ops.ffn.moe import moe_sum_cols
 from glm53ctl.kernels.ops.gemv.layer import PR
 from glm53ctl.kernels.ops.mhc.kernel import gate_comb, gate_pre, gate_scale, gate_x_hat, hc_post_cols, mix_row
 from glm53ctl.kernels.runtime.device import push_tag, push_to_peers
-from glm53ctl.kernels.tlx import interpreting  # noqa: F401 (importing tlx applies the interpreter's settings)
+from glm53ctl.kernels.tlx import interpreting, pinned  # noqa: F401 (importing tlx applies the interpreter's settings)
+
+# the symbols of the noinline task bodies below (tlx.pinned: a move keeps their cubins)
+SYMBOLS = "glm53ctl.kernels.kinds.layer.shared"
 
 
+@pinned(SYMBOLS)
 @triton.jit(noinline=True)
 def task_gate(
     mixp,
@@ -108,6 +112,7 @@ def _own(src, r, o_c, R, D: tl.constexpr, KS: tl.constexpr, MOE: tl.constexpr, T
     return acc
 
 
+@pinned(SYMBOLS)
 @triton.jit(noinline=True)
 def task_mix(H, fn, mixp, ssp, gramp, c, r, D: tl.constexpr, HC: tl.constexpr, CH: tl.constexpr):
     """MIX_A (and MIX_F on H1): chunk c of row r's gate partials (`mix_row`)."""
@@ -116,6 +121,7 @@ def task_mix(H, fn, mixp, ssp, gramp, c, r, D: tl.constexpr, HC: tl.constexpr, C
     _store_mix(mixp, ssp, gramp, mix, ss, gram, c, r, HC)
 
 
+@pinned(SYMBOLS)
 @triton.jit(noinline=True)
 def task_reduce(
     src,
@@ -156,6 +162,7 @@ def task_reduce(
         _store_mix(mixp, ssp, gramp, mix, ss, gram, c, r, HC)
 
 
+@pinned(SYMBOLS)
 @triton.jit(noinline=True)
 def task_own(
     src,
@@ -176,6 +183,7 @@ def task_own(
     tl.store(parts + (RANK * R + r) * D + o_c, _own(src, r, o_c, R, D, KS, MOE, TOPK, NSLOT))
 
 
+@pinned(SYMBOLS)
 @triton.jit(noinline=True)
 def task_push(
     src,

@@ -43,7 +43,10 @@ from glm53ctl.kernels.ops.dsa.tasks import (
 )
 from glm53ctl.kernels.ops.gemv.kernel import gemv_tile
 from glm53ctl.kernels.ops.gemv.layer import task_gemv
-from glm53ctl.kernels.tlx import to_bf16
+from glm53ctl.kernels.tlx import pinned, to_bf16
+
+# the symbols of the noinline task bodies below (tlx.pinned: a move keeps their cubins)
+SYMBOLS = "glm53ctl.kernels.kinds.layer.mla"
 
 
 @triton.jit
@@ -144,6 +147,7 @@ def mla_task(
         task_head_gemv(b.o_lat, w.w_uv, b.o_mla, h, n0, R, mla.HQ, mla.V, mla.C, mla.BN_UV, mla.BK_C, INTERPRET)
 
 
+@pinned(SYMBOLS)
 @triton.jit(noinline=True)
 def task_mla_row(
     y_a,
@@ -174,6 +178,7 @@ def task_mla_row(
     )  # fmt: skip
 
 
+@pinned(SYMBOLS)
 @triton.jit(noinline=True)
 def task_qb(
     qr,
@@ -200,6 +205,7 @@ def task_qb(
     tl.store(qi + o_m[:, None] * (NQB - NQ) + (o_n[None, :] - NQ), acc, mask=m_i)
 
 
+@pinned(SYMBOLS)
 @triton.jit(noinline=True)
 def task_head_gemv(
     x,
@@ -224,6 +230,7 @@ def task_head_gemv(
     tl.store(at, to_bf16(acc, INTERPRET), mask=(o_m[:, None] < R) & (o_n[None, :] < N))
 
 
+@pinned(SYMBOLS)
 @triton.jit(noinline=True)
 def task_score(
     qi,
@@ -251,6 +258,7 @@ def task_score(
         )  # fmt: skip
 
 
+@pinned(SYMBOLS)
 @triton.jit(noinline=True)
 def task_select_pass(
     scores,
@@ -280,6 +288,7 @@ def task_select_pass(
         select_pass(s, h, st, ab, n, q, 3, KP, TOPP, PART, NQ, BLOCK)
 
 
+@pinned(SYMBOLS)
 @triton.jit(noinline=True)
 def task_select(
     scores,
@@ -303,6 +312,7 @@ def task_select(
     )  # fmt: skip
 
 
+@pinned(SYMBOLS)
 @triton.jit(noinline=True)
 def task_attn(
     q_lat,
@@ -328,6 +338,7 @@ def task_attn(
     )
 
 
+@pinned(SYMBOLS)
 @triton.jit(noinline=True)
 def task_combine(
     parts,

@@ -14,7 +14,10 @@ from glm53ctl.kernels.ops.ffn.tasks import DOWN, GU, down_fields, gu_fields
 from glm53ctl.kernels.ops.gemv.kernel import gemv_first_weights, gemv_tile_pair, gemv_tile_pair_from
 from glm53ctl.kernels.ops.gemv.layer import PR, fold_rows, task_partial
 from glm53ctl.kernels.runtime.device import pdl_wait, stamp, wait_task
-from glm53ctl.kernels.tlx import to_bf16
+from glm53ctl.kernels.tlx import pinned, to_bf16
+
+# the symbols of the noinline task bodies below (tlx.pinned: a move keeps their cubins)
+SYMBOLS = "glm53ctl.kernels.kinds.layer.mlp"
 
 
 @triton.jit
@@ -102,6 +105,7 @@ def mlp_task(
     return ok
 
 
+@pinned(SYMBOLS)
 @triton.jit(noinline=True)
 def task_gate_up(
     rt,

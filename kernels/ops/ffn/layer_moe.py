@@ -31,6 +31,10 @@ from glm53ctl.kernels.ops.ffn.tasks import (
     router_fields,
 )
 from glm53ctl.kernels.runtime.device import arrive_last, stamp, wait_task
+from glm53ctl.kernels.tlx import pinned
+
+# the symbols of the noinline task bodies below (tlx.pinned: a move keeps their cubins)
+SYMBOLS = "glm53ctl.kernels.kinds.layer.moe"
 
 
 @triton.jit
@@ -128,6 +132,7 @@ def moe_task(
     return ok
 
 
+@pinned(SYMBOLS)
 @triton.jit(noinline=True)
 def task_route(
     logits,
@@ -161,6 +166,7 @@ def task_route(
         make_slots(on, slots, n_slots, slot_of, R, E, BLOCK_E, NSLOT)
 
 
+@pinned(SYMBOLS)
 @triton.jit(noinline=True)
 def task_expert_gate_up(
     rt,

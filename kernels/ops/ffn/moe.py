@@ -33,13 +33,17 @@ import triton.language as tl
 
 from glm53ctl.kernels.ops.ffn.kernel import swiglu_act
 from glm53ctl.kernels.ops.gemv.kernel import gemv_tile, gemv_tile_pair
-from glm53ctl.kernels.tlx import interpreting, to_bf16
+from glm53ctl.kernels.tlx import interpreting, pinned, to_bf16
+
+# the symbols of the noinline task bodies below (tlx.pinned: a move keeps their cubins)
+SYMBOLS = "glm53ctl.kernels.ops.ffn.moe"
 
 # the router's experts per tile, and its K slices: short K loops, so its tiles on the path finish sooner
 ROUTER_TILE = 32
 ROUTER_SLICES = 4
 
 
+@pinned(SYMBOLS)
 @triton.jit(noinline=True)
 def router_tile(
     x_hat,
@@ -184,6 +188,7 @@ def store_act(g, u, act, n0, R, I: tl.constexpr, BLOCK_N: tl.constexpr, LIMIT: t
     )
 
 
+@pinned(SYMBOLS)
 @triton.jit(noinline=True)
 def task_expert_down(
     act,

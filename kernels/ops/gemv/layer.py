@@ -7,6 +7,10 @@ import triton.language as tl
 
 from glm53ctl.kernels.ops.gemv.kernel import gemv_first_weights, gemv_tile, gemv_tile_from, sum_streams
 from glm53ctl.kernels.runtime.device import pdl_wait, wait_task
+from glm53ctl.kernels.tlx import pinned
+
+# the symbols of the noinline task bodies below (tlx.pinned: a move keeps their cubins)
+SYMBOLS = "glm53ctl.kernels.kinds.layer.shared"
 
 PR = tl.constexpr(8)  # floats per row of the gates' pre [HC] and 1/RMS (buffer "pr")
 
@@ -22,6 +26,7 @@ def fold_rows(acc, pr, R, HC: tl.constexpr, M: tl.constexpr, BN: tl.constexpr):
     return y * tl.load(pr + o_m * PR + HC, mask=o_m < R, other=0.0)[:, None]
 
 
+@pinned(SYMBOLS)
 @triton.jit(noinline=True)
 def task_gemv(
     x,
@@ -43,6 +48,7 @@ def task_gemv(
     tl.store(out + o_m[:, None] * N + o_n[None, :], acc, mask=(o_m[:, None] < R) & (o_n[None, :] < N))
 
 
+@pinned(SYMBOLS)
 @triton.jit(noinline=True)
 def task_partial(
     rt,

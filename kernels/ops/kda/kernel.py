@@ -12,7 +12,10 @@ import torch
 import triton
 import triton.language as tl
 
-from glm53ctl.kernels.tlx import interpreting, to_bf16
+from glm53ctl.kernels.tlx import interpreting, pinned, to_bf16
+
+# the symbols of the noinline task bodies below (tlx.pinned: a move keeps their cubins)
+SYMBOLS = "glm53ctl.kernels.ops.kda.kernel"
 
 
 @triton.jit
@@ -49,6 +52,7 @@ BV = tl.constexpr(32)
 SCRATCH = tl.constexpr(4)  # fp32 vectors per (row, head) in `scr`: o, and for a deferred write-back delta, decay, k
 
 
+@pinned(SYMBOLS)
 @triton.jit(noinline=True)
 def kda_write_state(
     scr,

@@ -16,7 +16,10 @@ from glm53ctl.kernels.ops.gemv.layer import fold_rows
 from glm53ctl.kernels.ops.kda.kernel import kda_head, kda_norm, kda_write_state
 from glm53ctl.kernels.ops.kda.tasks import INPROJ, KDA_HEAD, inproj_fields, kda_head_fields
 from glm53ctl.kernels.runtime.device import arrive_last, pdl_wait, stamp, wait_task
-from glm53ctl.kernels.tlx import to_bf16
+from glm53ctl.kernels.tlx import pinned, to_bf16
+
+# the symbols of the noinline task bodies below (tlx.pinned: a move keeps their cubins)
+SYMBOLS = "glm53ctl.kernels.kinds.layer.kda"
 
 
 @triton.jit
@@ -142,6 +145,7 @@ def kda_write_back(attn_state, attn_buf, r, h, part, dims: tl.constexpr, INTERPR
     )
 
 
+@pinned(SYMBOLS)
 @triton.jit(noinline=True)
 def task_inproj(
     rt,
@@ -225,6 +229,7 @@ def task_inproj(
     return ok
 
 
+@pinned(SYMBOLS)
 @triton.jit(noinline=True)
 def task_kda(
     epoch,
