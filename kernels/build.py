@@ -203,7 +203,7 @@ def carried_launches(key: ResolvedKey, name: str, vkey: ResolvedKey) -> list[tup
 
     harness = load_harness(key.kind)
     whole = next(la for role, la in launches(vkey) if role == "launch")
-    chain = SeparateLaunches(whole, harness.STAGES, pdl=name == "separate-pdl")
+    chain = SeparateLaunches(whole, harness.stages(vkey.knobs), pdl=name == "separate-pdl")
     return [(f"stage{j}", s) for j, s in enumerate(chain.stages)]
 
 

@@ -295,7 +295,7 @@ def trace_key(k, x, peers) -> dict | None:
     finally:
         launch.tracing = False
     # the launch as a Chrome trace (bench --perfetto gathers every key's; the command takes it out of the row)
-    return s | {"stages": stage_rows(s, k.STAGES), "perfetto": chrome_events(table, trace, 0, "launch")}
+    return s | {"stages": stage_rows(s, k.stages(k.knobs)), "perfetto": chrome_events(table, trace, 0, "launch")}
 
 
 def _replay(k, x, peers) -> None:
@@ -364,7 +364,7 @@ def step_trace(k, x, peers) -> dict:
         events = []
         for i, (name, h, table, trace) in enumerate(records):
             s = summarize(table, trace)
-            path = path_by_stage(s, h.STAGES)
+            path = path_by_stage(s, h.stages(h.knobs))
             holds = max(path, key=path.get)
             parts.append({"part": name, "kind": h.kind, "us": s["end_us"], "path": path, "holds": holds})
             events += chrome_events(table, trace, i, f"{name} ({h.kind})", t0)

@@ -239,6 +239,11 @@ class KindHarness:
         return cls.scheduled_builds(key, out)
 
     @classmethod
+    def stages(cls, knobs: KnobRecord) -> tuple:
+        """Its task types grouped into stage launches at these knobs (`STAGES`, where no knob moves a task)."""
+        return cls.STAGES
+
+    @classmethod
     def stage_schedule(cls, knobs: KnobRecord) -> bool:
         """Whether knob `launch` runs the key as its stages (runtime/stages.py), not as one persistent launch."""
         return knobs.get("launch", "persistent") == "stages" and bool(cls.STAGES)
@@ -249,7 +254,7 @@ class KindHarness:
         if not self.stage_schedule(self.knobs):
             return launch
 
-        return SeparateLaunches(launch, self.STAGES, pdl=True, one_task=True)
+        return SeparateLaunches(launch, self.stages(self.knobs), pdl=True, one_task=True)
 
     @classmethod
     def scheduled_builds(cls, key: ResolvedKey, launches: list[tuple[str, object]]) -> list[tuple[str, object]]:
@@ -261,7 +266,7 @@ class KindHarness:
         out = []
         for name, la in launches:
             if name == "launch":
-                chain = SeparateLaunches(la, cls.STAGES, pdl=True, one_task=True)
+                chain = SeparateLaunches(la, cls.stages(key.knobs), pdl=True, one_task=True)
                 out += [(f"stage{j}.launch", s) for j, s in enumerate(chain.stages)]
             else:
                 out.append((name, la))
@@ -299,7 +304,7 @@ class KindHarness:
         import copy
 
         h = copy.copy(self)
-        h.launch = SeparateLaunches(getattr(self.launch, "whole", self.launch), self.STAGES, pdl=pdl)
+        h.launch = SeparateLaunches(getattr(self.launch, "whole", self.launch), self.stages(self.knobs), pdl=pdl)
         return h
 
     def timed(self, x, peers) -> Timed:

@@ -75,6 +75,8 @@ def test_exact_ties_are_routed_by_index():
         {"box_words": 16, "handoff": "flag"},
         {"kda_split": 1, "block_n_out": 16},
         {"block_n_down": 16, "block_n_gu": 16},
+        {"route": "each"},
+        {"route": "each", "launch": "stages"},
     ],
 )
 def test_schedule_knobs_keep_every_bit(weights, knobs):
@@ -118,6 +120,39 @@ def test_the_moe_sites_stuck_are_named(weights):
     for s in [*sites.values(), late]:
         res = fault_key(weights, resolved("kda", 2, 1), s, budget_ns=10**6, wall_s=60)
         assert res.ok and res.named == 1 and res.retries_equal == 1, res.problems
+
+
+def test_route_each_decides_the_expert_in_gate_up(weights):
+    """Knob route=each: a routed expert's gate/up waits on the router's tiles alone (it decides its slot's expert
+    from the logits), its down tiles also on the routing (a site of their own, stuck and named), the routing runs in
+    the gate/up's stage launch; and at rows 1 and 8 (every slot routed, or some slots past the experts chosen) the
+    same bits as the routing's hand-off, at 3 programs and at 64."""
+    k = KdaHarness(weights, resolved("kda", 2, 1, {"route": "each"}))
+    t = k.launch.table
+    types = [task[0] for task in t.tasks]
+    shared = k.launch.nslot
+    for i, task in enumerate(t.tasks):
+        waited = {types[p] for s in t.sites_of(i) for p in s.producers if p >= 0}
+        if task[0] == EXP_GU.value and task[1] != shared:
+            assert waited <= {ROUTER.value, EXP_GU.value}, waited  # the router, and its K slices (late)
+        if task[0] == EXP_DOWN.value and task[1] != shared:
+            assert ROUTE.value in waited
+    stages = KdaHarness.stages(k.knobs)
+    assert (ROUTE, EXP_GU) in stages and (ROUTE,) not in stages
+    site = next(
+        i
+        for i, s in enumerate(t.sites)
+        if types[s.task] == EXP_DOWN.value and all(types[p] == ROUTE.value for p in s.producers)
+    )
+    res = fault_key(weights, resolved("kda", 2, 1, {"route": "each"}), site, budget_ns=10**6, wall_s=60)
+    assert res.ok and res.named == 1 and res.retries_equal == 1, res.problems
+    for rows in (1, 8):
+        base = KdaHarness(weights, resolved("kda", 1, rows))
+        x = base.inputs(seed=31 + rows)[0]
+        want = {n: v.clone() for n, v in base(x, poison=True).items()}
+        for grid in (3, 64):
+            got = KdaHarness(weights, resolved("kda", 1, rows, {"route": "each", "grid": grid}))(x, poison=True)
+            assert_same_bits(want, got, f"route=each rows {rows} grid {grid}")
 
 
 def _broken(k, out: dict, ref: dict, **changed) -> list[str]:

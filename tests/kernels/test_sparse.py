@@ -74,7 +74,13 @@ def test_tied_index_scores_take_the_lower_pools():
 
 
 @pytest.mark.parametrize(
-    "knobs", [{"box_words": 16, "handoff": "flag"}, {"block_n_down": 16, "block_n_in": 16}, {"weights_first": 1}]
+    "knobs",
+    [
+        {"box_words": 16, "handoff": "flag"},
+        {"block_n_down": 16, "block_n_in": 16},
+        {"weights_first": 1},
+        {"route": "each", "launch": "stages"},
+    ],
 )
 def test_schedule_knobs_keep_every_bit(weights, knobs):
     k = SparseHarness(weights, resolved("sparse", 2, 2))

@@ -48,7 +48,7 @@ def rank_part(group, key, weights, layer: int | None = None, name: str | None = 
     links = PeerLinks.open(group, name or key.kind, LayerLaunch.mailbox_shapes(spec, tp, rows, knobs, ffn=ffn))
     launch = on_rank(
         LayerLaunch(spec, tp, rows, knobs, dev, rank=rank, ffn=ffn, links=links),
-        push_stages(load_harness(key.kind).STAGES),
+        push_stages(load_harness(key.kind).stages(knobs)),
     )
     state = []  # chained: this rank's slices of the state its last launch wrote
 

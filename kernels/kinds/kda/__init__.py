@@ -8,7 +8,8 @@ order itself (kernels/ops/ffn/moe.py). The table, kernel and launch are the laye
 (kinds/layer/: its table's `_add_moe`, moe.py); this folder holds its facts and its harness.
 
 Knobs: `dense`'s, read the same way where the MoE has the same step (`block_n_gu`, `ksplit_gu`: the experts'
-gate/up tiles and K slices), and `block_n_down`, the experts' down tiles. `ffn_mix` and `norm` reach only the
+gate/up tiles and K slices), `block_n_down`, the experts' down tiles, and `route`, where the routed experts'
+gate/up learn their expert (the routing's hand-off, or deciding it again from the router's logits). `ffn_mix` and `norm` reach only the
 attention half and the FFN gate here (no expert folds the norm: each reads x̂ after the routing).
 """
 
@@ -28,6 +29,15 @@ KNOBS = DENSE_KNOBS + (
         0,
         "schedule",
         "output rows per expert down-projection task; 0: 64, or 64 KB of weights where that is more (128 at TP8)",
+    ),
+    Knob(
+        "route",
+        ("task", "each"),
+        "task",
+        "schedule",
+        "task: a ROUTE task per row decides the routing and the routed experts' gate/up wait for it; each: every "
+        "routed gate/up task decides its own slot's expert from the router's logits (the routing's hand-off and "
+        "length off the path; each task repeats every row's top-k)",
     ),
 )
 

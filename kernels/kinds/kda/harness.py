@@ -8,7 +8,7 @@ import torch
 
 from glm53ctl.kernels.kinds.dense.harness import DenseHarness
 from glm53ctl.kernels.kinds.harness import nbytes
-from glm53ctl.kernels.kinds.layer.table import MOE_STAGES
+from glm53ctl.kernels.kinds.layer.table import MOE_STAGES, route_stages
 from glm53ctl.kernels.ops.ffn.moe import stack_experts
 from glm53ctl.kernels.ops.ffn.naive import route, swiglu_mlp
 
@@ -18,6 +18,10 @@ class KdaHarness(DenseHarness):
     FFN = "moe"
     STAGES = MOE_STAGES
     FOLLOWED = ("moe.ids",)  # the routing, where the router's scores tie
+
+    @classmethod
+    def stages(cls, knobs) -> tuple:
+        return route_stages(cls.STAGES, knobs)
 
     def invariants(self, out: dict, ref: dict) -> dict[str, bool]:
         """The routing as check asks for it: the reference's experts, distinct and in range per row, weights

@@ -277,6 +277,7 @@ class MoeDims(NamedTuple):
     KS_RT: int  # the router's K slices
     BK_RT: int  # the router's K tile
     BN_DN: int  # an expert's down_proj rows per task (knob block_n_down)
+    EACH: bool  # a routed gate/up task decides its slot's expert from the router's logits (knob route=each)
 
 
 class Schedule(NamedTuple):

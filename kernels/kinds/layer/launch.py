@@ -312,6 +312,7 @@ class LayerLaunch(PersistentLaunch):
             KS_RT=d.KS_RT,
             BK_RT=d.BK_RT,
             BN_DN=d.BN_DN,
+            EACH=self.knobs.route == "each",
         )
 
     def mla_dims(self) -> MlaDims:

@@ -34,7 +34,9 @@ Tasks, in table order (a rank's shapes; every GEMV is `gemv_tile` over rows padd
   EXP_GU  (slot, tile, K slice) an expert's gate/up (knob ksplit_gu); slice 0 adds the slices (late) and makes
           the slot's act; the shared expert's slot (the last) waits on the FFN gates only, so streams during
           the routing; a slot past the experts chosen does nothing                     waits on every ROUTE
+          (knob route=each: decides its slot's expert from the logits itself, and waits on every ROUTER)
   EXP_DOWN (slot, tile of block_n_down rows) the slot's down projection         waits on the slot's EXP_GU
+          (route=each: a routed slot's also on every ROUTE, in a site of its own)
   RED_F   as above, summing the shared expert and the row's experts in ascending order as its own partial
           waits on its row's COMB_F, the EXP_DOWN tiles of every slot covering it and the peers
 
@@ -113,6 +115,14 @@ STAGES += ((DOWN,), (RED_F,))
 # kda: the attention half's, then the MoE's (router tiles; the routing; every slot's gate/up, the shared expert's
 # included; their down projections; the sums)
 MOE_STAGES = STAGES[:7] + ((ROUTER,), (ROUTE,), (EXP_GU,), (EXP_DOWN,), (RED_F,))
+
+
+def route_stages(stages: tuple, knobs: KnobRecord) -> tuple:
+    """A MoE layer's stages at knob `route`: with `each` no gate/up waits on the routing, so the routing runs in
+    the gate/up's stage launch (one launch fewer on the path); with `task` as given."""
+    if knobs.route != "each":
+        return stages
+    return tuple((ROUTE, *s) if s == (EXP_GU,) else s for s in stages if s != (ROUTE,))
 
 
 def push_stages(stages: tuple) -> tuple:
@@ -383,12 +393,17 @@ def _add_moe(t: TaskTable, add, d: Dims, rows: int, gates_f: list[int], knobs: K
     order = [nslot, *range(nslot)]  # the shared expert is slot nslot
     gu = {nslot: gate_up(nslot, gates_f)}
     routes = [add(Route(r), waits=router) for r in range(rows)]
+    each = knobs.route == "each"  # a routed gate/up decides its expert itself: it waits on the router alone
     for j in range(nslot):
-        gu[j] = gate_up(j, routes)
-    return [
-        [(n0, n0 + d.BN_DN, add(ExpertDown(j, n0), waits=[x for *_, x in gu[j]])) for n0 in range(0, d.D, d.BN_DN)]
-        for j in order
-    ]
+        gu[j] = gate_up(j, router if each else routes)
+
+    def down(j: int, n0: int) -> int:
+        task = add(ExpertDown(j, n0), waits=[x for *_, x in gu[j]])
+        if each and j != nslot:  # it reads the slots (and the reduces after it the routing): a site of its own
+            t.wait(task, routes, how, words)
+        return task
+
+    return [[(n0, n0 + d.BN_DN, down(j, n0)) for n0 in range(0, d.D, d.BN_DN)] for j in order]
 
 
 def _add_mla(

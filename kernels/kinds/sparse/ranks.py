@@ -48,7 +48,7 @@ def rank_part(group, key, weights, slots: int, layer: int | None = None, name: s
     links = PeerLinks.open(group, name or "sparse", LayerLaunch.mailbox_shapes(spec, tp, rows, knobs, **halves))
     launch = on_rank(
         LayerLaunch(spec, tp, rows, knobs, dev, rank=rank, links=links, **halves),
-        push_stages(load_harness(key.kind).STAGES),
+        push_stages(load_harness(key.kind).stages(knobs)),
     )
     state = []  # chained: the caches and positions this rank's last launch wrote at and read
 

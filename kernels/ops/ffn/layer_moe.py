@@ -1,6 +1,7 @@
 """The MoE, the FFN half of `kda` and `sparse`, as tasks of the layer kernel (kernel.py, constexpr MOE): the router
-tiles over K slices, the routing decided in the launch (a task per row; the last to arrive makes the slots), each
-slot's gate/up over K slices and its down tiles (the bodies of kernels/ops/ffn/moe.py), and their dispatch. The FFN
+tiles over K slices, the routing decided in the launch (a task per row; the last to arrive makes the slots; with knob
+route=each a routed gate/up task decides its own slot's expert from the router's logits), each slot's gate/up over K
+slices and its down tiles (the bodies of kernels/ops/ffn/moe.py), and their dispatch. The FFN
 reduce of each row and column chunk sums the slots in expert order (shared.py `_own`).
 
 Its arguments (launch.py): weights `MoeWeights` (w_r, r_bias, and the experts stacked [E + 1, ...], the shared
@@ -12,6 +13,7 @@ import triton
 import triton.language as tl
 
 from glm53ctl.kernels.ops.ffn.moe import (
+    decided_slot_expert,
     expert_gate_up,
     make_slots,
     route_row,
@@ -106,6 +108,8 @@ def moe_task(
             act=ffn_buf.act_m,
             slots=ffn_buf.slots,
             n_slots=ffn_buf.n_slots,
+            logits=ffn_buf.logits,
+            bias=ffn_w.r_bias,
             j=j,
             n0=n0,
             ks=ks,
@@ -114,6 +118,11 @@ def moe_task(
             I=dims.I,
             D=dims.D,
             NSLOT=moe.NSLOT,
+            E_ALL=moe.E_ALL,
+            KS_RT=moe.KS_RT,
+            TOPK=moe.TOPK,
+            SCALE=moe.SCALE,
+            EACH=moe.EACH,
             BN=dims.BN_GU,
             BK=dims.BK_GU,
             LIMIT=dims.LIMIT,
@@ -183,6 +192,8 @@ def task_expert_gate_up(
     act,
     slots,
     n_slots,
+    logits,
+    bias,
     j,
     n0,
     ks,
@@ -191,6 +202,11 @@ def task_expert_gate_up(
     I: tl.constexpr,
     D: tl.constexpr,
     NSLOT: tl.constexpr,
+    E_ALL: tl.constexpr,
+    KS_RT: tl.constexpr,
+    TOPK: tl.constexpr,
+    SCALE: tl.constexpr,
+    EACH: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
     LIMIT: tl.constexpr,
@@ -204,8 +220,15 @@ def task_expert_gate_up(
     over the slice (`expert_gate_up`; nothing for a slot no row chose). A slice but the first stores its sums in
     `gup` [NSLOT + 1, KS, 2, 16, I] and is done; slice 0 then waits (late: every slice 0 does, chosen or not, so
     every site can be stuck) for them, adds them in slice order, and makes the slot's act. True unless a wait
-    failed."""
-    expert, live = slot_expert(slots, n_slots, j, E, NSLOT)
+    failed. EACH (knob route=each): a routed slot's expert is decided here from the router's logits (its task
+    waits on the router, not the routing: one hand-off and the routing's own length off the path)."""
+    if EACH:
+        if j == NSLOT:  # the shared expert: no routing
+            expert, live = slot_expert(slots, n_slots, j, E, NSLOT)
+        else:
+            expert, live = decided_slot_expert(logits, bias, j, R, E, KS_RT, E_ALL, TOPK, SCALE)
+    else:
+        expert, live = slot_expert(slots, n_slots, j, E, NSLOT)
     g = tl.zeros((16, BN), dtype=tl.float32)
     u = tl.zeros((16, BN), dtype=tl.float32)
     if live:

@@ -9,6 +9,8 @@ The routing is decided where the rows are, with no host round trip and nothing t
 - `route_row` (row r): s = sigmoid(logits), the top-k of s + bias by score descending then index ascending
   (exact ties by index), the weights s / (Σ s + 1e-20) × scale from the unbiased scores; the row's experts
   ascending, and which it chose (`on`).
+- `decided_slot_expert` (slot j): the slot's expert decided again where it is needed, from the logits, by the
+  same picks (knob route=each: a routed expert's gate/up starts from the router, not from the routing's hand-off).
 - `make_slots` (once every row is routed): the experts any row chose, in ascending order, as slots: slot j is
   expert `slots[j]`, `n_slots[0]` of them, and `slot_of[e]` the slot of expert e. A touched expert's weights
   are then read once for all the rows that chose it, and an expert nobody chose is not read at all.
@@ -94,6 +96,19 @@ def topk_row(s, key, E: tl.constexpr, BLOCK_E: tl.constexpr, TOPK: tl.constexpr,
 
 
 @triton.jit
+def row_keys(logits, bias, r, E: tl.constexpr, KS: tl.constexpr, BLOCK_E: tl.constexpr):
+    """Row r's scores s = sigmoid(logits) from the router's K-slice sums [KS, 16, E] (added in slice order) and its
+    keys s + bias (-inf past E), over [BLOCK_E]: what `route_row` and `decided_slot_expert` route by."""
+    o_e = tl.arange(0, BLOCK_E)
+    m_e = o_e < E
+    lg = tl.load(logits + r * E + o_e, mask=m_e, other=0.0)
+    for q in tl.static_range(1, KS):
+        lg += tl.load(logits + (q * 16 + r) * E + o_e, mask=m_e, other=0.0)
+    s = tl.sigmoid(lg)
+    return s, tl.where(m_e, s + tl.load(bias + o_e, mask=m_e, other=0.0), float("-inf"))
+
+
+@triton.jit
 def route_row(
     logits,
     bias,
@@ -112,11 +127,7 @@ def route_row(
     r chose expert e (what `make_slots` unites)."""
     o_e = tl.arange(0, BLOCK_E)
     m_e = o_e < E
-    lg = tl.load(logits + r * E + o_e, mask=m_e, other=0.0)
-    for q in tl.static_range(1, KS):
-        lg += tl.load(logits + (q * 16 + r) * E + o_e, mask=m_e, other=0.0)
-    s = tl.sigmoid(lg)
-    key = tl.where(m_e, s + tl.load(bias + o_e, mask=m_e, other=0.0), float("-inf"))
+    s, key = row_keys(logits, bias, r, E, KS, BLOCK_E)
     chosen, w = topk_row(s, key, E, BLOCK_E, TOPK, SCALE)
     # ascending expert order: a chosen expert's place is the count of chosen experts before it
     place = tl.cumsum(chosen, axis=0) - 1
@@ -151,6 +162,33 @@ def slot_expert(slots, n_slots, j, E: tl.constexpr, NSLOT: tl.constexpr):
     # the shared slot's tasks wait on no routing: they read none of it
     live = shared | (j < tl.load(n_slots, mask=~shared, other=0))
     return tl.where(shared, E, tl.load(slots + tl.minimum(j, NSLOT - 1), mask=~shared, other=0)), live
+
+
+@triton.jit
+def decided_slot_expert(
+    logits,
+    bias,
+    j,
+    R,
+    E: tl.constexpr,
+    KS: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    TOPK: tl.constexpr,
+    SCALE: tl.constexpr,
+):
+    """Routed slot j's expert and whether it runs, decided here from the router's logits as `route_row` and
+    `make_slots` decide it (every row's top-k, their union ascending): a task that needs only its slot's expert
+    reads it this way instead of waiting for the routing's hand-off (knob route=each). The same picks, so the
+    same expert, bit for bit."""
+    o_e = tl.arange(0, BLOCK_E)
+    touched = tl.zeros((BLOCK_E,), dtype=tl.int32)
+    for r in range(R):
+        s, key = row_keys(logits, bias, r, E, KS, BLOCK_E)
+        chosen, _ = topk_row(s, key, E, BLOCK_E, TOPK, SCALE)
+        touched = tl.maximum(touched, chosen)
+    slot = tl.cumsum(touched, axis=0) - 1
+    expert = tl.sum(tl.where((touched == 1) & (slot == j), o_e, 0), axis=0)
+    return expert, j < tl.sum(touched, axis=0)
 
 
 @triton.jit
