@@ -93,45 +93,49 @@ def moe_task(
         )
     elif ttype == EXP_GU:
         j, n0, ks = exp_gu_fields(row)
-        ok = task_expert_gate_up(
-            rt=rt,
-            row=row,
-            task=task,
-            epoch=epoch,
-            stuck_site=stuck_site,
-            budget_ns=budget_ns,
-            trace=hand.trace,
-            x=outs.x_hat_f,
-            w_gate=ffn_w.w_eg,
-            w_up=ffn_w.w_eu,
-            gup=ffn_buf.gup_m,
-            act=ffn_buf.act_m,
-            slots=ffn_buf.slots,
-            n_slots=ffn_buf.n_slots,
-            logits=ffn_buf.logits,
-            bias=ffn_w.r_bias,
-            j=j,
-            n0=n0,
-            ks=ks,
-            R=R,
-            E=moe.E,
-            I=dims.I,
-            D=dims.D,
-            NSLOT=moe.NSLOT,
-            E_ALL=moe.E_ALL,
-            KS_RT=moe.KS_RT,
-            TOPK=moe.TOPK,
-            SCALE=moe.SCALE,
-            EACH=moe.EACH,
-            BN=dims.BN_GU,
-            BK=dims.BK_GU,
-            LIMIT=dims.LIMIT,
-            KS=dims.KS_GU,
-            TRACE=sched.TRACE,
-            INTERPRET=INTERPRET,
-            POLL=POLL,
-            THREADS=THREADS,
-        )
+        decided = False
+        if moe.EACH:  # knob route=each: a routed slot decides its expert itself (the shared one needs none)
+            decided = j != moe.NSLOT
+        if decided:
+            ok = task_decided_gate_up(
+                rt, row, task, epoch, stuck_site, budget_ns, hand.trace, outs.x_hat_f, ffn_w.w_eg, ffn_w.w_eu,
+                ffn_buf.gup_m, ffn_buf.act_m, ffn_buf.logits, ffn_w.r_bias, j, n0, ks, R, moe.E, dims.I, dims.D,
+                moe.E_ALL, moe.KS_RT, moe.TOPK, moe.SCALE, dims.BN_GU, dims.BK_GU, dims.LIMIT, dims.KS_GU,
+                sched.TRACE, INTERPRET, POLL, THREADS,
+            )  # fmt: skip
+        else:
+            ok = task_expert_gate_up(
+                rt=rt,
+                row=row,
+                task=task,
+                epoch=epoch,
+                stuck_site=stuck_site,
+                budget_ns=budget_ns,
+                trace=hand.trace,
+                x=outs.x_hat_f,
+                w_gate=ffn_w.w_eg,
+                w_up=ffn_w.w_eu,
+                gup=ffn_buf.gup_m,
+                act=ffn_buf.act_m,
+                slots=ffn_buf.slots,
+                n_slots=ffn_buf.n_slots,
+                j=j,
+                n0=n0,
+                ks=ks,
+                R=R,
+                E=moe.E,
+                I=dims.I,
+                D=dims.D,
+                NSLOT=moe.NSLOT,
+                BN=dims.BN_GU,
+                BK=dims.BK_GU,
+                LIMIT=dims.LIMIT,
+                KS=dims.KS_GU,
+                TRACE=sched.TRACE,
+                INTERPRET=INTERPRET,
+                POLL=POLL,
+                THREADS=THREADS,
+            )
     elif ttype == EXP_DOWN:
         j, n0 = exp_down_fields(row)
         task_expert_down(
@@ -192,8 +196,6 @@ def task_expert_gate_up(
     act,
     slots,
     n_slots,
-    logits,
-    bias,
     j,
     n0,
     ks,
@@ -202,11 +204,6 @@ def task_expert_gate_up(
     I: tl.constexpr,
     D: tl.constexpr,
     NSLOT: tl.constexpr,
-    E_ALL: tl.constexpr,
-    KS_RT: tl.constexpr,
-    TOPK: tl.constexpr,
-    SCALE: tl.constexpr,
-    EACH: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
     LIMIT: tl.constexpr,
@@ -217,18 +214,42 @@ def task_expert_gate_up(
     THREADS: tl.constexpr,
 ):
     """EXP_GU (slot j, rows n0.. of the intermediate, K slice ks of KS: knob ksplit_gu): the slot's gate and up
-    over the slice (`expert_gate_up`; nothing for a slot no row chose). A slice but the first stores its sums in
-    `gup` [NSLOT + 1, KS, 2, 16, I] and is done; slice 0 then waits (late: every slice 0 does, chosen or not, so
-    every site can be stuck) for them, adds them in slice order, and makes the slot's act. True unless a wait
-    failed. EACH (knob route=each): a routed slot's expert is decided here from the router's logits (its task
-    waits on the router, not the routing: one hand-off and the routing's own length off the path)."""
-    if EACH:
-        if j == NSLOT:  # the shared expert: no routing
-            expert, live = slot_expert(slots, n_slots, j, E, NSLOT)
-        else:
-            expert, live = decided_slot_expert(logits, bias, j, R, E, KS_RT, E_ALL, TOPK, SCALE)
-    else:
-        expert, live = slot_expert(slots, n_slots, j, E, NSLOT)
+    (`slot_gate_up`), its expert read from the slots the routing made. True unless a wait failed."""
+    expert, live = slot_expert(slots, n_slots, j, E, NSLOT)
+    return slot_gate_up(
+        rt, row, task, epoch, stuck_site, budget_ns, trace, x, w_gate, w_up, gup, act, expert, live, j, n0, ks, R, I,
+        D, BN, BK, LIMIT, KS, TRACE, INTERPRET, POLL, THREADS,
+    )  # fmt: skip
+
+
+@pinned(SYMBOLS)
+@triton.jit(noinline=True)
+def task_decided_gate_up(
+    rt, row, task, epoch, stuck_site, budget_ns, trace, x, w_gate, w_up, gup, act, logits, bias, j, n0, ks, R,
+    E: tl.constexpr, I: tl.constexpr, D: tl.constexpr, E_ALL: tl.constexpr, KS_RT: tl.constexpr, TOPK: tl.constexpr,
+    SCALE: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, LIMIT: tl.constexpr, KS: tl.constexpr,
+    TRACE: tl.constexpr, INTERPRET: tl.constexpr, POLL: tl.constexpr, THREADS: tl.constexpr,
+):  # fmt: skip
+    """EXP_GU of a routed slot j under knob route=each: its expert decided here from the router's logits and bias
+    (`decided_slot_expert`, the routing's own picks), so the task waits on the router, not on the routing: the
+    routing's hand-off and its own length leave the path. Then as `task_expert_gate_up`."""
+    expert, live = decided_slot_expert(logits, bias, j, R, E, KS_RT, E_ALL, TOPK, SCALE)
+    return slot_gate_up(
+        rt, row, task, epoch, stuck_site, budget_ns, trace, x, w_gate, w_up, gup, act, expert, live, j, n0, ks, R, I,
+        D, BN, BK, LIMIT, KS, TRACE, INTERPRET, POLL, THREADS,
+    )  # fmt: skip
+
+
+@triton.jit
+def slot_gate_up(
+    rt, row, task, epoch, stuck_site, budget_ns, trace, x, w_gate, w_up, gup, act, expert, live, j, n0, ks, R,
+    I: tl.constexpr, D: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, LIMIT: tl.constexpr, KS: tl.constexpr,
+    TRACE: tl.constexpr, INTERPRET: tl.constexpr, POLL: tl.constexpr, THREADS: tl.constexpr,
+):  # fmt: skip
+    """Slot j's gate and up over K slice ks of KS for expert `expert` (`expert_gate_up`; nothing where not
+    `live`: a slot no row chose). A slice but the first stores its sums in `gup` [NSLOT + 1, KS, 2, 16, I] and is
+    done; slice 0 then waits (late: every slice 0 does, chosen or not, so every site can be stuck) for them, adds
+    them in slice order, and makes the slot's act. True unless a wait failed."""
     g = tl.zeros((16, BN), dtype=tl.float32)
     u = tl.zeros((16, BN), dtype=tl.float32)
     if live:
