@@ -10,7 +10,19 @@ from glm53ctl.kernels.checks import fault_key
 from glm53ctl.kernels.kinds import CPU_KEYS, get_kind
 from glm53ctl.kernels.kinds.sparse.harness import SparseHarness
 from glm53ctl.kernels.numerics import rel_rms
-from glm53ctl.kernels.ops.dsa.tasks import ABSORB, ATTN, COMBINE, MLA_A, MLA_QB, MLA_ROW, SCORE, SELECT, WUV
+from glm53ctl.kernels.ops.dsa.tasks import (
+    ABSORB,
+    ATTN,
+    COMBINE,
+    MLA_A,
+    MLA_QB,
+    MLA_ROW,
+    SCORE,
+    SEL_PASS,
+    SEL_ROW,
+    SELECT,
+    WUV,
+)
 from glm53ctl.kernels.spec import load_model
 from glm53ctl.kernels.weights import ROOT, Weights
 from tests.helpers import assert_same_bits, assert_separate_launches_keep_bits, first_site_of_each, resolved
@@ -80,6 +92,8 @@ def test_tied_index_scores_take_the_lower_pools():
         {"block_n_down": 16, "block_n_in": 16},
         {"weights_first": 1},
         {"route": "each", "launch": "stages"},
+        {"select": "row"},
+        {"select": "row", "launch": "stages", "grid": 64},
     ],
 )
 def test_schedule_knobs_keep_every_bit(weights, knobs):
@@ -107,6 +121,27 @@ def test_the_mla_sites_stuck_are_named(weights):
     for s in sites.values():
         res = fault_key(weights, resolved("sparse", 2, 1), s, budget_ns=10**6, wall_s=60)
         assert res.ok and res.named == 1 and res.retries_equal == 1, res.problems
+
+
+def test_select_row_is_one_task_a_row_and_its_site_is_named(weights):
+    """knob select=row: a row's selection is one task (no passes) waiting on every score task of its row, within
+    the bounds against the reference at contexts below and above the selection width (rows 4); its site stuck is
+    named and the retried launch is a clean one's bits."""
+    key = resolved("sparse", 1, 4, {"select": "row"})
+    k = SparseHarness(weights, key)
+    t = k.launch.table
+    types = [task[0] for task in t.tasks]
+    assert SEL_PASS.value not in types and SELECT.value not in types and types.count(SEL_ROW.value) == 4
+    rows = [i for i, ty in enumerate(types) if ty == SEL_ROW.value]
+    for i in rows:
+        (site,) = t.sites_of(i)
+        assert {types[p] for p in site.producers} == {SCORE.value}
+    _check(k, seed=17)
+    key = resolved("sparse", 2, 1, {"select": "row"})
+    t = SparseHarness(weights, key).launch.table
+    site = t.first_site[next(i for i, task in enumerate(t.tasks) if task[0] == SEL_ROW.value)]
+    res = fault_key(weights, key, site, budget_ns=10**6, wall_s=60)
+    assert res.ok and res.named == 1 and res.retries_equal == 1, res.problems
 
 
 def test_each_selection_invariant_fails_on_its_broken_output(weights):

@@ -290,6 +290,7 @@ class Schedule(NamedTuple):
     FOLD: bool
     MIX_TASK: bool
     TRACE: bool
+    SEL_ONE: bool  # MLA's selection a task a row (knob select=row, where the caches' pools fit one program)
 
 
 def pick(group: type[NamedTuple], tensors: dict) -> NamedTuple:

@@ -18,7 +18,7 @@ import triton.language as tl
 from glm53ctl.kernels.kinds.layer.prefetch import prefetch
 from glm53ctl.kernels.kinds.layer.shared import task_gate, task_mix, task_own, task_push, task_reduce
 from glm53ctl.kernels.ops.dsa.layer import mla_task
-from glm53ctl.kernels.ops.dsa.tasks import MLA_A, SEL_PASS, WUV
+from glm53ctl.kernels.ops.dsa.tasks import MLA_A, SEL_PASS, SEL_ROW, WUV
 from glm53ctl.kernels.ops.ffn.layer_mlp import mlp_task
 from glm53ctl.kernels.ops.ffn.layer_moe import moe_task
 from glm53ctl.kernels.ops.ffn.tasks import DOWN, EXP_DOWN, GU, ROUTER
@@ -95,10 +95,13 @@ def _gate(ttype, row, H, gates, hand, outs, consts, ffn: tl.constexpr, dims: tl.
 
 
 @triton.jit
-def _is_attn_half(ttype, MLA: tl.constexpr):
-    """Whether a task is the attention half's own: MLA's (its types are consecutive ids) or KDA's."""
+def _is_attn_half(ttype, MLA: tl.constexpr, SEL_ONE: tl.constexpr):
+    """Whether a task is the attention half's own: MLA's (its types are consecutive ids; SEL_ONE: the selection a
+    task a row, knob select=row) or KDA's."""
     if MLA:
         yes = ((ttype >= MLA_A) & (ttype <= WUV)) | (ttype == SEL_PASS)
+        if SEL_ONE:
+            yes = yes | (ttype == SEL_ROW)
     else:
         yes = (ttype == INPROJ) | (ttype == KDA_HEAD)
     return yes
@@ -170,7 +173,7 @@ def _run_task(
                  CH=dims.CH)  # fmt: skip
     elif (ttype == GATE_A) | (ttype == COMB_A):
         _gate(ttype, row, H, gates, hand, outs, consts, False, dims, INTERPRET)
-    elif _is_attn_half(ttype, MLA):
+    elif _is_attn_half(ttype, MLA, sched.SEL_ONE):
         if MLA:
             mla_task(ttype, row, H, attn_w, attn_state, attn_buf, outs, consts, R, dims, mla, INTERPRET)
         else:

@@ -282,6 +282,7 @@ class LayerLaunch(PersistentLaunch):
                 FOLD=self.fold,
                 MIX_TASK=mix_tasks(self.knobs, self.rows, d.HC),
                 TRACE=self.tracing,
+                SEL_ONE=bool(d.mla and d.SEL.ROW),
             ),
             "MLA": d.mla,
             "MOE": d.moe,

@@ -62,6 +62,7 @@ from glm53ctl.kernels.ops.dsa.tasks import (
     Score,
     Select,
     SelectPass,
+    SelectRow,
     Wuv,
 )
 from glm53ctl.kernels.ops.ffn.moe import ROUTER_SLICES, ROUTER_TILE, n_slots_for
@@ -227,7 +228,7 @@ class Dims:
         self.BP = 16
         self.NSB = -(-(slots // self.KP) // self.BP)
         # the selection's sizes (kernels/ops/dsa/select.py): SEL.NQ_ROW parts of SEL.PART pools cover the caches'
-        self.SEL = select_dims(slots // self.KP)
+        self.SEL = select_dims(slots // self.KP, row=knobs.select == "row")
         self.TB = knobs.token_block  # tokens per attention task (numeric: the combine's order)
         self.NB = -(-self.WIDTH // self.TB)
         self.HB = max(16, min(64, 1 << (self.HQ - 1).bit_length()))  # heads per attention task, a tl.dot tile
@@ -412,8 +413,9 @@ def _add_mla(
     """`sparse`'s attention half after the attention gates (kernels/ops/dsa/kernel.py has the steps): the fused A
     projection's tiles; per row q_a's norm, then its cache writes and head weights; q_b | the indexer's wq_b
     tiles; per head the absorb; per row the index scores in pool blocks, then its selection over parts of the pools
-    (four passes, then each part's tokens); per row, head group and token block the attention partials, then per
-    row, group and latent column chunk their combine; per head W_UV; o_proj. Returns the o_proj tiles."""
+    (four passes, then each part's tokens; knob select=row, where the pools fit one program: one task); per row,
+    head group and token block the attention partials, then per row, group and latent column chunk their combine;
+    per head W_UV; o_proj. Returns the o_proj tiles."""
     a_tiles = [(n0, n0 + d.BN, add(MlaA(n0), waits=gates)) for n0 in range(0, d.NA, d.BN)]
     # per row two parts: q_a's norm (what q_b waits for), then the caches' writes and head weights (the scores')
     q_rows = [add(MlaRow(r, 0), waits=_covering(a_tiles, 0, d.QL)) for r in range(rows)]
@@ -427,6 +429,9 @@ def _add_mla(
     selects = []
     for r in range(rows):
         scores = [(b * d.BP, (b + 1) * d.BP, add(Score(r, b), waits=[row_tasks[r], *qi])) for b in range(d.NSB)]
+        if d.SEL.ROW:  # knob select=row: the row's whole selection in one task, after all its scores
+            selects.append([add(SelectRow(r), waits=[x for *_, x in scores])])
+            continue
         # the selection over parts of the pools: pass 0 of a part waits on its scores, pass i on every part's
         # pass i - 1, the tokens of each part on every part's last pass
         parts = range(d.SEL.NQ_ROW)

@@ -5,8 +5,9 @@ The launch is the layer kernel (kernels/kinds/layer/) with MLA as its attention 
 kernels/ops/dsa; the table's `_add_mla`) and the MoE as its FFN half (`kda`'s). This folder holds its facts, its
 harness (the caches and positions a key takes) and its stock-PyTorch baseline.
 
-Knobs: `kda`'s (those only the KDA attention reads give the same launch here, so `tune` times them once), and
-`token_block`, the tokens per attention task.
+Knobs: `kda`'s (those only the KDA attention reads give the same launch here, so `tune` times them once),
+`token_block`, the tokens per attention task, and `select`, the indexer's top-k over parts of a row's pools or in
+one task a row.
 """
 
 from glm53ctl.kernels.kinds.base import Knob
@@ -33,6 +34,14 @@ KNOBS = KDA_KNOBS + (
         64,
         "numeric",
         "selected tokens per attention task (its log-sum-exp partial; the combine adds the blocks in order)",
+    ),
+    Knob(
+        "select",
+        ("parts", "row"),
+        "parts",
+        "schedule",
+        "the indexer's top-k: four radix passes and the take as tasks over parts of a row's pools (hand-offs "
+        "between them), or one task a row holding every key where the caches hold at most 4,096 pools (16K tokens)",
     ),
 )
 

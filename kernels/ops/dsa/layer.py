@@ -18,7 +18,7 @@ import triton.language as tl
 from glm53ctl.kernels.ops.dsa.attend import attend_block, combine_blocks
 from glm53ctl.kernels.ops.dsa.indexer import scores_block
 from glm53ctl.kernels.ops.dsa.kernel import mla_row
-from glm53ctl.kernels.ops.dsa.select import select_pass, select_take
+from glm53ctl.kernels.ops.dsa.select import select_pass, select_row, select_take
 from glm53ctl.kernels.ops.dsa.tasks import (
     ABSORB,
     ATTN,
@@ -28,6 +28,7 @@ from glm53ctl.kernels.ops.dsa.tasks import (
     MLA_ROW,
     SCORE,
     SEL_PASS,
+    SEL_ROW,
     SELECT,
     WUV,
     absorb_fields,
@@ -38,6 +39,7 @@ from glm53ctl.kernels.ops.dsa.tasks import (
     mla_row_fields,
     score_fields,
     sel_pass_fields,
+    sel_row_fields,
     select_fields,
     wuv_fields,
 )
@@ -120,6 +122,9 @@ def mla_task(
             b.scores, b.idx, (b.sel_hist, b.sel_state, b.sel_above), c.pos, r, part, mla.KP, mla.TOPP, mla.WIDTH,
             mla.LMAX, mla.SEL.PART, mla.SEL.NQ, mla.SEL.BLOCK,
         )  # fmt: skip
+    elif ttype == SEL_ROW:
+        r = sel_row_fields(row)
+        task_select_row(b.scores, b.idx, c.pos, r, mla.KP, mla.TOPP, mla.WIDTH, mla.LMAX, mla.SEL.ROW)
     elif ttype == ATTN:
         r, group, block = attn_fields(row)
         task_attn(
@@ -286,6 +291,15 @@ def task_select_pass(
         select_pass(s, h, st, ab, n, q, 2, KP, TOPP, PART, NQ, BLOCK)
     else:
         select_pass(s, h, st, ab, n, q, 3, KP, TOPP, PART, NQ, BLOCK)
+
+
+@pinned(SYMBOLS)
+@triton.jit(noinline=True)
+def task_select_row(scores, idx, pos, r, KP: tl.constexpr, TOPP: tl.constexpr, WIDTH: tl.constexpr,
+                    LMAX: tl.constexpr, ROW: tl.constexpr):  # fmt: skip
+    """SEL_ROW (row r): the row's whole selection in one program (`select_row`: knob select=row, where the caches'
+    pools fit one)."""
+    select_row(scores + r * (LMAX // KP), idx + r * WIDTH, tl.load(pos + r) + 1, KP, TOPP, WIDTH, ROW)
 
 
 @pinned(SYMBOLS)

@@ -44,6 +44,7 @@ class SelectDims(NamedTuple):
     NQ: int  # NQ_ROW up to a power of two: the histograms' part axis
     BLOCK: int  # scores a program reads at once: at most 1024 (4 warps took 57 µs over 8,192 pools against 107
     # in blocks of 4096, H200, docs/perf/sparse.md)
+    ROW: int = 0  # the pools one program holds where a row's selection is one task (`select_row`); 0: over parts
 
 
 def select_part(pools: int) -> int:
@@ -52,11 +53,18 @@ def select_part(pools: int) -> int:
     return max(256, triton.next_power_of_2(-(-pools // 32)))
 
 
-def select_dims(pools: int, part: int | None = None) -> SelectDims:
-    """The selection's sizes for caches of `pools` pools, over parts of `part` pools (default `select_part`)."""
+# the most pools a row's selection takes in one program (`select_row`): 16K tokens; 4,096 keys are 32 registers a
+# thread at 4 warps
+ROW_POOLS = 4096
+
+
+def select_dims(pools: int, part: int | None = None, row: bool = False) -> SelectDims:
+    """The selection's sizes for caches of `pools` pools, over parts of `part` pools (default `select_part`);
+    `row` (knob select=row): one program a row where the caches hold at most ROW_POOLS pools."""
     part = part or select_part(pools)
     parts = -(-pools // part)
-    return SelectDims(PART=part, NQ_ROW=parts, NQ=triton.next_power_of_2(parts), BLOCK=min(part, 1024))
+    one = triton.next_power_of_2(pools) if row and pools <= ROW_POOLS else 0
+    return SelectDims(PART=part, NQ_ROW=parts, NQ=triton.next_power_of_2(parts), BLOCK=min(part, 1024), ROW=one)
 
 
 @triton.jit
@@ -207,6 +215,54 @@ def select_take(
 
 
 @triton.jit
+def select_row(scores, idx, n, KP: tl.constexpr, TOPP: tl.constexpr, WIDTH: tl.constexpr, ROW: tl.constexpr):
+    """A row's selected tokens into idx [WIDTH] int32 (n cached tokens, its P <= ROW pools' scores [>= P] fp32),
+    by one program holding every key: the four passes' histograms and picks in registers, then the take, in pool
+    order. The selection of `select_pass` and `select_take` over parts (the same threshold, the same pools taken in
+    the same slots), with no buffers between the steps and no hand-offs: where a row's pools fit one program
+    (knob select=row)."""
+    P = n // KP
+    o_p = tl.arange(0, ROW)
+    m = o_p < P
+    key = score_key(tl.load(scores + o_p, mask=m, other=0.0))
+    prefix = tl.zeros((), dtype=tl.uint32)
+    left = TOPP + 0 * P
+    if P > TOPP:
+        o_d = tl.arange(0, 256)
+        for i in tl.static_range(4):
+            match = m
+            if i > 0:  # the digits found so far: the bits above this one
+                match = match & ((key >> (32 - 8 * i)) == (prefix >> (32 - 8 * i)))
+            counts = tl.histogram(((key >> (24 - 8 * i)) & 255).to(tl.int32), 256, mask=match).to(tl.int32)
+            # `_pick` over one part: the largest digit whose count of pools at or above it reaches `left`
+            above = tl.sum(counts, axis=0) - tl.cumsum(counts, axis=0)
+            d = tl.max(tl.where(above + counts >= left, o_d, -1), axis=0)
+            left -= tl.sum(tl.where(o_d > d, counts, 0), axis=0)
+            prefix = prefix | (d.to(tl.uint32) << (24 - 8 * i))
+    # the pools above the threshold, and of those at it the first `left`; every pool while P <= TOPP
+    eq_p = m & (key == prefix)
+    take = m & ((key > prefix) | (eq_p & (tl.cumsum(eq_p.to(tl.int32), axis=0) <= left)) | (P <= TOPP))
+    slot = tl.cumsum(take.to(tl.int32), axis=0) - 1
+    for j in tl.static_range(KP):
+        tl.store(idx + slot * KP + j, o_p * KP + j, mask=take)
+    # then the tail (the tokens of the pool not yet complete), then -1 up to WIDTH
+    o_k = tl.arange(0, KP)
+    first = tl.minimum(P, TOPP) * KP
+    tl.store(idx + first + o_k, P * KP + o_k, mask=o_k < n - P * KP)
+    for w0 in range(0, WIDTH, ROW):
+        o_w = w0 + o_p
+        tl.store(idx + o_w, -1, mask=(o_w >= first + n - P * KP) & (o_w < WIDTH))
+
+
+@triton.jit
+def _row_kernel(scores, idx, n, stride, KP: tl.constexpr, TOPP: tl.constexpr, WIDTH: tl.constexpr,
+                ROW: tl.constexpr):  # fmt: skip
+    """Program r: row r."""
+    r = tl.program_id(0)
+    select_row(scores + r * stride, idx + r * WIDTH, tl.load(n + r), KP, TOPP, WIDTH, ROW)
+
+
+@triton.jit
 def _pass_kernel(scores, hist, state, above, n, stride, I: tl.constexpr, KP: tl.constexpr, TOPP: tl.constexpr,
                  PART: tl.constexpr, NQ: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
     """Program (part, row)."""
@@ -224,20 +280,25 @@ def _take_kernel(scores, idx, hist, state, above, n, stride, KP: tl.constexpr, T
                 above + r * (4 * NQ), tl.load(n + r), q, KP, TOPP, WIDTH, PART, NQ, BLOCK)  # fmt: skip
 
 
-def select_launch(scores: torch.Tensor, n: torch.Tensor, spec, part: int | None = None) -> torch.Tensor:
+def select_launch(
+    scores: torch.Tensor, n: torch.Tensor, spec, part: int | None = None, row: bool = False
+) -> torch.Tensor:
     """Every row's selected tokens: scores [R, >= max P] fp32 (a row's pools past its P unread), n [R] cached
     tokens -> idx [R, index_width] int32, as the reference's `select_token_rows`; over parts of `part` pools
     (`select_part` of the scores' width by default), a launch a pass. The buffers start as garbage: nothing read
     is left from before."""
-    return select_runner(scores, n, spec, part)()
+    return select_runner(scores, n, spec, part, row)()
 
 
-def select_runner(scores: torch.Tensor, n: torch.Tensor, spec, part: int | None = None) -> Callable[[], torch.Tensor]:
+def select_runner(
+    scores: torch.Tensor, n: torch.Tensor, spec, part: int | None = None, row: bool = False
+) -> Callable[[], torch.Tensor]:
     """`select_launch` made once (its buffers, garbage to start with) and launched at each call into the same
-    buffers, returning idx: what `bench --op select` times in a CUDA graph, allocating nothing per call."""
+    buffers, returning idx: what `bench --op select` times in a CUDA graph, allocating nothing per call. `row`:
+    one program a row (`select_row`, knob select=row) where the scores' width allows."""
     R, width = scores.shape
     ix = spec.indexer
-    sel = select_dims(width, part)
+    sel = select_dims(width, part, row)
     nq = sel.NQ
     dev = scores.device
     idx = torch.empty(R, spec.index_width, dtype=torch.int32, device=dev)
@@ -249,6 +310,10 @@ def select_runner(scores: torch.Tensor, n: torch.Tensor, spec, part: int | None 
     consts = dict(KP=ix.kpool, TOPP=spec.index_pools, PART=sel.PART, NQ=sel.NQ, BLOCK=sel.BLOCK)
 
     def run() -> torch.Tensor:
+        if sel.ROW:
+            _row_kernel[(R,)](s, idx, nn, s.stride(0), KP=ix.kpool, TOPP=spec.index_pools, WIDTH=spec.index_width,
+                              ROW=sel.ROW)  # fmt: skip
+            return idx
         for i in range(4):
             _pass_kernel[(nq, R)](s, hist, state, above, nn, s.stride(0), I=i, **consts)
         _take_kernel[(nq, R)](s, idx, hist, state, above, nn, s.stride(0), WIDTH=spec.index_width, **consts)

@@ -169,3 +169,18 @@ SEL_PASS = SelectPass.constexpr()
 def sel_pass_fields(row):
     """SelectPass's fields from its table row: r, step, part."""
     return row[1], row[2], row[3]
+
+
+class SelectRow(Task, id=36, name="index select row"):
+    """A row's whole selection in one program, where its pools fit one (knob select=row)."""
+
+    r: int  # the row
+
+
+SEL_ROW = SelectRow.constexpr()
+
+
+@triton.jit
+def sel_row_fields(row):
+    """SelectRow's field from its table row: r."""
+    return row[1]
