@@ -29,12 +29,13 @@ class OpBench:
     launches: int  # plain launches a call makes
 
 
-def _select(spec, pools: int, device) -> Callable:
-    """One row's selection over `pools` pools of random scores, its caches full (pools x kpool tokens)."""
+def _select(spec, pools: int, device, row: bool = False) -> Callable:
+    """One row's selection over `pools` pools of random scores, its caches full (pools x kpool tokens); `row`: in
+    one program (knob select=row)."""
     g = torch.Generator(device="cpu").manual_seed(pools)
     scores = torch.randn(1, pools, generator=g).to(device)
     n = torch.tensor([pools * spec.indexer.kpool])
-    return select_runner(scores, n, spec)
+    return select_runner(scores, n, spec, row=row)
 
 
 def _route(spec, rows: int, device) -> Callable:
@@ -52,6 +53,13 @@ OPS = {
         (256, 1024, 4096, 16384, 32768),
         _select,
         5,
+    ),
+    "select_row": OpBench(
+        "the same top-k in one program a row (knob select=row: every key in registers, the passes and the take)",
+        "pools",
+        (256, 1024, 4096),
+        lambda spec, pools, device: _select(spec, pools, device, row=True),
+        1,
     ),
     "route": OpBench(
         "the routing: each row's top-k experts from its router logits (ops/ffn/moe.py, a program a row)",

@@ -96,8 +96,8 @@ def bench(
         typer.Option(
             "--op",
             metavar="OP,...",
-            help="Time an op's body alone instead of launches: select (the top-k over --sizes pools), route (the "
-            "routing of --sizes rows); its plain launches in a CUDA graph.",
+            help="Time an op's body alone instead of launches: select (the top-k over --sizes pools), select_row "
+            "(the same in one program a row), route (the routing of --sizes rows); its plain launches in a CUDA graph.",
         ),
     ] = None,
     sizes: Annotated[
