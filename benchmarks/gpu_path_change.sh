@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
 # On a GPU machine: one change of the layer's path (issue 47) decided and shown in one call. Each step has its own
 # time limit, and everything is packed into $OUT/results.tgz after each step (a call cut short keeps what is done):
-# 1. `glm53ctl tune --space $SPACE --write` over each SET (KINDS:TPS:ROWS): the knob kept only where it measures
-#    faster at that width (A B B A against the tuned default); tune's JSON, the tuned files written;
+# 1. `glm53ctl tune --space SPACE --trials N --write` over each SET (KINDS:TPS:ROWS:SPACE[:N], N default 2): a knob
+#    kept only where it measures faster at that width (A B B A against the tuned default); tune's JSON, the files;
 # 2. `glm53ctl bench --trace --perfetto` of $TRACE_KINDS at TP8 rows 1, 4K, under the tuned files: the new path;
 # 3. with REF: `glm53ctl report --against $REF --parts $PARTS --html` over $REPORT_KINDS, TP8, rows 1 and 8, 4K.
-# Usage: SPACE=route REF=build/worktrees/<sha> benchmarks/gpu_path_change.sh kda,sparse:8,4:1 kda,sparse:8:8
+# Usage: REF=build/worktrees/<sha> benchmarks/gpu_path_change.sh kda:8,4:1:route sparse:8:1:route,select:4
 # Carry .whl and REF's worktree. Limits: TUNE_S a set (200), TRACE_S (150), REPORT_S (240).
 set -uo pipefail
 FINAL=$OUT; OUT=/tmp/path-change; rm -rf $OUT; mkdir -p $OUT
 pack() { tar czf "$FINAL/results.tgz" -C "$OUT" .; }
 [ -n "${PYTHONPATH:-}" ] || . benchmarks/gpu_setup.sh
 for set in "$@"; do
-  IFS=: read -r kinds tps rows <<< "$set"
+  IFS=: read -r kinds tps rows space trials <<< "$set"
   name="tune-${kinds//,/-}-tp${tps//,/-}-r${rows//,/-}"
   timeout "${TUNE_S:-200}" glm53ctl tune -m glm53_flash --kind "$kinds" --tp "$tps" --rows "$rows" --context 4096 \
-    --space "$SPACE" --trials 2 --top 1 --write --json > "$OUT/$name.json" 2> "$OUT/$name.err"
+    --space "$space" --trials "${trials:-2}" --top 1 --write --json > "$OUT/$name.json" 2> "$OUT/$name.err"
   echo "$name: exit $?" | tee -a "$OUT/summary.txt"
   cp configs/tuned/glm53_flash/tp*.json "$OUT/"; git diff -- CHANGELOG.md > "$OUT/changelog.diff" 2>/dev/null
   pack
