@@ -14,7 +14,8 @@ pack() { tar czf "$FINAL/results.tgz" -C "$OUT" .; }
 for set in "$@"; do
   IFS=: read -r kinds tps rows space trials <<< "$set"
   name="tune-${kinds//,/-}-tp${tps//,/-}-r${rows//,/-}"
-  timeout "${TUNE_S:-200}" glm53ctl tune -m glm53_flash --kind "$kinds" --tp "$tps" --rows "$rows" --context 4096 \
+  ctx=""; [[ $kinds == *sparse* ]] && ctx="--context 4096"  # a context for the kinds that read caches only
+  timeout "${TUNE_S:-200}" glm53ctl tune -m glm53_flash --kind "$kinds" --tp "$tps" --rows "$rows" $ctx \
     --space "$space" --trials "${trials:-2}" --top 1 --write --json > "$OUT/$name.json" 2> "$OUT/$name.err"
   echo "$name: exit $?" | tee -a "$OUT/summary.txt"
   cp configs/tuned/glm53_flash/tp*.json "$OUT/"; git diff -- CHANGELOG.md > "$OUT/changelog.diff" 2>/dev/null
