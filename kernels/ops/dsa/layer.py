@@ -58,6 +58,10 @@ def mla_task(
 ):  # fmt: skip
     """The MLA half's task, if it is one (row: its table row)."""
     w, c, b = attn_w, attn_state, attn_buf
+    if mla.SEL.ROW:  # knob select=row: the body exists only where the selection is a task a row
+        if ttype == SEL_ROW:
+            r = sel_row_fields(row)
+            task_select_row(b.scores, b.idx, c.pos, r, mla.KP, mla.TOPP, mla.WIDTH, mla.LMAX, mla.SEL.ROW)
     if ttype == MLA_A:
         n0 = mla_a_fields(row)
         task_gemv(
@@ -122,9 +126,6 @@ def mla_task(
             b.scores, b.idx, (b.sel_hist, b.sel_state, b.sel_above), c.pos, r, part, mla.KP, mla.TOPP, mla.WIDTH,
             mla.LMAX, mla.SEL.PART, mla.SEL.NQ, mla.SEL.BLOCK,
         )  # fmt: skip
-    elif ttype == SEL_ROW:
-        r = sel_row_fields(row)
-        task_select_row(b.scores, b.idx, c.pos, r, mla.KP, mla.TOPP, mla.WIDTH, mla.LMAX, mla.SEL.ROW)
     elif ttype == ATTN:
         r, group, block = attn_fields(row)
         task_attn(
