@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On a GPU machine: one change of the layer's path (issue 47) decided and shown in one call. Each step has its own
 # time limit, and everything is packed into $OUT/results.tgz after each step (a call cut short keeps what is done):
-# 1. `glm53ctl tune --space SPACE --trials N --write` over each SET (KINDS:TPS:ROWS:SPACE[:N], N default 2): a knob
+# 1. `glm53ctl tune --space SPACE --trials N --write` over each SET (KINDS:TPS:ROWS:SPACE[:N[:SECONDS]]): a knob
 #    kept only where it measures faster at that width (A B B A against the tuned default); tune's JSON, the files;
 # 2. `glm53ctl bench --trace --perfetto` of $TRACE_KINDS at TP8 rows 1, 4K, under the tuned files: the new path;
 # 3. with REF: `glm53ctl report --against $REF --parts $PARTS --html` over $REPORT_KINDS, TP8, rows 1 and 8, 4K.
@@ -12,10 +12,10 @@ FINAL=$OUT; OUT=/tmp/path-change; rm -rf $OUT; mkdir -p $OUT
 pack() { tar czf "$FINAL/results.tgz" -C "$OUT" .; }
 [ -n "${PYTHONPATH:-}" ] || . benchmarks/gpu_setup.sh
 for set in "$@"; do
-  IFS=: read -r kinds tps rows space trials <<< "$set"
+  IFS=: read -r kinds tps rows space trials limit <<< "$set"
   name="tune-${kinds//,/-}-tp${tps//,/-}-r${rows//,/-}"
   ctx=""; [[ $kinds == *sparse* ]] && ctx="--context 4096"  # a context for the kinds that read caches only
-  timeout "${TUNE_S:-200}" glm53ctl tune -m glm53_flash --kind "$kinds" --tp "$tps" --rows "$rows" $ctx \
+  timeout "${limit:-${TUNE_S:-200}}" glm53ctl tune -m glm53_flash --kind "$kinds" --tp "$tps" --rows "$rows" $ctx \
     --space "$space" --trials "${trials:-2}" --top 1 --write --json > "$OUT/$name.json" 2> "$OUT/$name.err"
   echo "$name: exit $?" | tee -a "$OUT/summary.txt"
   cp configs/tuned/glm53_flash/tp*.json "$OUT/"; git diff -- CHANGELOG.md > "$OUT/changelog.diff" 2>/dev/null
