@@ -10,25 +10,13 @@ from glm53ctl.kernels.checks import fault_key
 from glm53ctl.kernels.kinds import CPU_KEYS, get_kind
 from glm53ctl.kernels.kinds.sparse.harness import SparseHarness
 from glm53ctl.kernels.numerics import rel_rms
-from glm53ctl.kernels.ops.dsa.tasks import (
-    ABSORB,
-    ATTN,
-    COMBINE,
-    MLA_A,
-    MLA_QB,
-    MLA_ROW,
-    SCORE,
-    SEL_PASS,
-    SEL_ROW,
-    SELECT,
-    WUV,
-)
+from glm53ctl.kernels.ops.dsa import tasks as dsa
 from glm53ctl.kernels.spec import load_model
 from glm53ctl.kernels.weights import ROOT, Weights
 from tests.helpers import assert_same_bits, assert_separate_launches_keep_bits, first_site_of_each, resolved
 
 BOUNDS = get_kind("sparse").bounds
-MLA_TYPES = tuple(t.value for t in (MLA_A, MLA_ROW, MLA_QB, ABSORB, SCORE, SELECT, ATTN, COMBINE, WUV))
+MLA_TYPES = tuple(getattr(dsa, t).value for t in "MLA_A MLA_ROW MLA_QB ABSORB SCORE SELECT ATTN COMBINE WUV".split())
 
 pytestmark = pytest.mark.interpreter
 # keys besides the CPU keys (every TP width and row count once there): each TP and each row count once more
@@ -131,15 +119,15 @@ def test_select_row_is_one_task_a_row_and_its_site_is_named(weights):
     k = SparseHarness(weights, key)
     t = k.launch.table
     types = [task[0] for task in t.tasks]
-    assert SEL_PASS.value not in types and SELECT.value not in types and types.count(SEL_ROW.value) == 4
-    rows = [i for i, ty in enumerate(types) if ty == SEL_ROW.value]
+    assert dsa.SEL_PASS.value not in types and dsa.SELECT.value not in types and types.count(dsa.SEL_ROW.value) == 4
+    rows = [i for i, ty in enumerate(types) if ty == dsa.SEL_ROW.value]
     for i in rows:
         (site,) = t.sites_of(i)
-        assert {types[p] for p in site.producers} == {SCORE.value}
+        assert {types[p] for p in site.producers} == {dsa.SCORE.value}
     _check(k, seed=17)
     key = resolved("sparse", 2, 1, {"select": "row"})
     t = SparseHarness(weights, key).launch.table
-    site = t.first_site[next(i for i, task in enumerate(t.tasks) if task[0] == SEL_ROW.value)]
+    site = t.first_site[next(i for i, task in enumerate(t.tasks) if task[0] == dsa.SEL_ROW.value)]
     res = fault_key(weights, key, site, budget_ns=10**6, wall_s=60)
     assert res.ok and res.named == 1 and res.retries_equal == 1, res.problems
 

@@ -21,19 +21,7 @@ from glm53ctl.kernels.kinds.layer.weights import prepare_weights
 from glm53ctl.kernels.kinds.run_key import layer_for
 from glm53ctl.kernels.kinds.sparse.stock import stock_dsa
 from glm53ctl.kernels.numerics import FP32
-from glm53ctl.kernels.ops.dsa.tasks import (
-    ABSORB,
-    ATTN,
-    COMBINE,
-    MLA_A,
-    MLA_QB,
-    MLA_ROW,
-    SCORE,
-    SEL_PASS,
-    SEL_ROW,
-    SELECT,
-    WUV,
-)
+from glm53ctl.kernels.ops.dsa import tasks as dsa
 from glm53ctl.kernels.ops.ffn.tasks import EXP_DOWN, EXP_GU, ROUTE, ROUTER
 from glm53ctl.kernels.ops.gemv.tasks import OPROJ
 from glm53ctl.kernels.ops.mhc.tasks import RED_F
@@ -43,9 +31,9 @@ from glm53ctl.kernels.state import DsaCache
 from glm53ctl.kernels.weights import Weights
 
 # the separate-launches baseline: the gates, MLA's steps, the reduces and FFN gates, the MoE
-SPARSE_STAGES = STAGES[:2] + ((MLA_A,), (MLA_ROW,), (MLA_QB,), (ABSORB, SCORE), (SEL_PASS, SELECT, SEL_ROW))
-SPARSE_STAGES += ((ATTN,), (COMBINE,))
-SPARSE_STAGES += ((WUV,), (OPROJ,)) + STAGES[5:7] + ((ROUTER,), (ROUTE,), (EXP_GU,), (EXP_DOWN,), (RED_F,))
+SPARSE_STAGES = STAGES[:2] + ((dsa.MLA_A,), (dsa.MLA_ROW,), (dsa.MLA_QB,), (dsa.ABSORB, dsa.SCORE))
+SPARSE_STAGES += ((dsa.SEL_PASS, dsa.SELECT, dsa.SEL_ROW), (dsa.ATTN,), (dsa.COMBINE,), (dsa.WUV,), (OPROJ,))
+SPARSE_STAGES += STAGES[5:7] + ((ROUTER,), (ROUTE,), (EXP_GU,), (EXP_DOWN,), (RED_F,))
 CACHE_NAMES = ("latent", "index_key", "index_gate", "pooled_key")
 
 

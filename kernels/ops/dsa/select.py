@@ -149,6 +149,19 @@ def select_pass(
 
 
 @triton.jit
+def write_tail(idx, n, P, KP: tl.constexpr, TOPP: tl.constexpr, WIDTH: tl.constexpr, BLOCK: tl.constexpr):
+    """After a row's taken pools in idx [WIDTH]: the tail (the tokens of the pool not yet complete, n cached tokens
+    in P whole pools), then -1 up to WIDTH."""
+    o_k = tl.arange(0, KP)
+    first = tl.minimum(P, TOPP) * KP
+    tl.store(idx + first + o_k, P * KP + o_k, mask=o_k < n - P * KP)
+    o_b = tl.arange(0, BLOCK)
+    for w0 in range(0, WIDTH, BLOCK):
+        o_w = w0 + o_b
+        tl.store(idx + o_w, -1, mask=(o_w >= first + n - P * KP) & (o_w < WIDTH))
+
+
+@triton.jit
 def select_take(
     scores,
     idx,
@@ -205,13 +218,8 @@ def select_take(
             tl.store(idx + slot * KP + j, o_p * KP + j, mask=take)
         taken += tl.sum(take.to(tl.int32), axis=0)
         at += tl.sum(eq_p.to(tl.int32), axis=0)
-    if q == 0:  # then the tail (the tokens of the pool not yet complete), then -1 up to WIDTH
-        o_k = tl.arange(0, KP)
-        first = tl.minimum(P, TOPP) * KP
-        tl.store(idx + first + o_k, P * KP + o_k, mask=o_k < n - P * KP)
-        for w0 in range(0, WIDTH, BLOCK):
-            o_w = w0 + o_b
-            tl.store(idx + o_w, -1, mask=(o_w >= first + n - P * KP) & (o_w < WIDTH))
+    if q == 0:
+        write_tail(idx, n, P, KP, TOPP, WIDTH, BLOCK)
 
 
 @triton.jit
@@ -245,13 +253,7 @@ def select_row(scores, idx, n, KP: tl.constexpr, TOPP: tl.constexpr, WIDTH: tl.c
     slot = tl.cumsum(take.to(tl.int32), axis=0) - 1
     for j in tl.static_range(KP):
         tl.store(idx + slot * KP + j, o_p * KP + j, mask=take)
-    # then the tail (the tokens of the pool not yet complete), then -1 up to WIDTH
-    o_k = tl.arange(0, KP)
-    first = tl.minimum(P, TOPP) * KP
-    tl.store(idx + first + o_k, P * KP + o_k, mask=o_k < n - P * KP)
-    for w0 in range(0, WIDTH, ROW):
-        o_w = w0 + o_p
-        tl.store(idx + o_w, -1, mask=(o_w >= first + n - P * KP) & (o_w < WIDTH))
+    write_tail(idx, n, P, KP, TOPP, WIDTH, ROW)
 
 
 @triton.jit
