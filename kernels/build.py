@@ -357,8 +357,10 @@ def compare(ours: dict, theirs: dict) -> list[dict]:
         diff = []
         for role in sorted(set(ka) | set(kb)):
             ra, rb = ka.get(role), kb.get(role)
-            if (ra is None or rb is None) and (ra or rb)["hash"] in both and len(codes) == len(both):
-                continue  # a launch one side lists and the other does not (a peer's), of a code object both build
+            one_sided_peer = (ra is None or rb is None) and role.startswith("peer")
+            if one_sided_peer and (ra or rb)["hash"] in both and len(codes) == len(both):
+                continue  # a peer's launch one side lists and the other does not (an older manifest), of a code
+                # object both build; any other launch on one side only (a stage more or fewer) is a change
             if ra is None or rb is None or ra["hash"] != rb["hash"]:
                 fields = ("registers", "spill_stores", "spill_loads", "shared", "stack")
                 diff.append(

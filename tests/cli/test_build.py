@@ -233,3 +233,6 @@ def test_a_launch_one_side_lists_alone_is_no_change_when_both_build_its_code():
     assert row == {"key": "k", "status": "unchanged", "diff": []}
     (row,) = compare(manifest(("launch", "a"), ("peer.attn", "b")), theirs)
     assert row["status"] == "changed" and [d["role"] for d in row["diff"]] == ["peer.attn"]
+    # a stage launch more, of the same code object, is a change of the schedule
+    (row,) = compare(manifest(("stage0.launch", "a"), ("stage1.launch", "a")), manifest(("stage0.launch", "a")))
+    assert row["status"] == "changed" and [d["role"] for d in row["diff"]] == ["stage1.launch"]

@@ -42,6 +42,17 @@ def test_every_noinline_function_is_pinned():
     assert not unpinned(ROOT)
 
 
+def test_no_two_pinned_functions_share_a_symbol():
+    """Two noinline functions pinned to one module under one name would be one symbol: Triton would emit the first
+    body and call it for both."""
+    seen = {}
+    for path, fn in noinline_functions(ROOT):
+        module = importlib.import_module("glm53ctl.kernels." + ".".join(path.relative_to(ROOT).with_suffix("").parts))
+        symbol = (getattr(module, fn.name).__module__, fn.name)
+        assert symbol not in seen, (path, seen.get(symbol))
+        seen[symbol] = path
+
+
 def test_an_unpinned_function_is_found(tmp_path):
     (tmp_path / "ops.py").write_text(
         "import triton\n\n\n@triton.jit(noinline=True)\ndef task_moved(x):\n    pass\n"
