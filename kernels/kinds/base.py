@@ -126,6 +126,17 @@ LAUNCH = Knob(
 )
 
 
+STAGE_CODE = Knob(
+    "stage_code",
+    ("shared", "own"),
+    "shared",
+    "schedule",
+    "with launch=stages: every stage launches the layer kernel built for every task type (shared), or a kernel "
+    "built for the stage's own task types alone (own: fewer registers and less shared memory, more programs "
+    "resident, each stage a kernel of its own to load); the same bits",
+)
+
+
 def _empty() -> MappingProxyType:
     return MappingProxyType({})
 

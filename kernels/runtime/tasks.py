@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
+import triton
 import triton.language as tl
 
 from glm53ctl.kernels.tlx import interpreting  # noqa: F401 (importing tlx applies the interpreter's settings)
@@ -69,6 +70,23 @@ class Task:
 
 def name_of(type_id: int) -> str:
     return TYPES[type_id].NAME
+
+
+def types_mask(ids) -> int:
+    """The task types `ids` as one int, a bit a type id: what a launch built for those types alone carries
+    (`Schedule.ONLY`, knob stage_code=own). 0 stands for every type."""
+    return sum(1 << int(getattr(i, "value", i)) for i in set(ids))
+
+
+@triton.constexpr_function
+def may_run(only, *ids) -> bool:
+    """Whether a launch built for the task types `only` (`types_mask`; 0: every type) may run a task of one of
+    `ids` (ints, or tuples of them). Every dispatch branch of a layer kernel tests it first, at compile time: in
+    `may_run(ONLY, OPROJ) and ttype == OPROJ` a true first operand leaves the code as it was, a false one drops
+    the branch, so a stage's own kernel holds its own tasks' code alone (fewer registers and less shared memory:
+    more programs resident)."""
+    flat = [j for i in ids for j in (i if isinstance(i, tuple) else (i,))]
+    return only == 0 or any(only >> int(j) & 1 for j in flat)
 
 
 def next_id() -> int:

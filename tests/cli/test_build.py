@@ -236,3 +236,28 @@ def test_a_launch_one_side_lists_alone_is_no_change_when_both_build_its_code():
     # a stage launch more, of the same code object, is a change of the schedule
     (row,) = compare(manifest(("stage0.launch", "a"), ("stage1.launch", "a")), manifest(("stage0.launch", "a")))
     assert row["status"] == "changed" and [d["role"] for d in row["diff"]] == ["stage1.launch"]
+
+
+def test_stages_of_their_own_code_build_smaller_kernels(capsys, tmp_path, monkeypatch):
+    """Knob stage_code=own (here a tuned config's): each stage of a stages build is a kernel of its own, built for
+    its own task types, with no more registers or shared memory than the one kernel every stage shares."""
+    from glm53ctl.paths import config_root
+    from tests.configs.test_tuned import doc
+
+    conf = tmp_path / "conf"
+    shutil.copytree(config_root() / "models", conf / "models")
+    (conf / "tuned" / "tiny").mkdir(parents=True)
+    monkeypatch.setenv("GLM53CTL_CONFIG_DIR", str(conf))
+    built = {}
+    for code in ("shared", "own"):
+        d = doc(model="tiny", tp=1)
+        d["entries"] = {"dense": {"1": {"knobs": {"launch": "stages", "stage_code": code}}}}
+        (conf / "tuned" / "tiny" / "tp1.json").write_text(json.dumps(d))
+        args = ("build", "--model", "tiny", "--kind", "dense", "--tp", "1", "--rows", "1", "--no-carry")
+        built[code] = invoke_json(capsys, *args, "--out", tmp_path / code)["keys"][0]["kernels"]
+    shared, own = built["shared"], built["own"]
+    assert len(shared) == len(own) > 2 and len({k["hash"] for k in shared}) == 1
+    assert len({k["hash"] for k in own}) == len(own)  # a kernel a stage
+    one = shared[0]
+    assert all(k["registers"] <= one["registers"] and k["shared"] <= one["shared"] for k in own)
+    assert min(k["registers"] for k in own) < one["registers"] and min(k["shared"] for k in own) < one["shared"]

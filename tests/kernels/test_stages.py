@@ -6,11 +6,13 @@ import pytest
 import torch
 
 from glm53ctl.kernels.checks import check_key, fault_key, make_harness
+from glm53ctl.kernels.ops.gemv.tasks import OPROJ
 from glm53ctl.kernels.ops.kda.tasks import KDA_HEAD
 from glm53ctl.kernels.ops.mhc.tasks import RED_A
 from glm53ctl.kernels.runtime import LaunchFault
 from glm53ctl.kernels.runtime.stages import SeparateLaunches, stage_table
 from glm53ctl.kernels.runtime.table import PEER
+from glm53ctl.kernels.runtime.tasks import may_run, types_mask
 from glm53ctl.kernels.spec import load_model
 from glm53ctl.kernels.weights import Weights
 from tests.helpers import assert_same_bits, resolved
@@ -23,10 +25,10 @@ def weights():
     return Weights(load_model("tiny"), seed=13)
 
 
-def _both(weights, kind, tp, rows, seed=5):
+def _both(weights, kind, tp, rows, seed=5, knobs=None):
     """(persistent outputs, stages outputs, the stages harness) on one key's fresh inputs, outputs poisoned."""
     kp = make_harness(weights, resolved(kind, tp, rows))
-    ks = make_harness(weights, resolved(kind, tp, rows, {"launch": "stages"}))
+    ks = make_harness(weights, resolved(kind, tp, rows, {"launch": "stages"} | (knobs or {})))
     x = kp.inputs(seed=seed)[0]
     peers = kp.peer_partials(x)
     a = {n: t.clone() for n, t in kp(x, peers, poison=True).items()}
@@ -68,10 +70,35 @@ def test_stages_give_the_persistent_launchs_bits(weights, kind, tp, rows):
     assert ks.launch.runtime.epoch == epoch + 1  # every stage's tag advanced once
 
 
+@pytest.mark.parametrize("kind, tp, rows", [("dense", 2, 1), ("kda", 1, 2)])
+def test_stages_of_their_own_code_give_the_persistent_launchs_bits(weights, kind, tp, rows):
+    """Knob stage_code=own: each stage's kernel built for its own task types (the others' branches not built)."""
+    a, b, ks = _both(weights, kind, tp, rows, knobs={"stage_code": "own"})
+    assert_same_bits(a, b, f"{kind} tp{tp} r{rows} stages, own code")
+    for s in ks.launch.stages:
+        assert s.constexprs()["sched"].ONLY == types_mask(s.code_types) != 0
+        assert {t[0] for t in s.table.tasks} <= set(s.code_types)
+
+
+def test_a_launch_of_shared_code_holds_every_task_type(weights):
+    for knobs in ({}, {"launch": "stages"}, {"stage_code": "own"}):  # own code is a stage's alone
+        k = make_harness(weights, resolved("kda", 1, 2, knobs))
+        launches = getattr(k.launch, "stages", [k.launch])
+        assert all(s.constexprs()["sched"].ONLY == 0 for s in launches)
+
+
+def test_may_run_is_a_compile_time_test_of_a_launchs_task_types():
+    only = types_mask([OPROJ, RED_A])
+    assert may_run(only, OPROJ) and may_run(only, (KDA_HEAD, RED_A)) and not may_run(only, KDA_HEAD)
+    assert may_run(0, KDA_HEAD)  # 0: every type
+
+
 @pytest.mark.slow
 def test_sparse_stages_give_the_persistent_launchs_bits(weights):
     a, b, _ = _both(weights, "sparse", 2, 2)
     assert_same_bits(a, b, "sparse tp2 r2 stages")
+    _, c, _ = _both(weights, "sparse", 2, 2, knobs={"stage_code": "own"})
+    assert_same_bits(a, c, "sparse tp2 r2 stages, own code")
 
 
 @pytest.mark.slow

@@ -5,12 +5,13 @@ FFN half; this folder holds its facts and `harness.py` (one key with its peers).
 Knob defaults: the best of the H200 sweeps and traces in docs/perf/dense.md.
 """
 
-from glm53ctl.kernels.kinds.base import LAUNCH, Knob
+from glm53ctl.kernels.kinds.base import LAUNCH, STAGE_CODE, Knob
 from glm53ctl.kernels.kinds.dims import Dim, exactly, o_proj_width, power_of_two, power_of_two_or_multiple
 
 LAYER = ("kda", "dense")  # the layer it runs: (attention, FFN) (kernels/spec.py)
 KNOBS = (
     LAUNCH,
+    STAGE_CODE,
     # a tile per stage, so each stage has enough tasks
     Knob("block_n_in", (16, 32, 64), 32, "schedule", "in-projection rows per task"),
     Knob(

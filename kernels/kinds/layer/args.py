@@ -291,6 +291,9 @@ class Schedule(NamedTuple):
     MIX_TASK: bool
     TRACE: bool
     SEL_ONE: bool  # MLA's selection a task a row (knob select=row, where the caches' pools fit one program)
+    # the task types this launch's code holds (runtime/tasks.py `types_mask`; knob stage_code=own: a stage's
+    # own); 0: every type, one code for every launch of the layer
+    ONLY: int = 0
 
 
 def pick(group: type[NamedTuple], tensors: dict) -> NamedTuple:

@@ -54,6 +54,14 @@ from glm53ctl.kernels.runtime.device import (
     task_row,
     wait_task,
 )
+from glm53ctl.kernels.runtime.tasks import may_run
+
+# each half's task types (MLA's and KDA's; the MoE's and the dense MLP's): with knob stage_code=own a stage's kernel
+# holds a half's dispatch only where it runs one of them (`may_run`)
+ATTN_HALF = tl.constexpr(
+    (*range(MLA_A.value, WUV.value + 1), SEL_PASS.value, SEL_ROW.value, INPROJ.value, KDA_HEAD.value)
+)
+FFN_HALF = tl.constexpr((*range(ROUTER.value, EXP_DOWN.value + 1), GU.value, DOWN.value))
 
 
 @triton.jit
@@ -146,6 +154,7 @@ def _run_task(
     """One task, whose inputs have arrived: the tasks every layer has (the gates, o_proj's partial, the
     all-reduces or a peer's partials) and the halves' own, in one chain of tests in the order a layer runs them
     (the order of the kernel before the halves were parts). Returns ok, false where a late wait failed."""
+    ONLY: tl.constexpr = sched.ONLY  # the types this launch's code holds: a branch of none of them is not built
     TOPK: tl.constexpr = moe.TOPK if MOE else 1
     NSLOT: tl.constexpr = moe.NSLOT if MOE else 1
     if MLA:  # what o_proj reads: the MLA heads' W_UV outputs, or the KDA heads' z
@@ -167,26 +176,26 @@ def _run_task(
     if REMOTE:
         parts_a = peers.slots + ((epoch % 2) * 2) * (dims.T * R * D)
         parts_f = parts_a + dims.T * R * D
-    if ttype == MIX_A:
+    if may_run(ONLY, MIX_A) and (ttype == MIX_A):
         c, r = chunk_fields(row)
         task_mix(H=H, fn=gates.fn_a, mixp=hand.mixp, ssp=hand.ssp, gramp=hand.gram, c=c, r=r, D=D, HC=dims.HC,
                  CH=dims.CH)  # fmt: skip
-    elif (ttype == GATE_A) | (ttype == COMB_A):
+    elif may_run(ONLY, GATE_A, COMB_A) and ((ttype == GATE_A) | (ttype == COMB_A)):
         _gate(ttype, row, H, gates, hand, outs, consts, False, dims, INTERPRET)
-    elif _is_attn_half(ttype, MLA, sched.SEL_ONE):
+    elif may_run(ONLY, ATTN_HALF) and _is_attn_half(ttype, MLA, sched.SEL_ONE):
         if MLA:
-            mla_task(ttype, row, H, attn_w, attn_state, attn_buf, outs, consts, R, dims, mla, INTERPRET)
+            mla_task(ttype, row, H, attn_w, attn_state, attn_buf, outs, consts, R, dims, mla, ONLY, INTERPRET)
         else:
             ok = kda_task(ttype, row, task, ok, epoch, rt, stuck_site, budget_ns, H, attn_w, attn_state, attn_buf,
                           hand, outs, consts, R, dims, sched, INTERPRET, POLL, THREADS)  # fmt: skip
-    elif ttype == OPROJ:
+    elif may_run(ONLY, OPROJ) and (ttype == OPROJ):
         n0, ks = oproj_fields(row)
         ok = task_partial(
             rt, row, task, epoch, stuck_site, budget_ns, x=attn_o + ks * dims.PK, w=w_o + ks * dims.PK,
             out=hand.kpart_a + ks * R * D, n0=n0, R=R, N=D, K=dims.PK, STRIDE=dims.P, BN=dims.BN_O, BK=dims.BK_O,
             INTERPRET=INTERPRET, POLL=POLL, THREADS=THREADS, FIRST=sched.WEIGHTS_FIRST, PDL=sched.PDL_FIRST,
         )  # fmt: skip
-    elif ttype == RED_A:
+    elif may_run(ONLY, RED_A) and (ttype == RED_A):
         c, r = chunk_fields(row)
         if REMOTE:
             fence_sys(INTERPRET)
@@ -197,22 +206,22 @@ def _run_task(
             RANK=RANK, D=D, HC=dims.HC, CH=dims.CH, KS=dims.KS_O, T=dims.T, MIX=not sched.MIX_TASK, MOE=False,
             TOPK=TOPK, NSLOT=NSLOT, INTERPRET=INTERPRET,
         )  # fmt: skip
-    elif ttype == MIX_F:
+    elif may_run(ONLY, MIX_F) and (ttype == MIX_F):
         c, r = chunk_fields(row)
         task_mix(
             H=outs.H1, fn=gates.fn_f, mixp=hand.mixp + NCH * 16 * 32, ssp=hand.ssp + NCH * 16, gramp=f_gram, c=c,
             r=r, D=D, HC=dims.HC, CH=dims.CH,
         )  # fmt: skip
-    elif (ttype == GATE_F) | (ttype == COMB_F):
+    elif may_run(ONLY, GATE_F, COMB_F) and ((ttype == GATE_F) | (ttype == COMB_F)):
         _gate(ttype, row, H, gates, hand, outs, consts, True, dims, INTERPRET)
-    elif _is_ffn_half(ttype, MOE):
+    elif may_run(ONLY, FFN_HALF) and _is_ffn_half(ttype, MOE):
         if MOE:
             ok = moe_task(ttype, row, task, ok, epoch, rt, stuck_site, budget_ns, ffn_w, ffn_buf, hand, outs, R, dims,
                           moe, sched, INTERPRET, POLL, THREADS)  # fmt: skip
         else:
             ok = mlp_task(ttype, row, task, ok, epoch, rt, stuck_site, budget_ns, ffn_w, ffn_buf, hand, outs, R, dims,
                           sched, INTERPRET, POLL, THREADS)  # fmt: skip
-    elif ttype == RED_F:
+    elif may_run(ONLY, RED_F) and (ttype == RED_F):
         c, r = chunk_fields(row)
         if REMOTE:
             fence_sys(INTERPRET)
@@ -222,27 +231,27 @@ def _run_task(
             D=D, HC=dims.HC, CH=dims.CH, KS=dims.KS_F, T=dims.T, MIX=False, MOE=MOE, TOPK=TOPK, NSLOT=NSLOT,
             INTERPRET=INTERPRET,
         )  # fmt: skip
-    elif (ttype == OWN_A) & REMOTE:
+    elif may_run(ONLY, OWN_A) and ((ttype == OWN_A) & REMOTE):
         c, r = chunk_fields(row)
         task_push(
             src=(hand.kpart_a,), slot_bases=peers.slot_bases, flag_bases=peers.flag_bases, arrive=peers.arrive,
             epoch=epoch, c=c, r=r, R=R, RANK=RANK, peer_words=peers.words, n_pushers=n_pushers, mute=mute,
             GROUP=0, D=D, CH=dims.CH, KS=dims.KS_O, T=dims.T, MOE=False, TOPK=TOPK, NSLOT=NSLOT, INTERPRET=INTERPRET,
         )  # fmt: skip
-    elif (ttype == OWN_F) & REMOTE:
+    elif may_run(ONLY, OWN_F) and ((ttype == OWN_F) & REMOTE):
         c, r = chunk_fields(row)
         task_push(
             src=ffn_src, slot_bases=peers.slot_bases, flag_bases=peers.flag_bases, arrive=peers.arrive, epoch=epoch,
             c=c, r=r, R=R, RANK=RANK, peer_words=peers.words, n_pushers=n_pushers, mute=mute, GROUP=1, D=D,
             CH=dims.CH, KS=dims.KS_F, T=dims.T, MOE=MOE, TOPK=TOPK, NSLOT=NSLOT, INTERPRET=INTERPRET,
         )  # fmt: skip
-    elif ttype == OWN_A:
+    elif may_run(ONLY, OWN_A) and (ttype == OWN_A):
         c, r = chunk_fields(row)
         task_own(
             src=(hand.kpart_a,), parts=hand.parts_a, c=c, r=r, R=R, RANK=RANK, D=D, CH=dims.CH, KS=dims.KS_O,
             MOE=False, TOPK=TOPK, NSLOT=NSLOT,
         )  # fmt: skip
-    elif ttype == OWN_F:
+    elif may_run(ONLY, OWN_F) and (ttype == OWN_F):
         c, r = chunk_fields(row)
         task_own(
             src=ffn_src, parts=hand.parts_f, c=c, r=r, R=R, RANK=RANK, D=D, CH=dims.CH, KS=dims.KS_F, MOE=MOE,
@@ -293,7 +302,7 @@ def layer_kernel(
         tl.extra.cuda.gdc_launch_dependents()
     elif PDL:  # a stage of separate-pdl: ask for this program's first weights while the launch before ends
         first = task_row(rt, tl.minimum(tl.program_id(0), n_tasks - 1))
-        prefetch(first, gates, attn_w, attn_state, ffn_w, dims, MLA, MOE, 1, sched.MIX_TASK)
+        prefetch(first, gates, attn_w, attn_state, ffn_w, dims, MLA, MOE, 1, sched.MIX_TASK, sched.ONLY)
         pdl_enter(INTERPRET)
     epoch = launch_epoch(ctl, INTERPRET)
     n_done = 0
@@ -309,7 +318,7 @@ def layer_kernel(
         if sched.TRACE:
             stamp(hand.trace, task, 0, INTERPRET)
         if sched.PREFETCH and not INTERPRET:  # the interpreter has no inline asm; a prefetch changes no bits
-            prefetch(row, gates, attn_w, attn_state, ffn_w, dims, MLA, MOE, sched.PREFETCH, sched.MIX_TASK)
+            prefetch(row, gates, attn_w, attn_state, ffn_w, dims, MLA, MOE, sched.PREFETCH, sched.MIX_TASK, sched.ONLY)
         # a task's early sites; its late ones (a folded INPROJ's gates, a KDA head's other parts) in its body
         if sched.WEIGHTS_FIRST:  # the in-projection and (dense's) gate/up wait in their bodies, after their weights
             if _waits_in_body(ttype, MLA, MOE):

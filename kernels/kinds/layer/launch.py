@@ -40,6 +40,7 @@ from glm53ctl.kernels.ops.kda.kernel import SCRATCH
 from glm53ctl.kernels.runtime.launch import DEFAULT_BUDGET_NS, PersistentLaunch, Runtime
 from glm53ctl.kernels.runtime.ranks import PeerLinks
 from glm53ctl.kernels.runtime.stages import stage_launch
+from glm53ctl.kernels.runtime.tasks import types_mask
 from glm53ctl.kernels.state import DsaCache
 
 
@@ -54,6 +55,7 @@ class LayerLaunch(PersistentLaunch):
     pools) and pos [R] int32 (tokens cached before the step)."""
 
     kernel = layer_kernel
+    code_types = ()  # a stage launch's task types (`stage`): with knob stage_code=own, all its kernel is built for
 
     def __init__(
         self,
@@ -188,6 +190,7 @@ class LayerLaunch(PersistentLaunch):
         (they are tagged with its own runtime's epochs) and trace records of its own (its tasks' ids are its
         table's)."""
         s = stage_launch(self, ttypes, one_task)
+        s.code_types = tuple(int(getattr(t, "value", t)) for t in ttypes)
         s.arrive = torch.zeros_like(self.arrive)
         s.buf = self.buf | {"trace": self._zeros(s.table.n_tasks, 5, dtype=torch.int64)}
         return s
@@ -283,6 +286,7 @@ class LayerLaunch(PersistentLaunch):
                 MIX_TASK=mix_tasks(self.knobs, self.rows, d.HC),
                 TRACE=self.tracing,
                 SEL_ONE=bool(d.mla and d.SEL.ROW),
+                ONLY=types_mask(self.code_types) if self.knobs.stage_code == "own" and self.code_types else 0,
             ),
             "MLA": d.mla,
             "MOE": d.moe,

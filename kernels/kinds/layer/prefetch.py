@@ -10,6 +10,7 @@ from glm53ctl.kernels.ops.gemv.tasks import OPROJ, oproj_fields
 from glm53ctl.kernels.ops.kda.tasks import INPROJ, KDA_HEAD, inproj_fields, kda_head_fields
 from glm53ctl.kernels.ops.mhc.tasks import MIX_F, RED_A, chunk_fields
 from glm53ctl.kernels.runtime.device import prefetch_l2, row_type
+from glm53ctl.kernels.runtime.tasks import may_run
 
 
 @triton.jit
@@ -34,6 +35,7 @@ def prefetch(
     MOE: tl.constexpr,
     WHICH: tl.constexpr,
     MIX_TASK: tl.constexpr,
+    ONLY: tl.constexpr = 0,
 ):
     """Before a task waits, start what it reads that no producer writes: a GEMV task's weight tile, a KDA
     task's recurrent state. Launch-wide, the small latency-bound steps (gates, KDA, reduces) then overlap
@@ -46,14 +48,14 @@ def prefetch(
     K: tl.constexpr = dims.K
     if WHICH == 3:
         if not MLA:
-            if ttype == KDA_HEAD:
+            if may_run(ONLY, KDA_HEAD) and (ttype == KDA_HEAD):
                 h, r, part = kda_head_fields(row)
                 _prefetch_rows(attn_w.w_fb, h * K, dims.RG, 0, dims.P, K, dims.RG)
                 _prefetch_rows(attn_w.w_gb, h * K, dims.RG, 0, dims.P, K, dims.RG)
                 o_k = tl.arange(0, K)
                 o_l = part * (K // dims.NV) + tl.arange(0, max(K // dims.NV // 32, 1)) * 32
                 prefetch_l2(attn_state.S_in + (r * dims.HL + h) * (K * K) + o_k[:, None] * K + o_l[None, :])
-        if (ttype == MIX_F) | ((ttype == RED_A) & (not MIX_TASK)):
+        if may_run(ONLY, MIX_F, RED_A) and ((ttype == MIX_F) | ((ttype == RED_A) & (not MIX_TASK))):
             HC: tl.constexpr = dims.HC
             CH: tl.constexpr = dims.CH
             NMIX: tl.constexpr = (2 + HC) * HC
@@ -64,24 +66,24 @@ def prefetch(
             prefetch_l2(gates.fn_f + o_m[:, None] * (HC * D) + o_c[None, :])
     else:
         if not MLA:
-            if ttype == INPROJ:  # a K slice's columns only
+            if may_run(ONLY, INPROJ) and (ttype == INPROJ):  # a K slice's columns only
                 n0, ks = inproj_fields(row)
                 KK: tl.constexpr = D // dims.KS_IN
                 _prefetch_rows(attn_w.w_in, n0, D, ks * KK, dims.NIN, dims.BN, KK)
-            elif ttype == KDA_HEAD:
+            elif may_run(ONLY, KDA_HEAD) and (ttype == KDA_HEAD):
                 h, r, _ = kda_head_fields(row)
                 o_k = tl.arange(0, K)
                 o_l = tl.arange(0, K // 32) * 32
                 prefetch_l2(attn_state.S_in + (r * dims.HL + h) * (K * K) + o_k[:, None] * K + o_l[None, :])
-        if ttype == OPROJ:
+        if may_run(ONLY, OPROJ) and (ttype == OPROJ):
             n0, ks = oproj_fields(row)
             _prefetch_rows(attn_w.w_o, n0, dims.P, ks * dims.PK, D, dims.BN_O, dims.PK)
         if not MOE:
-            if ttype == GU:
+            if may_run(ONLY, GU) and (ttype == GU):
                 n0, ks = gu_fields(row)
                 KG: tl.constexpr = D // dims.KS_GU
                 _prefetch_rows(ffn_w.w_gate, n0, D, ks * KG, dims.I, dims.BN_GU, KG)
                 _prefetch_rows(ffn_w.w_up, n0, D, ks * KG, dims.I, dims.BN_GU, KG)
-            elif ttype == DOWN:
+            elif may_run(ONLY, DOWN) and (ttype == DOWN):
                 n0, ks = down_fields(row)
                 _prefetch_rows(ffn_w.w_down, n0, dims.I, ks * dims.IK, D, dims.BN_O, dims.IK)

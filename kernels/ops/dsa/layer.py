@@ -45,6 +45,7 @@ from glm53ctl.kernels.ops.dsa.tasks import (
 )
 from glm53ctl.kernels.ops.gemv.kernel import gemv_tile
 from glm53ctl.kernels.ops.gemv.layer import task_gemv
+from glm53ctl.kernels.runtime.tasks import may_run
 from glm53ctl.kernels.tlx import pinned, to_bf16
 
 # the symbols of the noinline task bodies below (tlx.pinned: a move keeps their cubins)
@@ -54,21 +55,22 @@ SYMBOLS = "glm53ctl.kernels.kinds.layer.mla"
 @triton.jit
 def mla_task(
     ttype, row, H, attn_w, attn_state, attn_buf, outs, consts, R, dims: tl.constexpr, mla: tl.constexpr,
-    INTERPRET: tl.constexpr,
+    ONLY: tl.constexpr, INTERPRET: tl.constexpr,
 ):  # fmt: skip
-    """The MLA half's task, if it is one (row: its table row)."""
+    """The MLA half's task, if it is one (row: its table row) of the types the launch's code holds (ONLY:
+    runtime/tasks.py `may_run`)."""
     w, c, b = attn_w, attn_state, attn_buf
     if mla.SEL.ROW:  # knob select=row: the body exists only where the selection is a task a row
-        if ttype == SEL_ROW:
+        if may_run(ONLY, SEL_ROW) and (ttype == SEL_ROW):
             r = sel_row_fields(row)
             task_select_row(b.scores, b.idx, c.pos, r, mla.KP, mla.TOPP, mla.WIDTH, mla.LMAX, mla.SEL.ROW)
-    if ttype == MLA_A:
+    if may_run(ONLY, MLA_A) and (ttype == MLA_A):
         n0 = mla_a_fields(row)
         task_gemv(
             x=outs.x_hat_a, w=w.w_a, out=b.y_a, n0=n0, R=R, N=mla.NA, K=dims.D, STRIDE=dims.D, BN=dims.BN, BK=mla.BK_A,
             INTERPRET=INTERPRET,
         )  # fmt: skip
-    elif ttype == MLA_ROW:
+    elif may_run(ONLY, MLA_ROW) and (ttype == MLA_ROW):
         r, part = mla_row_fields(row)
         task_mla_row(
             y_a=b.y_a,
@@ -90,13 +92,13 @@ def mla_task(
             LMAX=mla.LMAX,
             INTERPRET=INTERPRET,
         )
-    elif ttype == MLA_QB:
+    elif may_run(ONLY, MLA_QB) and (ttype == MLA_QB):
         n0 = mla_qb_fields(row)
         task_qb(b.qr, w.w_qb, b.q_mla, b.qi, n0, R, mla.QL, mla.HQ * mla.NOPE, mla.NQB, dims.BN, mla.BK_QB, INTERPRET)
-    elif ttype == ABSORB:
+    elif may_run(ONLY, ABSORB) and (ttype == ABSORB):
         h, c0 = absorb_fields(row)
         task_head_gemv(b.q_mla, w.w_ukt, b.q_lat, h, c0, R, mla.HQ, mla.C, mla.NOPE, mla.BN_AB, mla.BK_NOPE, INTERPRET)
-    elif ttype == SCORE:
+    elif may_run(ONLY, SCORE) and (ttype == SCORE):
         r, block = score_fields(row)
         task_score(
             b.qi,
@@ -114,25 +116,25 @@ def mla_task(
             mla.HBI,
             INTERPRET,
         )
-    elif ttype == SEL_PASS:
+    elif may_run(ONLY, SEL_PASS) and (ttype == SEL_PASS):
         r, step, part = sel_pass_fields(row)
         task_select_pass(
             b.scores, (b.sel_hist, b.sel_state, b.sel_above), c.pos, r, step, part, mla.KP, mla.TOPP, mla.LMAX,
             mla.SEL.PART, mla.SEL.NQ, mla.SEL.BLOCK,
         )  # fmt: skip
-    elif ttype == SELECT:
+    elif may_run(ONLY, SELECT) and (ttype == SELECT):
         r, part = select_fields(row)
         task_select(
             b.scores, b.idx, (b.sel_hist, b.sel_state, b.sel_above), c.pos, r, part, mla.KP, mla.TOPP, mla.WIDTH,
             mla.LMAX, mla.SEL.PART, mla.SEL.NQ, mla.SEL.BLOCK,
         )  # fmt: skip
-    elif ttype == ATTN:
+    elif may_run(ONLY, ATTN) and (ttype == ATTN):
         r, group, block = attn_fields(row)
         task_attn(
             b.q_lat, c.latent, b.idx, (b.part_o, b.part_m, b.part_l), r, group, block, consts.mla_scale, mla.HQ, mla.C,
             mla.WIDTH, mla.NB, mla.TB, mla.HB, mla.LMAX, INTERPRET,
         )  # fmt: skip
-    elif ttype == COMBINE:
+    elif may_run(ONLY, COMBINE) and (ttype == COMBINE):
         r, group, c0 = combine_fields(row)
         task_combine(
             (b.part_o, b.part_m, b.part_l),
@@ -148,7 +150,7 @@ def mla_task(
             mla.CC,
             INTERPRET,
         )
-    elif ttype == WUV:
+    elif may_run(ONLY, WUV) and (ttype == WUV):
         h, n0 = wuv_fields(row)
         task_head_gemv(b.o_lat, w.w_uv, b.o_mla, h, n0, R, mla.HQ, mla.V, mla.C, mla.BN_UV, mla.BK_C, INTERPRET)
 

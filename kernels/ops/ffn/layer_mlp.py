@@ -14,6 +14,7 @@ from glm53ctl.kernels.ops.ffn.tasks import DOWN, GU, down_fields, gu_fields
 from glm53ctl.kernels.ops.gemv.kernel import gemv_first_weights, gemv_tile_pair, gemv_tile_pair_from
 from glm53ctl.kernels.ops.gemv.layer import PR, fold_rows, task_partial
 from glm53ctl.kernels.runtime.device import pdl_wait, stamp, wait_task
+from glm53ctl.kernels.runtime.tasks import may_run
 from glm53ctl.kernels.tlx import pinned, to_bf16
 
 # the symbols of the noinline task bodies below (tlx.pinned: a move keeps their cubins)
@@ -42,7 +43,7 @@ def mlp_task(
     THREADS: tl.constexpr,
 ):
     """The dense MLP's task `task`, if it is one: GU or DOWN. Returns ok, false where a late wait failed."""
-    if ttype == GU:
+    if may_run(sched.ONLY, GU) and (ttype == GU):
         n0, ks = gu_fields(row)
         ok = task_gate_up(
             rt=rt,
@@ -77,7 +78,7 @@ def mlp_task(
             FIRST=sched.WEIGHTS_FIRST,
             PDL=sched.PDL_FIRST,
         )
-    elif ttype == DOWN:
+    elif may_run(sched.ONLY, DOWN) and (ttype == DOWN):
         n0, ks = down_fields(row)
         ok = task_partial(
             rt,

@@ -33,6 +33,7 @@ from glm53ctl.kernels.ops.ffn.tasks import (
     router_fields,
 )
 from glm53ctl.kernels.runtime.device import arrive_last, stamp, wait_task
+from glm53ctl.kernels.runtime.tasks import may_run
 from glm53ctl.kernels.tlx import pinned
 
 # the symbols of the noinline task bodies below (tlx.pinned: a move keeps their cubins)
@@ -63,13 +64,13 @@ def moe_task(
 ):
     """The MoE's task `task`, if it is one: ROUTER, ROUTE, EXP_GU or EXP_DOWN. Returns ok, false where a late wait
     failed."""
-    if ttype == ROUTER:
+    if may_run(sched.ONLY, ROUTER) and (ttype == ROUTER):
         e0, ks = router_fields(row)
         router_tile(
             outs.x_hat_f, ffn_w.w_r, ffn_buf.logits, e0, ks, R, moe.E, dims.D, moe.KS_RT, moe.BLOCK_E, moe.BK_RT,
             INTERPRET,
         )  # fmt: skip
-    elif ttype == ROUTE:
+    elif may_run(sched.ONLY, ROUTE) and (ttype == ROUTE):
         r = route_fields(row)
         task_route(
             logits=ffn_buf.logits,
@@ -91,7 +92,7 @@ def moe_task(
             SCALE=moe.SCALE,
             NSLOT=moe.NSLOT,
         )
-    elif ttype == EXP_GU:
+    elif may_run(sched.ONLY, EXP_GU) and (ttype == EXP_GU):
         j, n0, ks = exp_gu_fields(row)
         decided = False
         if moe.EACH:  # knob route=each: a routed slot decides its expert itself (the shared one needs none)
@@ -136,7 +137,7 @@ def moe_task(
                 POLL=POLL,
                 THREADS=THREADS,
             )
-    elif ttype == EXP_DOWN:
+    elif may_run(sched.ONLY, EXP_DOWN) and (ttype == EXP_DOWN):
         j, n0 = exp_down_fields(row)
         task_expert_down(
             ffn_buf.act_m, ffn_w.w_ed, ffn_buf.y_m, ffn_buf.slots, ffn_buf.n_slots, j, n0, R, moe.E, dims.I, dims.D,
