@@ -3,9 +3,10 @@ op's plain launch over the op's sizes, timed as bench times a launch (a CUDA gra
 replays). Beside a step's time in the launch (`bench --trace`), it says how much of that time is the body itself
 and how much the launch around it adds (docs/perf/path.md).
 
-Each op names its sizes (the selection: the pools a row's caches hold; the routing: the rows) and makes, for one
-size of a model, its inputs and the launch to time (`make(spec, size, device)` -> a callable that launches into
-buffers made once).
+Each op names its sizes (the selection: the pools a row's caches hold; the routing: the rows; the KDA heads and the
+MLA attention: a rank's heads) and makes, for one size of a model, its inputs and the launch to time (`make(spec,
+size, device)` -> a callable that launches into buffers made once, or allocates only; its inputs in `run.inputs`,
+which the tests hold against the reference).
 """
 
 from __future__ import annotations
@@ -15,8 +16,13 @@ from dataclasses import dataclass
 
 import torch
 
+from glm53ctl.kernels.ops.dsa.attend import sparse_mla_launch
+from glm53ctl.kernels.ops.dsa.indexer import scores_runner
+from glm53ctl.kernels.ops.dsa.naive import mla_scale
 from glm53ctl.kernels.ops.dsa.select import select_runner
 from glm53ctl.kernels.ops.ffn.moe import ROUTER_SLICES, route_runner
+from glm53ctl.kernels.ops.kda.kernel import kda_core
+from glm53ctl.kernels.ops.mhc.kernel import gate
 from glm53ctl.tuning import measure
 
 
@@ -46,6 +52,64 @@ def _route(spec, rows: int, device) -> Callable:
     return route_runner(logits, bias, spec, rows)
 
 
+def _random(seed: int, device):
+    """A draw of random tensors: (shape, scale, dtype) -> a tensor on `device`, from one CPU generator."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    return lambda *shape, scale=1.0, dtype=torch.float32: (scale * torch.randn(*shape, generator=g)).to(device, dtype)
+
+
+def _with_inputs(run: Callable, *inputs) -> Callable:
+    run.inputs = inputs
+    return run
+
+
+def _kda_head(spec, heads: int, device) -> Callable:
+    """One row's KDA core over `heads` heads (a rank's: 64 / TP), a program a head: the short conv, the safe gate,
+    the delta rule on each [K, K] state and the gated RMSNorm (`kda_core`, the body of the layer's KDA head task
+    without its two low-rank GEMVs, whose outputs f and og are inputs here)."""
+    K, W = spec.kda.head_dim, spec.kda.conv_kernel
+    P, rnd = heads * K, _random(heads, device)
+    u, b, f, og = rnd(1, 3 * P), rnd(1, heads), rnd(1, P), rnd(1, P)
+    conv, S = rnd(1, W - 1, 3 * P, dtype=torch.bfloat16), rnd(1, heads, K, K, scale=0.1)
+    conv_w, A_log, dt_bias = rnd(3 * P, W, scale=0.5), rnd(heads, scale=0.5), rnd(P, scale=0.5)
+    o_norm_w = (1 + rnd(K, scale=0.1)).to(torch.bfloat16)
+    inputs = (u, b, f, og, conv, S, conv_w, A_log, dt_bias, o_norm_w)
+    return _with_inputs(lambda: kda_core(*inputs, spec), *inputs)
+
+
+def _gate(spec, rows: int, device) -> Callable:
+    """The mHC gate of `rows` rows, a program a row: the mix logits over every column chunk, the Sinkhorn
+    iterations and x̂ (`gate`: in the layer, the mix tasks and then the gate task)."""
+    hc, D, rnd = spec.mhc.streams, spec.hidden, _random(rows, device)
+    H = rnd(rows, hc, D, dtype=torch.bfloat16)
+    fn, base = rnd((2 + hc) * hc, hc * D, scale=(hc * D) ** -0.5), rnd((2 + hc) * hc, scale=0.1)
+    scale, norm_w = 1 + rnd(3, scale=0.1), (1 + rnd(D, scale=0.1)).to(torch.bfloat16)
+    inputs = (H, fn, base, scale, norm_w)
+    return _with_inputs(lambda: gate(*inputs, spec), *inputs)
+
+
+def _scores(spec, pools: int, device) -> Callable:
+    """One row's index scores over `pools` pools (the indexer's heads, replicated at every TP): a program a block of
+    64 pools (`scores_runner`)."""
+    ix, rnd = spec.indexer, _random(pools, device)
+    qi, w = rnd(1, ix.heads, ix.head_dim), rnd(1, ix.heads, scale=ix.heads**-0.5)
+    pooled = rnd(1, pools, ix.head_dim, dtype=torch.bfloat16)
+    P = torch.tensor([pools])
+    return _with_inputs(scores_runner(qi, w, pooled, P, spec), qi, w, pooled, P)
+
+
+def _mla_attention(spec, heads: int, device) -> Callable:
+    """One row's sparse MLA over the index width of selected tokens (every one valid), for `heads` heads (a rank's:
+    64 / TP): the token blocks' log-sum-exp partials, then their combine (`sparse_mla_launch`: the layer's MLA
+    attention and combine tasks)."""
+    C, width, rnd = spec.mla.kv_lora_rank, spec.index_width, _random(heads, device)
+    q, latent = rnd(1, heads, C, dtype=torch.bfloat16), rnd(1, 2 * width, C, dtype=torch.bfloat16)
+    g = torch.Generator(device="cpu").manual_seed(heads)
+    idx = torch.randperm(2 * width, generator=g)[:width].sort().values[None].to(device, torch.int32)
+    scale = mla_scale(spec)
+    return _with_inputs(lambda: sparse_mla_launch(q, latent, idx, scale), q, latent, idx, scale)
+
+
 OPS = {
     "select": OpBench(
         "the exact top-k of a row's pools and their tokens (ops/dsa/select.py: four radix passes and the take)",
@@ -67,6 +131,34 @@ OPS = {
         (1, 2, 4, 8),
         _route,
         1,
+    ),
+    "kda_head": OpBench(
+        "the KDA core of one row's heads: conv, gate, delta rule, gated norm (ops/kda/kernel.py, a program a head)",
+        "heads",
+        (8, 16, 64),
+        _kda_head,
+        1,
+    ),
+    "gate": OpBench(
+        "the mHC gate: the mix logits, the Sinkhorn iterations and x̂ (ops/mhc/kernel.py, a program a row)",
+        "rows",
+        (1, 2, 4, 8),
+        _gate,
+        1,
+    ),
+    "scores": OpBench(
+        "the indexer's scores of one row's pools (ops/dsa/indexer.py, a program a block of 64 pools)",
+        "pools",
+        (1024, 4096, 16384, 32768),
+        _scores,
+        1,
+    ),
+    "mla_attention": OpBench(
+        "one row's sparse MLA over the selected tokens and the blocks' combine (ops/dsa/attend.py, two launches)",
+        "heads",
+        (8, 16),
+        _mla_attention,
+        2,
     ),
 }
 

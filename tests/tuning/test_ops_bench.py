@@ -5,10 +5,13 @@ GPU (tests/gpu and `glm53ctl bench --op` there)."""
 import pytest
 import torch
 
-from glm53ctl.kernels.ops.dsa.naive import select_token_rows
+from glm53ctl.kernels.numerics import FP32, rel_rms
+from glm53ctl.kernels.ops.dsa.naive import index_scores, select_token_rows, sparse_mla
 from glm53ctl.kernels.ops.ffn.naive import topk_ordered
+from glm53ctl.kernels.ops.mhc import naive as mhc_naive
 from glm53ctl.kernels.spec import load_model
 from glm53ctl.tuning.ops_bench import OPS
+from tests.kernels.test_kda_kernel import reference as kda_reference
 
 pytestmark = pytest.mark.interpreter
 
@@ -41,3 +44,46 @@ def test_the_routing_alone_is_the_references_at_every_call(rows):
         order = ids.long().sort(dim=-1)
         assert torch.equal(order.values, want)
         assert torch.allclose(w.gather(1, order.indices), weights, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("heads", [2, 8])
+def test_the_kda_head_alone_is_the_references_at_every_call(heads):
+    spec = load_model("tiny")
+    run = OPS["kda_head"].make(spec, heads, "cpu")
+    rz, rconv, rS = kda_reference(*run.inputs, spec)
+    for _ in range(2):
+        z, conv, S = run()
+        assert rel_rms(rS, S) < 1e-5 and rel_rms(rz, z.float()) < 1e-2 and torch.equal(conv.float(), rconv)
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_the_gate_alone_is_the_references_at_every_call(rows):
+    spec = load_model("tiny")
+    run = OPS["gate"].make(spec, rows, "cpu")
+    H, *args = run.inputs
+    ref_x, ref_post, ref_comb = mhc_naive.gate(H.float(), *args, spec, FP32)
+    for _ in range(2):
+        x_hat, post, comb = run()
+        assert rel_rms(ref_post, post) < 1e-5 and rel_rms(ref_comb, comb) < 1e-5
+        assert rel_rms(ref_x, x_hat.float()) < 1e-2
+
+
+@pytest.mark.parametrize("pools", [3, 70])
+def test_the_scores_alone_are_the_references_at_every_call(pools):
+    spec = load_model("tiny")
+    run = OPS["scores"].make(spec, pools, "cpu")
+    qi, w, pooled, _ = run.inputs
+    want = index_scores(qi, w, pooled.float(), spec)
+    for _ in range(2):
+        assert rel_rms(want, run()) < 1e-5
+
+
+@pytest.mark.parametrize("heads", [1, 4])
+def test_the_mla_attention_alone_is_the_references_at_every_call(heads):
+    spec = load_model("tiny")
+    run = OPS["mla_attention"].make(spec, heads, "cpu")
+    q, latent, idx, scale = run.inputs
+    assert idx.shape == (1, spec.index_width) and bool((idx >= 0).all())  # every selected token valid
+    want = sparse_mla(q.float(), latent.float(), idx.long(), scale)
+    for _ in range(2):
+        assert rel_rms(want, run().float()) < 1e-2
