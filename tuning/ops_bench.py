@@ -90,12 +90,12 @@ def _gate(spec, rows: int, device) -> Callable:
 
 def _scores(spec, pools: int, device) -> Callable:
     """One row's index scores over `pools` pools (the indexer's heads, replicated at every TP): a program a block of
-    64 pools (`scores_runner`)."""
+    16 pools, as the layer's SCORE tasks take them (kinds/layer/table.py `BP`; `scores_runner`)."""
     ix, rnd = spec.indexer, _random(pools, device)
     qi, w = rnd(1, ix.heads, ix.head_dim), rnd(1, ix.heads, scale=ix.heads**-0.5)
     pooled = rnd(1, pools, ix.head_dim, dtype=torch.bfloat16)
     P = torch.tensor([pools])
-    return _with_inputs(scores_runner(qi, w, pooled, P, spec), qi, w, pooled, P)
+    return _with_inputs(scores_runner(qi, w, pooled, P, spec, block=16), qi, w, pooled, P)
 
 
 def _mla_attention(spec, heads: int, device) -> Callable:
@@ -147,7 +147,7 @@ OPS = {
         1,
     ),
     "scores": OpBench(
-        "the indexer's scores of one row's pools (ops/dsa/indexer.py, a program a block of 64 pools)",
+        "the indexer's scores of one row's pools (ops/dsa/indexer.py, a program a block of 16 pools)",
         "pools",
         (1024, 4096, 16384, 32768),
         _scores,
