@@ -16,13 +16,13 @@ from dataclasses import dataclass
 
 import torch
 
+from glm53ctl.kernels.kinds.layer.shared import gate_runner
 from glm53ctl.kernels.ops.dsa.attend import sparse_mla_launch
 from glm53ctl.kernels.ops.dsa.indexer import scores_runner
 from glm53ctl.kernels.ops.dsa.naive import mla_scale
 from glm53ctl.kernels.ops.dsa.select import select_runner
 from glm53ctl.kernels.ops.ffn.moe import ROUTER_SLICES, route_runner
 from glm53ctl.kernels.ops.kda.kernel import kda_core
-from glm53ctl.kernels.ops.mhc.kernel import gate
 from glm53ctl.tuning import measure
 
 
@@ -78,14 +78,13 @@ def _kda_head(spec, heads: int, device) -> Callable:
 
 
 def _gate(spec, rows: int, device) -> Callable:
-    """The mHC gate of `rows` rows, a program a row: the mix logits over every column chunk, the Sinkhorn
-    iterations and x̂ (`gate`: in the layer, the mix tasks and then the gate task)."""
+    """The mHC gate of `rows` rows as the layer lays it out: a MIX task a row and column chunk (128 columns), then
+    a GATE task a chunk and the COMB task (kinds/layer/shared.py `gate_runner`: two launches)."""
     hc, D, rnd = spec.mhc.streams, spec.hidden, _random(rows, device)
     H = rnd(rows, hc, D, dtype=torch.bfloat16)
     fn, base = rnd((2 + hc) * hc, hc * D, scale=(hc * D) ** -0.5), rnd((2 + hc) * hc, scale=0.1)
     scale, norm_w = 1 + rnd(3, scale=0.1), (1 + rnd(D, scale=0.1)).to(torch.bfloat16)
-    inputs = (H, fn, base, scale, norm_w)
-    return _with_inputs(lambda: gate(*inputs, spec), *inputs)
+    return _with_inputs(gate_runner(H, fn, base, scale, norm_w, spec), H, fn, base, scale, norm_w)
 
 
 def _scores(spec, pools: int, device) -> Callable:
@@ -140,11 +139,12 @@ OPS = {
         1,
     ),
     "gate": OpBench(
-        "the mHC gate: the mix logits, the Sinkhorn iterations and x̂ (ops/mhc/kernel.py, a program a row)",
+        "the mHC gate as the layer lays it out: the mix tasks (a row and 128 columns each), then the gate tasks (x̂ a "
+        "chunk each, the Sinkhorn comb) (kinds/layer/shared.py, two launches)",
         "rows",
         (1, 2, 4, 8),
         _gate,
-        1,
+        2,
     ),
     "scores": OpBench(
         "the indexer's scores of one row's pools (ops/dsa/indexer.py, a program a block of 16 pools)",

@@ -6,6 +6,9 @@ Task bodies are not inlined, so the persistent loop carries none of their regist
 their address vectors out of the loop: 255 registers and spills).
 """
 
+from collections.abc import Callable
+
+import torch
 import triton
 import triton.language as tl
 
@@ -217,3 +220,48 @@ def task_push(
     at = ((epoch % 2) * 2 + GROUP) * (T * R * D) + (RANK * R + r) * D
     push_to_peers(own, slot_bases, at, RANK, o_c, o_c < D, T)
     push_tag(flag_bases, arrive + GROUP, epoch, RANK, peer_words + GROUP * (T - 1), n_pushers, mute, T, INTERPRET)
+
+
+# ---- the gate's two steps as plain launches, laid out as the layer lays them (`bench --op gate`)
+
+
+@triton.jit
+def _mix_kernel(H, fn, mixp, ssp, gramp, D: tl.constexpr, HC: tl.constexpr, CH: tl.constexpr):
+    """Program (chunk c, row r): a MIX task."""
+    task_mix(H, fn, mixp, ssp, gramp, tl.program_id(0), tl.program_id(1), D, HC, CH)
+
+
+@triton.jit
+def _gate_kernel(
+    mixp, ssp, gramp, H, base, scale, norm_w, x_hat, post, comb, pr, hc_eps, norm_eps, D: tl.constexpr,
+    HC: tl.constexpr, ITERS: tl.constexpr, NCH: tl.constexpr, CH: tl.constexpr, INTERPRET: tl.constexpr,
+):  # fmt: skip
+    """Program (chunk c, row r): the GATE task of chunk c, or the COMB task at c = NCH."""
+    c, r = tl.program_id(0), tl.program_id(1)
+    task_gate(mixp, ssp, gramp, H, base, scale, norm_w, x_hat, post, comb, pr, r, c, c == NCH, hc_eps, norm_eps,
+              D, HC, ITERS, NCH, CH, INTERPRET)  # fmt: skip
+
+
+def gate_runner(H, fn, base, scale, norm_w, spec, chunk: int = 128) -> Callable:
+    """The mHC gate of H [R, hc, D] bf16 as the layer runs it: a MIX task per row and column chunk (its mix
+    logits, sums of squares and Gram partials), then a GATE task per chunk (x̂'s chunk; chunk 0 post) and a COMB
+    task per row, each a program; made once, launched at each call into the same buffers. Returns (x̂, post,
+    comb), as ops/mhc's `gate`."""
+    R, hc, D = H.shape
+    CH = min(chunk, D // 4)
+    NCH, dev = D // CH, H.device
+    f32 = dict(dtype=torch.float32, device=dev)
+    mixp, ssp = torch.empty(NCH, 16, 32, **f32), torch.empty(NCH, 16, **f32)
+    gramp = torch.empty(NCH, 16, hc * hc, **f32)
+    x_hat = torch.empty(R, D, dtype=torch.bfloat16, device=dev)
+    post, comb, pr = torch.empty(R, hc, **f32), torch.empty(R, hc, hc, **f32), torch.empty(16, PR.value, **f32)
+    consts = dict(D=D, HC=hc, CH=CH)
+    eps = (spec.mhc.eps, spec.model.rms_norm_eps)
+    gate_consts = consts | dict(ITERS=spec.mhc.sinkhorn_iters, NCH=NCH, INTERPRET=interpreting())
+
+    def run():
+        _mix_kernel[(NCH, R)](H, fn, mixp, ssp, gramp, **consts)
+        _gate_kernel[(NCH + 1, R)](mixp, ssp, gramp, H, base, scale, norm_w, x_hat, post, comb, pr, *eps, **gate_consts)
+        return x_hat, post, comb
+
+    return run
