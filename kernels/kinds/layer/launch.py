@@ -55,7 +55,7 @@ class LayerLaunch(PersistentLaunch):
     pools) and pos [R] int32 (tokens cached before the step)."""
 
     kernel = layer_kernel
-    code_types = ()  # a stage launch's task types (`stage`): with knob stage_code=own, all its kernel is built for
+    code_types = ()  # a stage launch's task types (`stage`): with knob stage_code=own, its kernel is built for these
 
     def __init__(
         self,
