@@ -35,13 +35,13 @@ class OpBench:
     launches: int  # plain launches a call makes
 
 
-def _select(spec, pools: int, device, row: bool = False) -> Callable:
+def _select(spec, pools: int, device, row: bool = False, early: bool = False) -> Callable:
     """One row's selection over `pools` pools of random scores, its caches full (pools x kpool tokens); `row`: in
-    one program (knob select=row)."""
+    one program (knob select=row); `early`: each pass's scores loaded before its pick (knob select=early)."""
     g = torch.Generator(device="cpu").manual_seed(pools)
     scores = torch.randn(1, pools, generator=g).to(device)
     n = torch.tensor([pools * spec.indexer.kpool])
-    return select_runner(scores, n, spec, row=row)
+    return select_runner(scores, n, spec, row=row, early=early)
 
 
 def _route(spec, rows: int, device) -> Callable:
@@ -123,6 +123,14 @@ OPS = {
         (256, 1024, 4096),
         lambda spec, pools, device: _select(spec, pools, device, row=True),
         1,
+    ),
+    "select_early": OpBench(
+        "the same top-k over parts, each pass and the take loading their part's scores before their pick (knob "
+        "select=early)",
+        "pools",
+        (256, 1024, 4096, 16384, 32768),
+        lambda spec, pools, device: _select(spec, pools, device, early=True),
+        5,
     ),
     "route": OpBench(
         "the routing: each row's top-k experts from its router logits (ops/ffn/moe.py, a program a row)",

@@ -107,7 +107,7 @@ CASES: list[tuple[str, str]] = [
     ("bench --kind dense --gpus 2 --against main", "no --against or --trace with it"),
     ("bench --kind dense --gpus 2 --trace", "no --against or --trace with it"),
     ("bench --kind dense --perfetto t.json", "--perfetto FILE writes the traced launches: give --trace too"),
-    ("bench --op nope", "--op 'nope': expected values from select, select_row, route, kda_head, gate, scores"),
+    ("bench --op nope", "--op 'nope': expected values from select, select_row, select_early, route, kda_head"),
     ("bench --sizes 3", "--sizes: the sizes of an --op"),
     ("bench --op route --sizes 16", "the routing's sizes are rows, 1 to 8"),
     ("bench --op select --sizes x", "--sizes 'x'"),

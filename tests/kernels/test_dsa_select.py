@@ -14,13 +14,17 @@ pytestmark = pytest.mark.interpreter
 
 
 def _check(scores: torch.Tensor, n: list[int], spec, parts: tuple[int, ...]) -> torch.Tensor:
-    """The selection over parts of each size in `parts` (pools), and in one program a row (knob select=row) where
-    the row's pools fit one: the reference's tokens, whatever the parts."""
+    """The selection over parts of each size in `parts` (pools), also with each part's scores loaded before its
+    pick (knob select=early), and in one program a row (knob select=row) where the row's pools fit one: the
+    reference's tokens, whatever the parts."""
     nn = torch.tensor(n)
     want = select_token_rows(scores, nn, spec)
     for part in parts:
         got = select_launch(scores, nn, spec, part=part)
         assert torch.equal(got.long(), want), (part, got, want)
+        assert select_dims(scores.shape[1], part, early=True).EARLY == (part <= 1024)
+        got = select_launch(scores, nn, spec, part=part, early=True)
+        assert torch.equal(got.long(), want), ("early", part, got, want)
     if scores.shape[1] <= ROW_POOLS:
         got = select_launch(scores, nn, spec, row=True)
         assert torch.equal(got.long(), want), ("row", got, want)

@@ -82,6 +82,8 @@ def test_tied_index_scores_take_the_lower_pools():
         {"route": "each", "launch": "stages"},
         {"select": "row"},
         {"select": "row", "launch": "stages", "grid": 64},
+        {"select": "early"},
+        {"select": "early", "launch": "stages", "grid": 64},
     ],
 )
 def test_schedule_knobs_keep_every_bit(weights, knobs):

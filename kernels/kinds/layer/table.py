@@ -228,7 +228,7 @@ class Dims:
         self.BP = 16
         self.NSB = -(-(slots // self.KP) // self.BP)
         # the selection's sizes (kernels/ops/dsa/select.py): SEL.NQ_ROW parts of SEL.PART pools cover the caches'
-        self.SEL = select_dims(slots // self.KP, row=knobs.select == "row")
+        self.SEL = select_dims(slots // self.KP, row=knobs.select == "row", early=knobs.select == "early")
         self.TB = knobs.token_block  # tokens per attention task (numeric: the combine's order)
         self.NB = -(-self.WIDTH // self.TB)
         self.HB = max(16, min(64, 1 << (self.HQ - 1).bit_length()))  # heads per attention task, a tl.dot tile

@@ -37,11 +37,13 @@ KNOBS = KDA_KNOBS + (
     ),
     Knob(
         "select",
-        ("parts", "row"),
+        ("parts", "row", "early"),
         "parts",
         "schedule",
         "the indexer's top-k: four radix passes and the take as tasks over parts of a row's pools (hand-offs "
-        "between them), or one task a row holding every key where the caches hold at most 4,096 pools (16K tokens)",
+        "between them), or one task a row holding every key where the caches hold at most 4,096 pools (16K tokens) "
+        "(row), or as parts with each pass and the take loading their part's scores before they pick the digit "
+        "from the passes before (early: the two loads overlap, where a part is one block of at most 1,024 pools)",
     ),
 )
 

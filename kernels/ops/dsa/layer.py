@@ -118,16 +118,22 @@ def mla_task(
         )
     elif may_run(ONLY, SEL_PASS) and (ttype == SEL_PASS):
         r, step, part = sel_pass_fields(row)
-        task_select_pass(
-            b.scores, (b.sel_hist, b.sel_state, b.sel_above), c.pos, r, step, part, mla.KP, mla.TOPP, mla.LMAX,
-            mla.SEL.PART, mla.SEL.NQ, mla.SEL.BLOCK,
-        )  # fmt: skip
+        sel = (b.sel_hist, b.sel_state, b.sel_above)
+        if mla.SEL.EARLY:  # knob select=early: bodies of their own, so the default's keep their symbols
+            task_select_pass_early(b.scores, sel, c.pos, r, step, part, mla.KP, mla.TOPP, mla.LMAX, mla.SEL.PART,
+                                   mla.SEL.NQ, mla.SEL.BLOCK)  # fmt: skip
+        else:
+            task_select_pass(b.scores, sel, c.pos, r, step, part, mla.KP, mla.TOPP, mla.LMAX, mla.SEL.PART, mla.SEL.NQ,
+                             mla.SEL.BLOCK)  # fmt: skip
     elif may_run(ONLY, SELECT) and (ttype == SELECT):
         r, part = select_fields(row)
-        task_select(
-            b.scores, b.idx, (b.sel_hist, b.sel_state, b.sel_above), c.pos, r, part, mla.KP, mla.TOPP, mla.WIDTH,
-            mla.LMAX, mla.SEL.PART, mla.SEL.NQ, mla.SEL.BLOCK,
-        )  # fmt: skip
+        sel = (b.sel_hist, b.sel_state, b.sel_above)
+        if mla.SEL.EARLY:
+            task_select_early(b.scores, b.idx, sel, c.pos, r, part, mla.KP, mla.TOPP, mla.WIDTH, mla.LMAX,
+                              mla.SEL.PART, mla.SEL.NQ, mla.SEL.BLOCK)  # fmt: skip
+        else:
+            task_select(b.scores, b.idx, sel, c.pos, r, part, mla.KP, mla.TOPP, mla.WIDTH, mla.LMAX, mla.SEL.PART,
+                        mla.SEL.NQ, mla.SEL.BLOCK)  # fmt: skip
     elif may_run(ONLY, ATTN) and (ttype == ATTN):
         r, group, block = attn_fields(row)
         task_attn(
@@ -294,6 +300,27 @@ def task_select_pass(
         select_pass(s, h, st, ab, n, q, 2, KP, TOPP, PART, NQ, BLOCK)
     else:
         select_pass(s, h, st, ab, n, q, 3, KP, TOPP, PART, NQ, BLOCK)
+
+
+@pinned(SYMBOLS)
+@triton.jit(noinline=True)
+def task_select_pass_early(scores, sel, pos, r, i, q, KP: tl.constexpr, TOPP: tl.constexpr, LMAX: tl.constexpr,
+                           PART: tl.constexpr, NQ: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    """SEL_PASS with knob select=early: `select_pass` loading the part's scores before its pick."""
+    s, n = scores + r * (LMAX // KP), tl.load(pos + r) + 1
+    h, st, ab = sel[0] + r * (4 * NQ * 256), sel[1] + r * 8, sel[2] + r * (4 * NQ)
+    for k in tl.static_range(4):  # the pass a constexpr: one branch a pass
+        if i == k:
+            select_pass(s, h, st, ab, n, q, k, KP, TOPP, PART, NQ, BLOCK, 1)
+
+
+@pinned(SYMBOLS)
+@triton.jit(noinline=True)
+def task_select_early(scores, idx, sel, pos, r, q, KP: tl.constexpr, TOPP: tl.constexpr, WIDTH: tl.constexpr,
+                      LMAX: tl.constexpr, PART: tl.constexpr, NQ: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    """SELECT with knob select=early: `select_take` loading the part's scores before its pick."""
+    select_take(scores + r * (LMAX // KP), idx + r * WIDTH, sel[0] + r * (4 * NQ * 256), sel[1] + r * 8,
+                sel[2] + r * (4 * NQ), tl.load(pos + r) + 1, q, KP, TOPP, WIDTH, PART, NQ, BLOCK, 1)  # fmt: skip
 
 
 @pinned(SYMBOLS)

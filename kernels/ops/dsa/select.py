@@ -45,6 +45,9 @@ class SelectDims(NamedTuple):
     BLOCK: int  # scores a program reads at once: at most 1024 (4 warps took 57 µs over 8,192 pools against 107
     # in blocks of 4096, H200, docs/perf/sparse.md)
     ROW: int = 0  # the pools one program holds where a row's selection is one task (`select_row`); 0: over parts
+    # 1 (knob select=early, where a part is one block): each pass and the take load their part's scores before they
+    # pick the digit from the passes before, so the two loads overlap; 0: after it
+    EARLY: int = 0
 
 
 def select_part(pools: int) -> int:
@@ -58,13 +61,16 @@ def select_part(pools: int) -> int:
 ROW_POOLS = 4096
 
 
-def select_dims(pools: int, part: int | None = None, row: bool = False) -> SelectDims:
+def select_dims(pools: int, part: int | None = None, row: bool = False, early: bool = False) -> SelectDims:
     """The selection's sizes for caches of `pools` pools, over parts of `part` pools (default `select_part`);
-    `row` (knob select=row): one program a row where the caches hold at most ROW_POOLS pools."""
+    `row` (knob select=row): one program a row where the caches hold at most ROW_POOLS pools; `early` (knob
+    select=early): the scores loaded before the pick where a part is one block."""
     part = part or select_part(pools)
     parts = -(-pools // part)
     one = triton.next_power_of_2(pools) if row and pools <= ROW_POOLS else 0
-    return SelectDims(PART=part, NQ_ROW=parts, NQ=triton.next_power_of_2(parts), BLOCK=min(part, 1024), ROW=one)
+    block = min(part, 1024)
+    early = int(early and part == block)  # a part of one block
+    return SelectDims(PART=part, NQ_ROW=parts, NQ=triton.next_power_of_2(parts), BLOCK=block, ROW=one, EARLY=early)
 
 
 @triton.jit
@@ -90,6 +96,23 @@ def _digit_counts(scores, lo, hi, prefix, SHIFT: tl.constexpr, BLOCK: tl.constex
             match = match & ((key >> (SHIFT + 8)) == (prefix >> (SHIFT + 8)))
         counts += tl.histogram(((key >> SHIFT) & 255).to(tl.int32), 256, mask=match).to(tl.int32)
     return counts
+
+
+@triton.jit
+def _part_keys(scores, lo, hi, BLOCK: tl.constexpr):
+    """The keys of pools lo..hi - 1 (a part of at most BLOCK pools: select=early) and which are pools."""
+    o_p = lo + tl.arange(0, BLOCK)
+    m = o_p < hi
+    return score_key(tl.load(scores + o_p, mask=m, other=0.0)), m
+
+
+@triton.jit
+def _key_counts(key, m, prefix, SHIFT: tl.constexpr):
+    """`_digit_counts` of keys already loaded (`_part_keys`)."""
+    match = m
+    if SHIFT < 24:
+        match = match & ((key >> (SHIFT + 8)) == (prefix >> (SHIFT + 8)))
+    return tl.histogram(((key >> SHIFT) & 255).to(tl.int32), 256, mask=match).to(tl.int32)
 
 
 @triton.jit
@@ -121,14 +144,17 @@ def select_pass(
     PART: tl.constexpr,
     NQ: tl.constexpr,
     BLOCK: tl.constexpr,
+    EARLY: tl.constexpr = 0,
 ):
     """Pass I (0..3) of part q of a row (n cached tokens): scores [>= P] fp32; hist [4, NQ, 256] int32 (pass,
     part, digit); state [4, 2] int32 (the prefix and `left` before pass I, kept by part 0); above [4, NQ] int32
-    (the pools of a part above the threshold by pass I's digit). PART, NQ, BLOCK: `SelectDims`'s fields, by
+    (the pools of a part above the threshold by pass I's digit). PART, NQ, BLOCK, EARLY: `SelectDims`'s fields, by
     their names (a record cannot cross into a noinline task, the compiler's tuples being values)."""
     P = n // KP
     lo = q * PART
     if (P > TOPP) & (lo < P):
+        if EARLY:  # the part's scores asked for before the pick's histograms: the two loads overlap
+            key, m = _part_keys(scores, lo, tl.minimum(lo + PART, P), BLOCK)
         n_parts = tl.cdiv(P, PART)
         prefix = tl.zeros((), dtype=tl.uint32)
         left = TOPP + 0 * P
@@ -144,7 +170,10 @@ def select_pass(
             if q == 0:
                 tl.store(state + I * 2, prefix.to(tl.int32, bitcast=True))
                 tl.store(state + I * 2 + 1, left)
-        counts = _digit_counts(scores, lo, tl.minimum(lo + PART, P), prefix, 24 - 8 * I, BLOCK)
+        if EARLY:
+            counts = _key_counts(key, m, prefix, 24 - 8 * I)
+        else:
+            counts = _digit_counts(scores, lo, tl.minimum(lo + PART, P), prefix, 24 - 8 * I, BLOCK)
         tl.store(hist + (I * NQ + q) * 256 + tl.arange(0, 256), counts)
 
 
@@ -176,13 +205,16 @@ def select_take(
     PART: tl.constexpr,
     NQ: tl.constexpr,
     BLOCK: tl.constexpr,
+    EARLY: tl.constexpr = 0,
 ):
     """Part q of a row's selected tokens into idx [WIDTH] int32 (n cached tokens), after its four passes
-    (`select_pass`'s buffers). WIDTH: TOPP * KP + KP - 1, the most a row selects. PART, NQ, BLOCK: `SelectDims`'s
-    fields."""
+    (`select_pass`'s buffers). WIDTH: TOPP * KP + KP - 1, the most a row selects. PART, NQ, BLOCK, EARLY:
+    `SelectDims`'s fields."""
     P = n // KP
     lo = q * PART
     o_b = tl.arange(0, BLOCK)
+    if EARLY:  # the part's scores asked for before the pick's loads
+        key_e, m_e = _part_keys(scores, lo, tl.minimum(lo + PART, P), BLOCK)
     # where this part's pools go: `taken` pools before it, `at` of them at the threshold; `left`: how many pools
     # at the threshold are taken
     prefix = tl.zeros((), dtype=tl.uint32)
@@ -209,8 +241,11 @@ def select_take(
     # those at it the first `left`
     for p0 in range(lo, tl.minimum(lo + PART, P), BLOCK):
         o_p = p0 + o_b
-        m = o_p < tl.minimum(lo + PART, P)
-        key = score_key(tl.load(scores + o_p, mask=m, other=0.0))
+        if EARLY:  # one block: p0 is lo
+            key, m = key_e, m_e
+        else:
+            m = o_p < tl.minimum(lo + PART, P)
+            key = score_key(tl.load(scores + o_p, mask=m, other=0.0))
         eq_p = m & (key == prefix)
         take = m & ((key > prefix) | (eq_p & (at + tl.cumsum(eq_p.to(tl.int32), axis=0) <= left)) | (P <= TOPP))
         slot = taken + tl.cumsum(take.to(tl.int32), axis=0) - 1
@@ -266,41 +301,43 @@ def _row_kernel(scores, idx, n, stride, KP: tl.constexpr, TOPP: tl.constexpr, WI
 
 @triton.jit
 def _pass_kernel(scores, hist, state, above, n, stride, I: tl.constexpr, KP: tl.constexpr, TOPP: tl.constexpr,
-                 PART: tl.constexpr, NQ: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+                 PART: tl.constexpr, NQ: tl.constexpr, BLOCK: tl.constexpr, EARLY: tl.constexpr):  # fmt: skip
     """Program (part, row)."""
     q, r = tl.program_id(0), tl.program_id(1)
     select_pass(scores + r * stride, hist + r * (4 * NQ * 256), state + r * 8, above + r * (4 * NQ), tl.load(n + r),
-                q, I, KP, TOPP, PART, NQ, BLOCK)  # fmt: skip
+                q, I, KP, TOPP, PART, NQ, BLOCK, EARLY)  # fmt: skip
 
 
 @triton.jit
 def _take_kernel(scores, idx, hist, state, above, n, stride, KP: tl.constexpr, TOPP: tl.constexpr,
-                 WIDTH: tl.constexpr, PART: tl.constexpr, NQ: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+                 WIDTH: tl.constexpr, PART: tl.constexpr, NQ: tl.constexpr, BLOCK: tl.constexpr,
+                 EARLY: tl.constexpr):  # fmt: skip
     """Program (part, row)."""
     q, r = tl.program_id(0), tl.program_id(1)
     select_take(scores + r * stride, idx + r * WIDTH, hist + r * (4 * NQ * 256), state + r * 8,
-                above + r * (4 * NQ), tl.load(n + r), q, KP, TOPP, WIDTH, PART, NQ, BLOCK)  # fmt: skip
+                above + r * (4 * NQ), tl.load(n + r), q, KP, TOPP, WIDTH, PART, NQ, BLOCK, EARLY)  # fmt: skip
 
 
 def select_launch(
-    scores: torch.Tensor, n: torch.Tensor, spec, part: int | None = None, row: bool = False
+    scores: torch.Tensor, n: torch.Tensor, spec, part: int | None = None, row: bool = False, early: bool = False
 ) -> torch.Tensor:
     """Every row's selected tokens: scores [R, >= max P] fp32 (a row's pools past its P unread), n [R] cached
     tokens -> idx [R, index_width] int32, as the reference's `select_token_rows`; over parts of `part` pools
     (`select_part` of the scores' width by default), a launch a pass. The buffers start as garbage: nothing read
     is left from before."""
-    return select_runner(scores, n, spec, part, row)()
+    return select_runner(scores, n, spec, part, row, early)()
 
 
 def select_runner(
-    scores: torch.Tensor, n: torch.Tensor, spec, part: int | None = None, row: bool = False
+    scores: torch.Tensor, n: torch.Tensor, spec, part: int | None = None, row: bool = False, early: bool = False
 ) -> Callable[[], torch.Tensor]:
     """`select_launch` made once (its buffers, garbage to start with) and launched at each call into the same
     buffers, returning idx: what `bench --op select` times in a CUDA graph, allocating nothing per call. `row`:
-    one program a row (`select_row`, knob select=row) where the scores' width allows."""
+    one program a row (`select_row`, knob select=row) where the scores' width allows; `early` (knob select=early):
+    each pass loads its part's scores before its pick."""
     R, width = scores.shape
     ix = spec.indexer
-    sel = select_dims(width, part, row)
+    sel = select_dims(width, part, row, early)
     nq = sel.NQ
     dev = scores.device
     idx = torch.empty(R, spec.index_width, dtype=torch.int32, device=dev)
@@ -309,7 +346,7 @@ def select_runner(
     above = torch.randint(-9, 9, (R, 4, nq), dtype=torch.int32, device=dev)
     s = scores.float().contiguous()
     nn = n.to(torch.int32).to(dev).contiguous()
-    consts = dict(KP=ix.kpool, TOPP=spec.index_pools, PART=sel.PART, NQ=sel.NQ, BLOCK=sel.BLOCK)
+    consts = dict(KP=ix.kpool, TOPP=spec.index_pools, PART=sel.PART, NQ=sel.NQ, BLOCK=sel.BLOCK, EARLY=sel.EARLY)
 
     def run() -> torch.Tensor:
         if sel.ROW:
