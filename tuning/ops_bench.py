@@ -77,14 +77,15 @@ def _kda_head(spec, heads: int, device) -> Callable:
     return _with_inputs(lambda: kda_core(*inputs, spec), *inputs)
 
 
-def _gate(spec, rows: int, device) -> Callable:
+def _gate(spec, rows: int, device, early: bool = False) -> Callable:
     """The mHC gate of `rows` rows as the layer lays it out: a MIX task a row and column chunk (128 columns), then
-    a GATE task a chunk and the COMB task (kinds/layer/shared.py `gate_runner`: two launches)."""
+    a GATE task a chunk and the COMB task (kinds/layer/shared.py `gate_runner`: two launches); `early`: the gate
+    tasks of knob gate_loads=early."""
     hc, D, rnd = spec.mhc.streams, spec.hidden, _random(rows, device)
     H = rnd(rows, hc, D, dtype=torch.bfloat16)
     fn, base = rnd((2 + hc) * hc, hc * D, scale=(hc * D) ** -0.5), rnd((2 + hc) * hc, scale=0.1)
     scale, norm_w = 1 + rnd(3, scale=0.1), (1 + rnd(D, scale=0.1)).to(torch.bfloat16)
-    return _with_inputs(gate_runner(H, fn, base, scale, norm_w, spec), H, fn, base, scale, norm_w)
+    return _with_inputs(gate_runner(H, fn, base, scale, norm_w, spec, early=early), H, fn, base, scale, norm_w)
 
 
 def _scores(spec, pools: int, device) -> Callable:
@@ -152,6 +153,13 @@ OPS = {
         "rows",
         (1, 2, 4, 8),
         _gate,
+        2,
+    ),
+    "gate_early": OpBench(
+        "the same with the gate tasks asking for every load first (knob gate_loads=early)",
+        "rows",
+        (1, 2, 4, 8),
+        lambda spec, rows, device: _gate(spec, rows, device, early=True),
         2,
     ),
     "scores": OpBench(

@@ -84,6 +84,7 @@ def test_tied_index_scores_take_the_lower_pools():
         {"select": "row", "launch": "stages", "grid": 64},
         {"select": "early"},
         {"select": "early", "launch": "stages", "grid": 64},
+        {"gate_loads": "early", "route": "each"},
     ],
 )
 def test_schedule_knobs_keep_every_bit(weights, knobs):

@@ -56,10 +56,11 @@ def test_the_kda_head_alone_is_the_references_at_every_call(heads):
         assert rel_rms(rS, S) < 1e-5 and rel_rms(rz, z.float()) < 1e-2 and torch.equal(conv.float(), rconv)
 
 
+@pytest.mark.parametrize("op", ["gate", "gate_early"])
 @pytest.mark.parametrize("rows", [1, 3])
-def test_the_gate_alone_is_the_references_at_every_call(rows):
+def test_the_gate_alone_is_the_references_at_every_call(rows, op):
     spec = load_model("tiny")
-    run = OPS["gate"].make(spec, rows, "cpu")
+    run = OPS[op].make(spec, rows, "cpu")
     H, *args = run.inputs
     ref_x, ref_post, ref_comb = mhc_naive.gate(H.float(), *args, spec, FP32)
     for _ in range(2):

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from glm53ctl.kernels.kinds.layer.prefetch import prefetch
-from glm53ctl.kernels.kinds.layer.shared import task_gate, task_mix, task_own, task_push, task_reduce
+from glm53ctl.kernels.kinds.layer.shared import task_gate, task_gate_early, task_mix, task_own, task_push, task_reduce
 from glm53ctl.kernels.ops.dsa.layer import mla_task
 from glm53ctl.kernels.ops.dsa.tasks import MLA_A, SEL_PASS, SEL_ROW, WUV
 from glm53ctl.kernels.ops.ffn.layer_mlp import mlp_task
@@ -65,8 +65,12 @@ FFN_HALF = tl.constexpr((*range(ROUTER.value, EXP_DOWN.value + 1), GU.value, DOW
 
 
 @triton.jit
-def _gate(ttype, row, H, gates, hand, outs, consts, ffn: tl.constexpr, dims: tl.constexpr, INTERPRET: tl.constexpr):
-    """A gate or comb task of the attention gate (ffn false: on H) or of the FFN gate (on H1)."""
+def _gate(
+    ttype, row, H, gates, hand, outs, consts, ffn: tl.constexpr, dims: tl.constexpr, EARLY: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):  # fmt: skip
+    """A gate or comb task of the attention gate (ffn false: on H) or of the FFN gate (on H1); EARLY (knob
+    gate_loads=early): its body asks for every load first (`task_gate_early`)."""
     r, c = gate_fields(row)
     if ffn:
         x, base, scale, norm_w = outs.H1, gates.base_f, gates.scale_f, gates.norm_f
@@ -76,30 +80,15 @@ def _gate(ttype, row, H, gates, hand, outs, consts, ffn: tl.constexpr, dims: tl.
         x_hat, post, comb = outs.x_hat_a, outs.post_a, outs.comb_a
     # the FFN gate's mix logits and pre/RMS rows after the attention gate's
     at: tl.constexpr = 1 if ffn else 0
-    task_gate(
-        mixp=hand.mixp + at * (dims.NCH * 16 * 32),
-        ssp=hand.ssp + at * (dims.NCH * 16),
-        gramp=hand.gram + at * (dims.NCH * 16 * dims.HC * dims.HC),
-        H=x,
-        base=base,
-        scale=scale,
-        norm_w=norm_w,
-        x_hat=x_hat,
-        post=post,
-        comb=comb,
-        pr=hand.pr + at * (16 * PR),
-        r=r,
-        c=c,
-        comb_task=ttype == (COMB_F if ffn else COMB_A),
-        hc_eps=consts.hc_eps,
-        norm_eps=consts.norm_eps,
-        D=dims.D,
-        HC=dims.HC,
-        ITERS=dims.ITERS,
-        NCH=dims.NCH,
-        CH=dims.CH,
-        INTERPRET=INTERPRET,
-    )
+    mixp, ssp = hand.mixp + at * (dims.NCH * 16 * 32), hand.ssp + at * (dims.NCH * 16)
+    gramp, pr = hand.gram + at * (dims.NCH * 16 * dims.HC * dims.HC), hand.pr + at * (16 * PR)
+    comb_task = ttype == (COMB_F if ffn else COMB_A)
+    if EARLY:
+        task_gate_early(mixp, ssp, gramp, x, base, scale, norm_w, x_hat, post, comb, pr, r, c, comb_task, consts.hc_eps,
+                        consts.norm_eps, dims.D, dims.HC, dims.ITERS, dims.NCH, dims.CH, INTERPRET)  # fmt: skip
+    else:
+        task_gate(mixp, ssp, gramp, x, base, scale, norm_w, x_hat, post, comb, pr, r, c, comb_task, consts.hc_eps,
+                  consts.norm_eps, dims.D, dims.HC, dims.ITERS, dims.NCH, dims.CH, INTERPRET)  # fmt: skip
 
 
 @triton.jit
@@ -181,7 +170,7 @@ def _run_task(
         task_mix(H=H, fn=gates.fn_a, mixp=hand.mixp, ssp=hand.ssp, gramp=hand.gram, c=c, r=r, D=D, HC=dims.HC,
                  CH=dims.CH)  # fmt: skip
     elif may_run(ONLY, GATE_A, COMB_A) and ((ttype == GATE_A) | (ttype == COMB_A)):
-        _gate(ttype, row, H, gates, hand, outs, consts, False, dims, INTERPRET)
+        _gate(ttype, row, H, gates, hand, outs, consts, False, dims, sched.GATE_EARLY, INTERPRET)
     elif may_run(ONLY, ATTN_HALF) and _is_attn_half(ttype, MLA, sched.SEL_ONE):
         if MLA:
             mla_task(ttype, row, H, attn_w, attn_state, attn_buf, outs, consts, R, dims, mla, ONLY, INTERPRET)
@@ -213,7 +202,7 @@ def _run_task(
             r=r, D=D, HC=dims.HC, CH=dims.CH,
         )  # fmt: skip
     elif may_run(ONLY, GATE_F, COMB_F) and ((ttype == GATE_F) | (ttype == COMB_F)):
-        _gate(ttype, row, H, gates, hand, outs, consts, True, dims, INTERPRET)
+        _gate(ttype, row, H, gates, hand, outs, consts, True, dims, sched.GATE_EARLY, INTERPRET)
     elif may_run(ONLY, FFN_HALF) and _is_ffn_half(ttype, MOE):
         if MOE:
             ok = moe_task(ttype, row, task, ok, epoch, rt, stuck_site, budget_ns, ffn_w, ffn_buf, hand, outs, R, dims,

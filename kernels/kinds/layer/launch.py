@@ -286,6 +286,7 @@ class LayerLaunch(PersistentLaunch):
                 MIX_TASK=mix_tasks(self.knobs, self.rows, d.HC),
                 TRACE=self.tracing,
                 SEL_ONE=bool(d.mla and d.SEL.ROW),
+                GATE_EARLY=self.knobs.gate_loads == "early",
                 ONLY=types_mask(self.code_types) if self.knobs.stage_code == "own" and self.code_types else 0,
             ),
             "MLA": d.mla,
