@@ -180,6 +180,94 @@ def kda_head(
 
 
 @triton.jit
+def _conv_taps(u, u_row, u_part, u_head, conv_in, conv_w, r, h, part, o_c, H: tl.constexpr, K: tl.constexpr,
+               W: tl.constexpr):  # fmt: skip
+    """The loads of `_conv_silu` (channels o_c of head h's `part`, row r): the current input's tap and value, then
+    the past W - 1 taps and inputs (fp32), as a tuple."""
+    P: tl.constexpr = H * K
+    chan = part * P + h * K + o_c
+    ws = ()
+    xs = ()
+    for tau in tl.static_range(W - 1):
+        ws = ws + (tl.load(conv_w + chan * W + tau),)
+        xs = xs + (tl.load(conv_in + (r * (W - 1) + tau) * (3 * P) + chan).to(tl.float32),)
+    return tl.load(conv_w + chan * W + (W - 1)), tl.load(u + r * u_row + part * u_part + h * u_head + o_c), ws, xs
+
+
+@triton.jit
+def _conv_silu_of(taps, W: tl.constexpr):
+    """`_conv_silu` of its loads (`_conv_taps`): the same sums in the same order."""
+    w_now, x_now, ws, xs = taps
+    acc = w_now * x_now
+    for tau in tl.static_range(W - 1):
+        acc += ws[tau] * xs[tau]
+    return acc * tl.sigmoid(acc)
+
+
+@triton.jit
+def kda_head_loads(u, u_row, u_part, u_head, conv_in, conv_w, A_log, dt_bias, S_in, r, h, part, H: tl.constexpr,
+                   K: tl.constexpr, W: tl.constexpr, NV: tl.constexpr):  # fmt: skip
+    """Every load of `kda_head` (knob kda_loads=early, a part of one value block: K // NV = VB) that no step of its
+    own produces, asked for at once: q's, k's and the part's v's conv taps, the gate's A_log and dt_bias, and the
+    part's [K, VB] state tile."""
+    o_k = tl.arange(0, K)
+    o_j = part * (K // NV) + tl.arange(0, K // NV)
+    tq = _conv_taps(u, u_row, u_part, u_head, conv_in, conv_w, r, h, 0, o_k, H, K, W)
+    tk = _conv_taps(u, u_row, u_part, u_head, conv_in, conv_w, r, h, 1, o_k, H, K, W)
+    tv = _conv_taps(u, u_row, u_part, u_head, conv_in, conv_w, r, h, 2, o_j, H, K, W)
+    s_in = tl.load(S_in + (r * H + h) * (K * K) + o_k[:, None] * K + o_j[None, :])
+    return tq, tk, tv, tl.load(A_log + h), tl.load(dt_bias + h * K + o_k), s_in
+
+
+@triton.jit
+def kda_head_of(loads, beta_logit, b_f, u, u_row, u_part, u_head, conv_in, conv_out, S_out, scr, r, h, part,
+                lower_bound, H: tl.constexpr, K: tl.constexpr, W: tl.constexpr, NV: tl.constexpr,
+                INTERPRET: tl.constexpr, WRITE_STATE: tl.constexpr):  # fmt: skip
+    """`kda_head` of a part of one value block from its loads (`kda_head_loads`): the same operations in the
+    same order, so the same bits."""
+    tq, tk, tv, a_log, dtb, s_in = loads
+    P: tl.constexpr = H * K
+    o_k = tl.arange(0, K)
+    o_j = part * (K // NV) + tl.arange(0, K // NV)
+    p_scr = scr + (r * SCRATCH) * P + h * K
+    y_q = _conv_silu_of(tq, W)
+    y_k = _conv_silu_of(tk, W)
+    a = tl.exp(a_log)
+    g = lower_bound * tl.sigmoid(a * (b_f + dtb))
+    decay = tl.exp(g)
+    beta = tl.sigmoid(beta_logit)
+    q = y_q / tl.sqrt(tl.sum(y_q * y_q, axis=0) + 1e-6) * (1.0 / tl.sqrt(K * 1.0))
+    k = y_k / tl.sqrt(tl.sum(y_k * y_k, axis=0) + 1e-6)
+    y_v = _conv_silu_of(tv, W)
+    p_s = (r * H + h) * (K * K) + o_k[:, None] * K + o_j[None, :]
+    s = s_in * decay[:, None]
+    delta = beta * (y_v - tl.sum(s * k[:, None], axis=0))
+    s = tl.fma(k[:, None], delta[None, :], s)
+    if WRITE_STATE:
+        tl.store(S_out + p_s, s)
+    else:
+        tl.store(p_scr + P + o_j, delta)
+    tl.store(p_scr + o_j, tl.sum(s * q[:, None], axis=0))
+    if not WRITE_STATE:
+        tl.store(p_scr + 2 * P + o_k, decay)
+        tl.store(p_scr + 3 * P + o_k, k)
+    if WRITE_STATE:
+        if part == 0:
+            kda_conv_shift(u, u_row, u_part, u_head, conv_in, conv_out, r, h, H, K, W, INTERPRET)
+
+
+@triton.jit
+def kda_norm_of(scr, b_og, o_norm_w, z, r, h, eps, H: tl.constexpr, K: tl.constexpr, INTERPRET: tl.constexpr):
+    """`kda_norm` with the norm's weight already loaded (fp32 [K])."""
+    P: tl.constexpr = H * K
+    o_k = tl.arange(0, K)
+    tl.debug_barrier()  # o's blocks were stored by other threads
+    o = tl.load(scr + (r * SCRATCH) * P + h * K + o_k, cache_modifier=".cg")  # or programs: from L2, not L1
+    zz = o / tl.sqrt(tl.sum(o * o, axis=0) / K + eps) * o_norm_w * tl.sigmoid(b_og)
+    tl.store(z + r * P + h * K + o_k, to_bf16(zz, INTERPRET))
+
+
+@triton.jit
 def kda_norm(scr, b_og, o_norm_w, z, r, h, eps, H: tl.constexpr, K: tl.constexpr, INTERPRET: tl.constexpr):
     """Head h's z (row r): the gated RMSNorm (sigmoid gate b_og [K]) of o, which kda_head's parts left in
     `scr` (this program's threads or, split, other programs: the caller acquired their stores)."""
