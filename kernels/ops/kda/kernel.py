@@ -162,14 +162,31 @@ def kda_head(
         o_j = part * (K // NV) + j0 + tl.arange(0, VB)
         y_v = _conv_silu(u, u_row, u_part, u_head, conv_in, conv_w, r, h, 2, o_j, H, K, W)
         p_s = (r * H + h) * (K * K) + o_k[:, None] * K + o_j[None, :]
-        s = tl.load(S_in + p_s) * decay[:, None]
-        delta = beta * (y_v - tl.sum(s * k[:, None], axis=0))
-        s = tl.fma(k[:, None], delta[None, :], s)  # an explicit fma: the write-back repeats these bits
-        if WRITE_STATE:
-            tl.store(S_out + p_s, s)
-        else:
-            tl.store(p_scr + P + o_j, delta)
-        tl.store(p_scr + o_j, tl.sum(s * q[:, None], axis=0))
+        _delta_block(tl.load(S_in + p_s), decay, k, q, beta, y_v, S_out, p_s, p_scr, o_j, P, WRITE_STATE)
+    _head_end(u, u_row, u_part, u_head, conv_in, conv_out, decay, k, p_scr, r, h, part, H, K, W, INTERPRET,
+              WRITE_STATE)  # fmt: skip
+
+
+@triton.jit
+def _delta_block(s_in, decay, k, q, beta, y_v, S_out, p_s, p_scr, o_j, P: tl.constexpr, WRITE_STATE: tl.constexpr):
+    """One value block of the gated delta rule from its state tile s_in [K, VB]: decay along the key dim, read
+    S^T k, update, and the output from the UPDATED state; the new tile stored (or, deferred, its delta)."""
+    s = s_in * decay[:, None]
+    delta = beta * (y_v - tl.sum(s * k[:, None], axis=0))
+    s = tl.fma(k[:, None], delta[None, :], s)  # an explicit fma: the write-back repeats these bits
+    if WRITE_STATE:
+        tl.store(S_out + p_s, s)
+    else:
+        tl.store(p_scr + P + o_j, delta)
+    tl.store(p_scr + o_j, tl.sum(s * q[:, None], axis=0))
+
+
+@triton.jit
+def _head_end(u, u_row, u_part, u_head, conv_in, conv_out, decay, k, p_scr, r, h, part, H: tl.constexpr,
+              K: tl.constexpr, W: tl.constexpr, INTERPRET: tl.constexpr, WRITE_STATE: tl.constexpr):  # fmt: skip
+    """A KDA part's last stores: deferred, its decay and k (for the write-back); else part 0 the conv state."""
+    P: tl.constexpr = H * K
+    o_k = tl.arange(0, K)
     if not WRITE_STATE:
         # every part stores the same decay and k (the same bits): each part's write-back reads its own
         tl.store(p_scr + 2 * P + o_k, decay)
@@ -240,20 +257,9 @@ def kda_head_of(loads, beta_logit, b_f, u, u_row, u_part, u_head, conv_in, conv_
     k = y_k / tl.sqrt(tl.sum(y_k * y_k, axis=0) + 1e-6)
     y_v = _conv_silu_of(tv, W)
     p_s = (r * H + h) * (K * K) + o_k[:, None] * K + o_j[None, :]
-    s = s_in * decay[:, None]
-    delta = beta * (y_v - tl.sum(s * k[:, None], axis=0))
-    s = tl.fma(k[:, None], delta[None, :], s)
-    if WRITE_STATE:
-        tl.store(S_out + p_s, s)
-    else:
-        tl.store(p_scr + P + o_j, delta)
-    tl.store(p_scr + o_j, tl.sum(s * q[:, None], axis=0))
-    if not WRITE_STATE:
-        tl.store(p_scr + 2 * P + o_k, decay)
-        tl.store(p_scr + 3 * P + o_k, k)
-    if WRITE_STATE:
-        if part == 0:
-            kda_conv_shift(u, u_row, u_part, u_head, conv_in, conv_out, r, h, H, K, W, INTERPRET)
+    _delta_block(s_in, decay, k, q, beta, y_v, S_out, p_s, p_scr, o_j, P, WRITE_STATE)
+    _head_end(u, u_row, u_part, u_head, conv_in, conv_out, decay, k, p_scr, r, h, part, H, K, W, INTERPRET,
+              WRITE_STATE)  # fmt: skip
 
 
 @triton.jit

@@ -239,6 +239,18 @@ def task_inproj(
     return ok
 
 
+@triton.jit
+def _last_part(arrive, epoch, r, h, HL: tl.constexpr, NV: tl.constexpr):
+    """Whether this part of head h (row r) is the last of its NV to arrive (`arrive_last`), after its o is stored:
+    the one that makes the head's z."""
+    if NV > 1:
+        tl.debug_barrier()  # every thread's o stored before the release
+        last = arrive_last(arrive + r * HL + h, epoch, NV)
+    else:
+        last = True
+    return last
+
+
 @pinned(SYMBOLS)
 @triton.jit(noinline=True)
 def task_kda(
@@ -308,11 +320,7 @@ def task_kda(
         INTERPRET,
         WRITE_STATE,
     )
-    if NV > 1:
-        tl.debug_barrier()  # every thread's o stored before the release
-        last = arrive_last(arrive + r * HL + h, epoch, NV)
-    else:
-        last = True
+    last = _last_part(arrive, epoch, r, h, HL, NV)
     if last:
         kda_norm(kscr, tl.sum(tl.where(sel, og_h, 0.0), axis=0), o_norm, z, r, h, eps, HL, K, INTERPRET)
 
@@ -346,11 +354,7 @@ def task_kda_early(epoch, y_in, lr, w_fb, w_gb, conv_in, conv_out, conv_w, A_log
     else:
         kda_head(u, NIN, K, 3 * K, tl.load(y_in + r * NIN + 2 * RG + h), b_f, conv_in, conv_out, conv_w, A_log,
                  dt_bias, S_in, S_out, kscr, r, h, part, lower_bound, HL, K, W, NV, INTERPRET, WRITE_STATE)  # fmt: skip
-    if NV > 1:
-        tl.debug_barrier()  # every thread's o stored before the release
-        last = arrive_last(arrive + r * HL + h, epoch, NV)
-    else:
-        last = True
+    last = _last_part(arrive, epoch, r, h, HL, NV)
     if last:
         b_og = tl.sum(tl.where(sel, og_h, 0.0), axis=0)
         if ONE:
