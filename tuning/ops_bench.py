@@ -33,6 +33,7 @@ class OpBench:
     sizes: tuple[int, ...]  # the default sizes
     make: Callable  # (spec, size, device) -> the launch to time
     launches: int  # plain launches a call makes
+    most: int | None = None  # the largest size it takes (None: any)
 
 
 def _select(spec, pools: int, device, row: bool = False, early: bool = False) -> Callable:
@@ -139,6 +140,7 @@ OPS = {
         (1, 2, 4, 8),
         _route,
         1,
+        most=8,
     ),
     "kda_head": OpBench(
         "the KDA core of one row's heads: conv, gate, delta rule, gated norm (ops/kda/kernel.py, a program a head)",
@@ -154,6 +156,7 @@ OPS = {
         (1, 2, 4, 8),
         _gate,
         2,
+        most=16,
     ),
     "gate_early": OpBench(
         "the same with the gate tasks asking for every load first (knob gate_loads=early)",
@@ -161,6 +164,7 @@ OPS = {
         (1, 2, 4, 8),
         lambda spec, rows, device: _gate(spec, rows, device, early=True),
         2,
+        most=16,
     ),
     "scores": OpBench(
         "the indexer's scores of one row's pools (ops/dsa/indexer.py, a program a block of 16 pools)",

@@ -299,8 +299,11 @@ def _bench_ops(op, sizes, model, rounds, save, as_json, markdown, kind, against,
             values = []
         if not values or min(values) < 1:
             raise UsageError(f"--sizes {sizes!r}: expected a comma-separated list of counts, 1 or more")
-        if "route" in names and max(values) > 8:
-            raise UsageError(f"--sizes {sizes!r}: the routing's sizes are rows, 1 to 8")
+        for name in names:  # the launches' buffers hold at most `most` (the routing's and the gate's 16 rows)
+            most = OPS[name].most
+            if most is not None and max(values) > most:
+                what = "the routing's" if name == "route" else f"{name}'s"
+                raise UsageError(f"--sizes {sizes!r}: {what} sizes are {OPS[name].unit}, 1 to {most}")
     if save is not None and save.exists() and not save.is_dir():
         raise UsageError(f"--save {save}: not a folder")
     spec = load_model(model)

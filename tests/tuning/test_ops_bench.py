@@ -88,3 +88,16 @@ def test_the_mla_attention_alone_is_the_references_at_every_call(heads):
     want = sparse_mla(q.float(), latent.float(), idx.long(), scale)
     for _ in range(2):
         assert rel_rms(want, run().float()) < 1e-2
+
+
+def test_the_early_gate_gives_the_gates_bits_at_glm53_flash_width():
+    """Knob gate_loads=early over glm53_flash's 4096 columns (32 chunks, 3 rows): x̂, post, comb and the rows' pre
+    and 1/RMS (what a folded GEMV reads, fp32) bit for bit the default gate's."""
+    spec = load_model("glm53_flash")
+    late, early = OPS["gate"].make(spec, 3, "cpu"), OPS["gate_early"].make(spec, 3, "cpu")
+    assert all(torch.equal(a, b) for a, b in zip(late.inputs, early.inputs, strict=True))  # the same draw
+    hc = spec.mhc.streams
+    pre = lambda run: run.pr[:3, : hc + 1]  # the rows' pre [HC] and 1/RMS (the buffer's other words unwritten)
+    for a, b in zip((*late(), pre(late)), (*early(), pre(early)), strict=True):
+        bits = torch.int16 if a.dtype == torch.bfloat16 else torch.int32
+        assert torch.equal(a.view(bits), b.view(bits))

@@ -190,7 +190,8 @@ class LayerLaunch(PersistentLaunch):
         (they are tagged with its own runtime's epochs) and trace records of its own (its tasks' ids are its
         table's)."""
         s = stage_launch(self, ttypes, one_task)
-        s.code_types = tuple(int(getattr(t, "value", t)) for t in ttypes)
+        if one_task:  # the stage schedule's (launch=stages), not the separate-launch baselines'
+            s.code_types = tuple(int(getattr(t, "value", t)) for t in ttypes)
         s.arrive = torch.zeros_like(self.arrive)
         s.buf = self.buf | {"trace": self._zeros(s.table.n_tasks, 5, dtype=torch.int64)}
         return s

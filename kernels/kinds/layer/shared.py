@@ -300,6 +300,7 @@ def gate_runner(H, fn, base, scale, norm_w, spec, chunk: int = 128, early: bool 
     task per row, each a program; made once, launched at each call into the same buffers. Returns (x̂, post,
     comb), as ops/mhc's `gate`. `early`: the gate tasks of knob gate_loads=early."""
     R, hc, D = H.shape
+    assert R <= 16, "the gates' partials hold 16 rows a chunk (the layer's buffers)"
     CH = min(chunk, D // 4)
     NCH, dev = D // CH, H.device
     f32 = dict(dtype=torch.float32, device=dev)
@@ -316,4 +317,5 @@ def gate_runner(H, fn, base, scale, norm_w, spec, chunk: int = 128, early: bool 
         _gate_kernel[(NCH + 1, R)](mixp, ssp, gramp, H, base, scale, norm_w, x_hat, post, comb, pr, *eps, **gate_consts)
         return x_hat, post, comb
 
+    run.pr = pr  # the rows' pre and 1/RMS, what a folded GEMV reads (the tests compare them too)
     return run
