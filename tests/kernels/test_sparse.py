@@ -85,6 +85,7 @@ def test_tied_index_scores_take_the_lower_pools():
         {"select": "early"},
         {"select": "early", "launch": "stages", "grid": 64},
         {"gate_loads": "early", "route": "each"},
+        {"select": "row", "launch": "stages", "stage_code": "own"},
     ],
 )
 def test_schedule_knobs_keep_every_bit(weights, knobs):
