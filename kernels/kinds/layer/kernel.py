@@ -83,12 +83,10 @@ def _gate(
     mixp, ssp = hand.mixp + at * (dims.NCH * 16 * 32), hand.ssp + at * (dims.NCH * 16)
     gramp, pr = hand.gram + at * (dims.NCH * 16 * dims.HC * dims.HC), hand.pr + at * (16 * PR)
     comb_task = ttype == (COMB_F if ffn else COMB_A)
-    if EARLY:
-        task_gate_early(mixp, ssp, gramp, x, base, scale, norm_w, x_hat, post, comb, pr, r, c, comb_task, consts.hc_eps,
-                        consts.norm_eps, dims.D, dims.HC, dims.ITERS, dims.NCH, dims.CH, INTERPRET)  # fmt: skip
-    else:
-        task_gate(mixp, ssp, gramp, x, base, scale, norm_w, x_hat, post, comb, pr, r, c, comb_task, consts.hc_eps,
-                  consts.norm_eps, dims.D, dims.HC, dims.ITERS, dims.NCH, dims.CH, INTERPRET)  # fmt: skip
+    (task_gate_early if EARLY else task_gate)(
+        mixp, ssp, gramp, x, base, scale, norm_w, x_hat, post, comb, pr, r, c, comb_task, consts.hc_eps,
+        consts.norm_eps, dims.D, dims.HC, dims.ITERS, dims.NCH, dims.CH, INTERPRET,
+    )  # fmt: skip
 
 
 @triton.jit

@@ -286,12 +286,8 @@ def _gate_kernel(
     """Program (chunk c, row r): the GATE task of chunk c, or the COMB task at c = NCH (EARLY: knob
     gate_loads=early's body)."""
     c, r = tl.program_id(0), tl.program_id(1)
-    if EARLY:
-        task_gate_early(mixp, ssp, gramp, H, base, scale, norm_w, x_hat, post, comb, pr, r, c, c == NCH, hc_eps,
-                        norm_eps, D, HC, ITERS, NCH, CH, INTERPRET)  # fmt: skip
-    else:
-        task_gate(mixp, ssp, gramp, H, base, scale, norm_w, x_hat, post, comb, pr, r, c, c == NCH, hc_eps, norm_eps,
-                  D, HC, ITERS, NCH, CH, INTERPRET)  # fmt: skip
+    (task_gate_early if EARLY else task_gate)(mixp, ssp, gramp, H, base, scale, norm_w, x_hat, post, comb, pr, r, c,
+                                              c == NCH, hc_eps, norm_eps, D, HC, ITERS, NCH, CH, INTERPRET)  # fmt: skip
 
 
 def gate_runner(H, fn, base, scale, norm_w, spec, chunk: int = 128, early: bool = False) -> Callable:
