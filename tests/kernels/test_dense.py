@@ -364,18 +364,3 @@ def test_a_traced_launch_keeps_its_bits_and_records_every_task(weights):
     path = [p["type"] for p in s["critical_path"]]
     assert path[0] == "attn mix" and path[-1] == "ffn reduce" and "kda head" in path and "gate_up" in path
     assert all(p["handoff"] > 0 for p in s["critical_path"][1:]) and "critical path" in format_summary(s)
-
-
-@pytest.mark.parametrize(("oproj_first", "kda_split"), [(0, 4), (1, 4), (0, 1)])
-def test_early_kda_loads_keep_every_bit(weights, oproj_first, kda_split):
-    """Knob kda_loads=early: a KDA part of one value block (kda_split 4 at tiny's head_dim 16) asks for its delta
-    rule's loads before its GEMVs, its states written in the task or deferred (oproj_first); other splits keep
-    the default's order. Every output and state write bitwise the default's."""
-    knobs = {"oproj_first": oproj_first, "kda_split": kda_split, "grid": 64}
-    k = DenseHarness(weights, resolved("dense", 2, 3, knobs))
-    x = k.inputs(seed=8)[0]
-    peers = k.peer_partials(x)
-    base = k(x, peers, poison=True)
-    early = DenseHarness(weights, resolved("dense", 2, 3, knobs | {"kda_loads": "early"}))
-    assert early.launch.constexprs()["sched"].KDA_EARLY and early.launch.dims().NV == kda_split
-    assert_same_bits(base, early(x, peers, poison=True), f"kda_loads=early, {knobs}")

@@ -60,15 +60,6 @@ KNOBS = (
         "same bits",
     ),
     Knob(
-        "kda_loads",
-        ("late", "early"),
-        "late",
-        "schedule",
-        "a KDA head task asks for its delta rule's loads (the conv taps, the state tile, the gate's constants, the "
-        "norm's weight) after its two low-rank GEMVs (late), or before them, so the latencies overlap (early, where a "
-        "part is one 32-column block: kda_split 4 at head_dim 128); the same bits",
-    ),
-    Knob(
         "chunk_cols",
         (64, 128, 256),
         128,

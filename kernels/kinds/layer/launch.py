@@ -288,7 +288,6 @@ class LayerLaunch(PersistentLaunch):
                 TRACE=self.tracing,
                 SEL_ONE=bool(d.mla and d.SEL.ROW),
                 GATE_EARLY=self.knobs.gate_loads == "early",
-                KDA_EARLY=self.knobs.kda_loads == "early" and not d.mla,
                 ONLY=types_mask(self.code_types) if self.knobs.stage_code == "own" and self.code_types else 0,
             ),
             "MLA": d.mla,

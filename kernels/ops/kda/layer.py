@@ -14,12 +14,8 @@ import triton.language as tl
 from glm53ctl.kernels.ops.gemv.kernel import gemv_first_weights, gemv_tile, gemv_tile_from
 from glm53ctl.kernels.ops.gemv.layer import fold_rows
 from glm53ctl.kernels.ops.kda.kernel import (
-    BV,
     kda_head,
-    kda_head_loads,
-    kda_head_of,
     kda_norm,
-    kda_norm_of,
     kda_write_state,
 )
 from glm53ctl.kernels.ops.kda.tasks import INPROJ, KDA_HEAD, inproj_fields, kda_head_fields
@@ -94,8 +90,7 @@ def kda_task(
         )
     elif may_run(sched.ONLY, KDA_HEAD) and (ttype == KDA_HEAD):
         h, r, part = kda_head_fields(row)
-        # knob kda_loads=early: a body of its own (the default keeps its symbol and cubin)
-        (task_kda_early if sched.KDA_EARLY else task_kda)(
+        task_kda(
             epoch=epoch,
             y_in=attn_buf.y_in,
             lr=attn_buf.lr,
@@ -323,41 +318,3 @@ def task_kda(
     last = _last_part(arrive, epoch, r, h, HL, NV)
     if last:
         kda_norm(kscr, tl.sum(tl.where(sel, og_h, 0.0), axis=0), o_norm, z, r, h, eps, HL, K, INTERPRET)
-
-
-@pinned(SYMBOLS)
-@triton.jit(noinline=True)
-def task_kda_early(epoch, y_in, lr, w_fb, w_gb, conv_in, conv_out, conv_w, A_log, dt_bias, o_norm, S_in, S_out, z,
-                   kscr, arrive, h, r, part, R, lower_bound, eps, HL: tl.constexpr, K: tl.constexpr,
-                   W: tl.constexpr, RG: tl.constexpr, BK_R: tl.constexpr, NV: tl.constexpr, INTERPRET: tl.constexpr,
-                   WRITE_STATE: tl.constexpr):  # fmt: skip
-    """`task_kda` with knob kda_loads=early: where a part is one value block (K // NV = VB), every load of the
-    delta rule that no step of its own produces (the conv taps, the gate's constants, the state tile, beta's
-    logit, the norm's weight) is asked for before f_b's and g_b's GEMVs, so their latencies overlap those of the
-    GEMVs' loads instead of following them; the same operations, so the same bits. Other splits: `task_kda`'s
-    order."""
-    P: tl.constexpr = HL * K
-    NIN: tl.constexpr = 2 * RG + HL + 3 * P
-    ONE: tl.constexpr = K // NV == min(BV, K // 4)
-    sel = tl.arange(0, 16)[:, None] == r
-    u = y_in + 2 * RG + HL
-    if ONE:
-        loads = kda_head_loads(u, NIN, K, 3 * K, conv_in, conv_w, A_log, dt_bias, S_in, r, h, part, HL, K, W, NV)
-        beta_logit = tl.load(y_in + r * NIN + 2 * RG + h)
-        o_norm_w = tl.load(o_norm + tl.arange(0, K)).to(tl.float32)
-    f_h = gemv_tile(lr, 2 * RG, w_fb, h * K, R, P, RG, RG, K, BK_R, INTERPRET)
-    og_h = gemv_tile(lr + RG, 2 * RG, w_gb, h * K, R, P, RG, RG, K, BK_R, INTERPRET)
-    b_f = tl.sum(tl.where(sel, f_h, 0.0), axis=0)
-    if ONE:
-        kda_head_of(loads, beta_logit, b_f, u, NIN, K, 3 * K, conv_in, conv_out, S_out, kscr, r, h, part, lower_bound,
-                    HL, K, W, NV, INTERPRET, WRITE_STATE)  # fmt: skip
-    else:
-        kda_head(u, NIN, K, 3 * K, tl.load(y_in + r * NIN + 2 * RG + h), b_f, conv_in, conv_out, conv_w, A_log,
-                 dt_bias, S_in, S_out, kscr, r, h, part, lower_bound, HL, K, W, NV, INTERPRET, WRITE_STATE)  # fmt: skip
-    last = _last_part(arrive, epoch, r, h, HL, NV)
-    if last:
-        b_og = tl.sum(tl.where(sel, og_h, 0.0), axis=0)
-        if ONE:
-            kda_norm_of(kscr, b_og, o_norm_w, z, r, h, eps, HL, K, INTERPRET)
-        else:
-            kda_norm(kscr, b_og, o_norm, z, r, h, eps, HL, K, INTERPRET)
