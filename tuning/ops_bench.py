@@ -36,13 +36,14 @@ class OpBench:
     most: int | None = None  # the largest size it takes (None: any)
 
 
-def _select(spec, pools: int, device, row: bool = False, early: bool = False) -> Callable:
+def _select(spec, pools: int, device, row: bool = False, early: bool = False, bits: int = 8) -> Callable:
     """One row's selection over `pools` pools of random scores, its caches full (pools x kpool tokens); `row`: in
-    one program (knob select=row); `early`: each pass's scores loaded before its pick (knob select=early)."""
+    one program (knob select=row, row4, rowsort: its threshold by `bits`); `early`: each pass's scores loaded
+    before its pick (knob select=early)."""
     g = torch.Generator(device="cpu").manual_seed(pools)
     scores = torch.randn(1, pools, generator=g).to(device)
     n = torch.tensor([pools * spec.indexer.kpool])
-    return select_runner(scores, n, spec, row=row, early=early)
+    return select_runner(scores, n, spec, row=row, early=early, bits=bits)
 
 
 def _route(spec, rows: int, device) -> Callable:
@@ -124,6 +125,20 @@ OPS = {
         "pools",
         (256, 1024, 4096),
         lambda spec, pools, device: _select(spec, pools, device, row=True),
+        1,
+    ),
+    "select_row4": OpBench(
+        "the same top-k in one program a row, its threshold by eight 4-bit passes of comparisons (knob select=row4)",
+        "pools",
+        (256, 1024, 4096),
+        lambda spec, pools, device: _select(spec, pools, device, row=True, bits=4),
+        1,
+    ),
+    "select_rowsort": OpBench(
+        "the same top-k in one program a row, its threshold by a sort of the keys (knob select=rowsort)",
+        "pools",
+        (256, 1024, 4096),
+        lambda spec, pools, device: _select(spec, pools, device, row=True, bits=0),
         1,
     ),
     "select_early": OpBench(

@@ -107,7 +107,7 @@ CASES: list[tuple[str, str]] = [
     ("bench --kind dense --gpus 2 --against main", "no --against or --trace with it"),
     ("bench --kind dense --gpus 2 --trace", "no --against or --trace with it"),
     ("bench --kind dense --perfetto t.json", "--perfetto FILE writes the traced launches: give --trace too"),
-    ("bench --op nope", "--op 'nope': expected values from select, select_row, select_early, route, kda_head"),
+    ("bench --op nope", "--op 'nope': expected values from select, select_row, select_row4, select_rowsort"),
     ("bench --sizes 3", "--sizes: the sizes of an --op"),
     ("bench --op route --sizes 16", "the routing's sizes are rows, 1 to 8"),
     ("bench --op gate --sizes 1,32", "gate's sizes are rows, 1 to 16"),

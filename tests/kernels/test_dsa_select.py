@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from glm53ctl.kernels.ops.dsa.naive import select_token_rows
-from glm53ctl.kernels.ops.dsa.select import ROW_POOLS, select_dims, select_launch
+from glm53ctl.kernels.ops.dsa.select import ROW_POOLS, ROW_SELECT, select_dims, select_launch
 from glm53ctl.kernels.spec import load_model
 
 pytestmark = pytest.mark.interpreter
@@ -15,7 +15,8 @@ pytestmark = pytest.mark.interpreter
 
 def _check(scores: torch.Tensor, n: list[int], spec, parts: tuple[int, ...]) -> torch.Tensor:
     """The selection over parts of each size in `parts` (pools), also with each part's scores loaded before its
-    pick (knob select=early), and in one program a row (knob select=row) where the row's pools fit one: the
+    pick (knob select=early), and in one program a row (knob select=row, row4, rowsort: each body of the
+    threshold) where the row's pools fit one: the
     reference's tokens, whatever the parts."""
     nn = torch.tensor(n)
     want = select_token_rows(scores, nn, spec)
@@ -26,8 +27,9 @@ def _check(scores: torch.Tensor, n: list[int], spec, parts: tuple[int, ...]) -> 
         got = select_launch(scores, nn, spec, part=part, early=True)
         assert torch.equal(got.long(), want), ("early", part, got, want)
     if scores.shape[1] <= ROW_POOLS:
-        got = select_launch(scores, nn, spec, row=True)
-        assert torch.equal(got.long(), want), ("row", got, want)
+        for value, bits in ROW_SELECT.items():  # select=row, row4, rowsort
+            got = select_launch(scores, nn, spec, row=True, bits=bits)
+            assert torch.equal(got.long(), want), (value, got, want)
     return got
 
 

@@ -83,6 +83,8 @@ def test_tied_index_scores_take_the_lower_pools():
         {"select": "row"},
         {"select": "row", "launch": "stages", "grid": 64},
         {"select": "early"},
+        {"select": "row4"},
+        {"select": "rowsort", "launch": "stages", "grid": 64},
         {"select": "early", "launch": "stages", "grid": 64},
         {"gate_loads": "early", "route": "each"},
         {"select": "row", "launch": "stages", "stage_code": "own"},

@@ -16,7 +16,7 @@ from tests.kernels.test_kda_kernel import reference as kda_reference
 pytestmark = pytest.mark.interpreter
 
 
-@pytest.mark.parametrize("op", ["select", "select_row", "select_early"])
+@pytest.mark.parametrize("op", ["select", "select_row", "select_row4", "select_rowsort", "select_early"])
 @pytest.mark.parametrize("pools", [3, 16, 40])
 def test_the_selection_alone_is_the_references_at_every_call(pools, op):
     spec = load_model("tiny")

@@ -51,7 +51,7 @@ from __future__ import annotations
 import math
 
 from glm53ctl.kernels.kinds.base import KnobRecord
-from glm53ctl.kernels.ops.dsa.select import select_dims
+from glm53ctl.kernels.ops.dsa.select import ROW_SELECT, select_dims
 from glm53ctl.kernels.ops.dsa.tasks import (
     Absorb,
     Attn,
@@ -228,7 +228,12 @@ class Dims:
         self.BP = 16
         self.NSB = -(-(slots // self.KP) // self.BP)
         # the selection's sizes (kernels/ops/dsa/select.py): SEL.NQ_ROW parts of SEL.PART pools cover the caches'
-        self.SEL = select_dims(slots // self.KP, row=knobs.select == "row", early=knobs.select == "early")
+        self.SEL = select_dims(
+            slots // self.KP,
+            row=knobs.select in ROW_SELECT,
+            early=knobs.select == "early",
+            bits=ROW_SELECT.get(knobs.select, 8),
+        )
         self.TB = knobs.token_block  # tokens per attention task (numeric: the combine's order)
         self.NB = -(-self.WIDTH // self.TB)
         self.HB = max(16, min(64, 1 << (self.HQ - 1).bit_length()))  # heads per attention task, a tl.dot tile

@@ -37,13 +37,15 @@ KNOBS = KDA_KNOBS + (
     ),
     Knob(
         "select",
-        ("parts", "row", "early"),
+        ("parts", "row", "early", "row4", "rowsort"),
         "parts",
         "schedule",
         "the indexer's top-k: four radix passes and the take as tasks over parts of a row's pools (hand-offs "
-        "between them), or one task a row holding every key where the caches hold at most 4,096 pools (16K tokens) "
-        "(row), or as parts with each pass and the take loading their part's scores before they pick the digit "
-        "from the passes before (early: the two loads overlap, where a part is one block of at most 1,024 pools)",
+        "between them), or one task a row holding every key where the caches hold at most 4,096 pools (16K tokens), "
+        "its threshold by four 8-bit passes of a 256-bin histogram (row), eight 4-bit passes of comparisons "
+        "(row4) or a sort of the keys (rowsort), or as parts with each pass and the take loading their part's "
+        "scores before they pick the digit from the passes before (early: the two loads overlap, where a part is "
+        "one block of at most 1,024 pools)",
     ),
 )
 

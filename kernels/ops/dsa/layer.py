@@ -63,7 +63,7 @@ def mla_task(
     if mla.SEL.ROW:  # knob select=row: the body exists only where the selection is a task a row
         if may_run(ONLY, SEL_ROW) and (ttype == SEL_ROW):
             r = sel_row_fields(row)
-            task_select_row(b.scores, b.idx, c.pos, r, mla.KP, mla.TOPP, mla.WIDTH, mla.LMAX, mla.SEL.ROW)
+            task_select_row(b.scores, b.idx, c.pos, r, mla.KP, mla.TOPP, mla.WIDTH, mla.LMAX, mla.SEL.ROW, mla.SEL.BITS)
     if may_run(ONLY, MLA_A) and (ttype == MLA_A):
         n0 = mla_a_fields(row)
         task_gemv(
@@ -326,10 +326,10 @@ def task_select_early(scores, idx, sel, pos, r, q, KP: tl.constexpr, TOPP: tl.co
 @pinned(SYMBOLS)
 @triton.jit(noinline=True)
 def task_select_row(scores, idx, pos, r, KP: tl.constexpr, TOPP: tl.constexpr, WIDTH: tl.constexpr,
-                    LMAX: tl.constexpr, ROW: tl.constexpr):  # fmt: skip
-    """SEL_ROW (row r): the row's whole selection in one program (`select_row`: knob select=row, where the caches'
-    pools fit one)."""
-    select_row(scores + r * (LMAX // KP), idx + r * WIDTH, tl.load(pos + r) + 1, KP, TOPP, WIDTH, ROW)
+                    LMAX: tl.constexpr, ROW: tl.constexpr, BITS: tl.constexpr):  # fmt: skip
+    """SEL_ROW (row r): the row's whole selection in one program (`select_row`: knob select=row, row4, rowsort,
+    where the caches' pools fit one)."""
+    select_row(scores + r * (LMAX // KP), idx + r * WIDTH, tl.load(pos + r) + 1, KP, TOPP, WIDTH, ROW, BITS)
 
 
 @pinned(SYMBOLS)

@@ -48,6 +48,10 @@ class SelectDims(NamedTuple):
     # 1 (knob select=early, where a part is one block): each pass and the take load their part's scores before they
     # pick the digit from the passes before, so the two loads overlap; 0: after it
     EARLY: int = 0
+    # where ROW: how one program finds the threshold (knob select): 8, four 8-bit radix passes of a 256-bin
+    # histogram each (row); 4, eight 4-bit passes whose 16 digit counts are comparisons summed over the keys
+    # (row4); 0, the keys ranked by a sort in the program (rowsort)
+    BITS: int = 8
 
 
 def select_part(pools: int) -> int:
@@ -60,17 +64,25 @@ def select_part(pools: int) -> int:
 # thread at 4 warps
 ROW_POOLS = 4096
 
+# knob select's values that make a row's selection one program, and the threshold's body of each (SelectDims.BITS)
+ROW_SELECT = {"row": 8, "row4": 4, "rowsort": 0}
 
-def select_dims(pools: int, part: int | None = None, row: bool = False, early: bool = False) -> SelectDims:
+
+def select_dims(
+    pools: int, part: int | None = None, row: bool = False, early: bool = False, bits: int = 8
+) -> SelectDims:
     """The selection's sizes for caches of `pools` pools, over parts of `part` pools (default `select_part`);
-    `row` (knob select=row): one program a row where the caches hold at most ROW_POOLS pools; `early` (knob
-    select=early): the scores loaded before the pick where a part is one block."""
+    `row` (knob select=row, row4, rowsort): one program a row where the caches hold at most ROW_POOLS pools, its
+    threshold found by `bits` (SelectDims.BITS); `early` (knob select=early): the scores loaded before the pick
+    where a part is one block."""
     part = part or select_part(pools)
     parts = -(-pools // part)
     one = triton.next_power_of_2(pools) if row and pools <= ROW_POOLS else 0
     block = min(part, 1024)
     early = int(early and part == block)  # a part of one block
-    return SelectDims(PART=part, NQ_ROW=parts, NQ=triton.next_power_of_2(parts), BLOCK=block, ROW=one, EARLY=early)
+    return SelectDims(
+        PART=part, NQ_ROW=parts, NQ=triton.next_power_of_2(parts), BLOCK=block, ROW=one, EARLY=early, BITS=bits
+    )
 
 
 @triton.jit
@@ -258,33 +270,54 @@ def select_take(
 
 
 @triton.jit
-def select_row(scores, idx, n, KP: tl.constexpr, TOPP: tl.constexpr, WIDTH: tl.constexpr, ROW: tl.constexpr):
-    """A row's selected tokens into idx [WIDTH] int32 (n cached tokens, its P <= ROW pools' scores [>= P] fp32),
-    by one program holding every key: the four passes' histograms and picks in registers, then the take, in pool
-    order. The selection of `select_pass` and `select_take` over parts (the same threshold, the same pools taken in
-    the same slots), with no buffers between the steps and no hand-offs: where a row's pools fit one program
-    (knob select=row)."""
-    P = n // KP
-    o_p = tl.arange(0, ROW)
-    m = o_p < P
-    key = score_key(tl.load(scores + o_p, mask=m, other=0.0))
+def _row_radix(key, m, P, TOPP: tl.constexpr, BITS: tl.constexpr):
+    """`select_row`'s threshold by radix passes of BITS bits over keys in registers: the TOPP-th largest key
+    (prefix) and how many of the pools equal to it are taken (left). A pass's digit counts: a 256-bin histogram
+    (BITS 8), or, fewer bins, each digit's count summed from comparisons (no histogram)."""
     prefix = tl.zeros((), dtype=tl.uint32)
     left = TOPP + 0 * P
     if P > TOPP:
-        o_d = tl.arange(0, 256)
-        for i in tl.static_range(4):
+        NB: tl.constexpr = 1 << BITS
+        o_d = tl.arange(0, NB)
+        for i in tl.static_range(32 // BITS):
             match = m
             if i > 0:  # the digits found so far: the bits above this one
-                match = match & ((key >> (32 - 8 * i)) == (prefix >> (32 - 8 * i)))
-            counts = tl.histogram(((key >> (24 - 8 * i)) & 255).to(tl.int32), 256, mask=match).to(tl.int32)
+                match = match & ((key >> (32 - BITS * i)) == (prefix >> (32 - BITS * i)))
+            digit = ((key >> (32 - BITS * (i + 1))) & (NB - 1)).to(tl.int32)
+            if BITS == 8:
+                counts = tl.histogram(digit, 256, mask=match).to(tl.int32)
+            else:
+                counts = tl.sum(((digit[None, :] == o_d[:, None]) & match[None, :]).to(tl.int32), axis=1)
             # `_pick` over one part: the largest digit whose count of pools at or above it reaches `left`
             above = tl.sum(counts, axis=0) - tl.cumsum(counts, axis=0)
             d = tl.max(tl.where(above + counts >= left, o_d, -1), axis=0)
             left -= tl.sum(tl.where(o_d > d, counts, 0), axis=0)
-            prefix = prefix | (d.to(tl.uint32) << (24 - 8 * i))
-    # the pools above the threshold, and of those at it the first `left`; every pool while P <= TOPP
-    eq_p = m & (key == prefix)
-    take = m & ((key > prefix) | (eq_p & (tl.cumsum(eq_p.to(tl.int32), axis=0) <= left)) | (P <= TOPP))
+            prefix = prefix | (d.to(tl.uint32) << (32 - BITS * (i + 1)))
+    return prefix, left
+
+
+@triton.jit
+def select_row(scores, idx, n, KP: tl.constexpr, TOPP: tl.constexpr, WIDTH: tl.constexpr, ROW: tl.constexpr,
+               BITS: tl.constexpr):  # fmt: skip
+    """A row's selected tokens into idx [WIDTH] int32 (n cached tokens, its P <= ROW pools' scores [>= P] fp32),
+    by one program holding every key: the threshold in registers (BITS: `_row_radix`'s passes, or 0: a sort of
+    the keys packed with their pool index), then the take, in pool order. The selection of `select_pass` and
+    `select_take` over parts (the same threshold, the same pools taken in the same slots), with no buffers between
+    the steps and no hand-offs: where a row's pools fit one program (knob select=row, row4, rowsort)."""
+    P = n // KP
+    o_p = tl.arange(0, ROW)
+    m = o_p < P
+    key = score_key(tl.load(scores + o_p, mask=m, other=0.0))
+    if BITS == 0:
+        # score descending, then pool index ascending: the index's complement below the key; 0 for no pool
+        packed = tl.where(m, (key.to(tl.uint64) << 32) | (o_p ^ -1).to(tl.uint32, bitcast=True).to(tl.uint64), 0)
+        nth = tl.max(tl.where(o_p == TOPP - 1, tl.sort(packed, descending=True), 0), axis=0)
+        take = m & ((packed >= nth) | (P <= TOPP))
+    else:
+        prefix, left = _row_radix(key, m, P, TOPP, BITS)
+        # the pools above the threshold, and of those at it the first `left`; every pool while P <= TOPP
+        eq_p = m & (key == prefix)
+        take = m & ((key > prefix) | (eq_p & (tl.cumsum(eq_p.to(tl.int32), axis=0) <= left)) | (P <= TOPP))
     slot = tl.cumsum(take.to(tl.int32), axis=0) - 1
     for j in tl.static_range(KP):
         tl.store(idx + slot * KP + j, o_p * KP + j, mask=take)
@@ -293,10 +326,10 @@ def select_row(scores, idx, n, KP: tl.constexpr, TOPP: tl.constexpr, WIDTH: tl.c
 
 @triton.jit
 def _row_kernel(scores, idx, n, stride, KP: tl.constexpr, TOPP: tl.constexpr, WIDTH: tl.constexpr,
-                ROW: tl.constexpr):  # fmt: skip
+                ROW: tl.constexpr, BITS: tl.constexpr):  # fmt: skip
     """Program r: row r."""
     r = tl.program_id(0)
-    select_row(scores + r * stride, idx + r * WIDTH, tl.load(n + r), KP, TOPP, WIDTH, ROW)
+    select_row(scores + r * stride, idx + r * WIDTH, tl.load(n + r), KP, TOPP, WIDTH, ROW, BITS)
 
 
 @triton.jit
@@ -319,25 +352,37 @@ def _take_kernel(scores, idx, hist, state, above, n, stride, KP: tl.constexpr, T
 
 
 def select_launch(
-    scores: torch.Tensor, n: torch.Tensor, spec, part: int | None = None, row: bool = False, early: bool = False
+    scores: torch.Tensor,
+    n: torch.Tensor,
+    spec,
+    part: int | None = None,
+    row: bool = False,
+    early: bool = False,
+    bits: int = 8,
 ) -> torch.Tensor:
     """Every row's selected tokens: scores [R, >= max P] fp32 (a row's pools past its P unread), n [R] cached
     tokens -> idx [R, index_width] int32, as the reference's `select_token_rows`; over parts of `part` pools
     (`select_part` of the scores' width by default), a launch a pass. The buffers start as garbage: nothing read
     is left from before."""
-    return select_runner(scores, n, spec, part, row, early)()
+    return select_runner(scores, n, spec, part, row, early, bits)()
 
 
 def select_runner(
-    scores: torch.Tensor, n: torch.Tensor, spec, part: int | None = None, row: bool = False, early: bool = False
+    scores: torch.Tensor,
+    n: torch.Tensor,
+    spec,
+    part: int | None = None,
+    row: bool = False,
+    early: bool = False,
+    bits: int = 8,
 ) -> Callable[[], torch.Tensor]:
     """`select_launch` made once (its buffers, garbage to start with) and launched at each call into the same
     buffers, returning idx: what `bench --op select` times in a CUDA graph, allocating nothing per call. `row`:
-    one program a row (`select_row`, knob select=row) where the scores' width allows; `early` (knob select=early):
-    each pass loads its part's scores before its pick."""
+    one program a row (`select_row`, knob select=row, row4, rowsort: its threshold by `bits`) where the scores'
+    width allows; `early` (knob select=early): each pass loads its part's scores before its pick."""
     R, width = scores.shape
     ix = spec.indexer
-    sel = select_dims(width, part, row, early)
+    sel = select_dims(width, part, row, early, bits)
     nq = sel.NQ
     dev = scores.device
     idx = torch.empty(R, spec.index_width, dtype=torch.int32, device=dev)
@@ -351,7 +396,7 @@ def select_runner(
     def run() -> torch.Tensor:
         if sel.ROW:
             _row_kernel[(R,)](s, idx, nn, s.stride(0), KP=ix.kpool, TOPP=spec.index_pools, WIDTH=spec.index_width,
-                              ROW=sel.ROW)  # fmt: skip
+                              ROW=sel.ROW, BITS=sel.BITS)  # fmt: skip
             return idx
         for i in range(4):
             _pass_kernel[(nq, R)](s, hist, state, above, nn, s.stride(0), I=i, **consts)
