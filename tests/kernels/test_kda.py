@@ -77,6 +77,7 @@ def test_exact_ties_are_routed_by_index():
         {"block_n_down": 16, "block_n_gu": 16},
         {"route": "each"},
         {"route": "each", "launch": "stages"},
+        {"down_stage": "gate_up", "launch": "stages"},
     ],
 )
 def test_schedule_knobs_keep_every_bit(weights, knobs):

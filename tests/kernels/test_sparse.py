@@ -85,6 +85,7 @@ def test_tied_index_scores_take_the_lower_pools():
         {"select": "early"},
         {"select": "row4"},
         {"select": "rowsort", "launch": "stages", "grid": 64},
+        {"down_stage": "gate_up", "route": "each", "launch": "stages"},
         {"select": "early", "launch": "stages", "grid": 64},
         {"gate_loads": "early", "route": "each"},
         {"select": "row", "launch": "stages", "stage_code": "own"},

@@ -9,7 +9,8 @@ order itself (kernels/ops/ffn/moe.py). The table, kernel and launch are the laye
 
 Knobs: `dense`'s, read the same way where the MoE has the same step (`block_n_gu`, `ksplit_gu`: the experts'
 gate/up tiles and K slices), `block_n_down`, the experts' down tiles, and `route`, where the routed experts'
-gate/up learn their expert (the routing's hand-off, or deciding it again from the router's logits). `ffn_mix` and
+gate/up learn their expert (the routing's hand-off, or deciding it again from the router's logits), and
+`down_stage`, where the stage schedule runs the experts' down projections (a launch of their own, or gate/up's). `ffn_mix` and
 `norm` reach only the attention half and the FFN gate here (no expert folds the norm: each reads x̂ after the routing).
 """
 
@@ -38,6 +39,15 @@ KNOBS = DENSE_KNOBS + (
         "task: a ROUTE task per row decides the routing and the routed experts' gate/up wait for it; each: every "
         "routed gate/up task decides its own slot's expert from the router's logits (the routing's hand-off and "
         "length off the path; each task repeats every row's top-k)",
+    ),
+    Knob(
+        "down_stage",
+        ("own", "gate_up"),
+        "own",
+        "schedule",
+        "with launch=stages, the experts' down projections as a stage launch of their own after gate/up's (own), "
+        "or in gate/up's launch (gate_up): each down program resident with its weights asked for while gate/up "
+        "drains, its wait a flag in the same launch instead of the launch boundary",
     ),
 )
 

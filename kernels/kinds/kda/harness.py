@@ -8,7 +8,7 @@ import torch
 
 from glm53ctl.kernels.kinds.dense.harness import DenseHarness
 from glm53ctl.kernels.kinds.harness import nbytes
-from glm53ctl.kernels.kinds.layer.table import MOE_STAGES, route_stages
+from glm53ctl.kernels.kinds.layer.table import MOE_STAGES, down_stages, route_stages
 from glm53ctl.kernels.ops.ffn.moe import stack_experts
 from glm53ctl.kernels.ops.ffn.naive import route, swiglu_mlp
 
@@ -21,7 +21,7 @@ class KdaHarness(DenseHarness):
 
     @classmethod
     def stages(cls, knobs) -> tuple:
-        return route_stages(cls.STAGES, knobs)
+        return down_stages(route_stages(cls.STAGES, knobs), knobs)
 
     def invariants(self, out: dict, ref: dict) -> dict[str, bool]:
         """The routing as check asks for it: the reference's experts, distinct and in range per row, weights

@@ -126,6 +126,15 @@ def route_stages(stages: tuple, knobs: KnobRecord) -> tuple:
     return tuple((ROUTE, *s) if s == (EXP_GU,) else s for s in stages if s != (ROUTE,))
 
 
+def down_stages(stages: tuple, knobs: KnobRecord) -> tuple:
+    """A MoE layer's stages at knob `down_stage`: with `gate_up` the experts' down projections run in the gate/up's
+    stage launch (after its tasks, whose flags they wait on there: a stage's programs are its tasks in table
+    order); with `own` as given."""
+    if knobs.down_stage != "gate_up":
+        return stages
+    return tuple((*s, EXP_DOWN) if EXP_GU in s else s for s in stages if s != (EXP_DOWN,))
+
+
 def push_stages(stages: tuple) -> tuple:
     """A stage schedule on real ranks: each all-reduce's pushes (OWN_A, OWN_F) in the stage of the tiles they
     push (o_proj's; the down projections', the experts' included), so the peers' words are out before the
