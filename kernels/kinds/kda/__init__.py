@@ -10,8 +10,9 @@ order itself (kernels/ops/ffn/moe.py). The table, kernel and launch are the laye
 Knobs: `dense`'s, read the same way where the MoE has the same step (`block_n_gu`, `ksplit_gu`: the experts'
 gate/up tiles and K slices), `block_n_down`, the experts' down tiles, and `route`, where the routed experts'
 gate/up learn their expert (the routing's hand-off, or deciding it again from the router's logits), and
-`down_stage`, where the stage schedule runs the experts' down projections (a launch of their own, or gate/up's). `ffn_mix` and
-`norm` reach only the attention half and the FFN gate here (no expert folds the norm: each reads x̂ after the routing).
+`down_stage`, where the stage schedule runs the experts' down projections (a launch of their own, or gate/up's).
+`ffn_mix` and `norm` reach only the attention half and the FFN gate here (no expert folds the norm: each reads x̂
+after the routing).
 """
 
 from glm53ctl.kernels.kinds.base import Knob
