@@ -2,11 +2,14 @@
 5-step selection over parts that the layer runs today. Which body is short enough for the layer's selection to be
 one task a row again (knob select=row, dropped on 2026-12-07 with the 256-bin histogram body)?
 
-- hist8: `select_row` as it is: four 8-bit radix passes, each a 256-bin `tl.histogram`;
-- cmpN: radix passes of N bits whose digit counts are comparisons summed over the keys (no histogram), 32/N passes;
+- hist8: four 8-bit radix passes, each a 256-bin `tl.histogram` (knob select=row);
+- cmpN: radix passes of N bits whose digit counts are comparisons summed over the keys (no histogram), 32/N
+  passes (N = 4: knob select=row4);
 - sort: the keys packed with their pool index (ties by index ascending) and sorted in the program (`tl.sort`);
-  the threshold is the TOPP-th packed key, exact with the ties;
+  the threshold is the TOPP-th packed key, exact with the ties (knob select=rowsort);
 - parts: today's 5 launches over parts (`select_runner`).
+
+Each is `select_row` (kernels/ops/dsa/select.py) with its `BITS`, at 4 and 8 warps.
 
 Each body's tokens are checked equal to the reference's (`select_token_rows`) on scores with ties (exact zeros, as
 ReLU gives, and repeated values), then timed in a CUDA graph (triton.testing.do_bench_cudagraph, median). Run on a
@@ -22,65 +25,11 @@ import os
 
 import torch
 import triton
-import triton.language as tl
 
-from glm53ctl.kernels.ops.dsa.select import _row_kernel, score_key, select_runner, write_tail
+from glm53ctl.kernels.ops.dsa.select import _row_kernel, select_runner
 from glm53ctl.kernels.spec import load_model
 
-
-@triton.jit
-def _take(idx, n, P, key, thr_take, m, KP: tl.constexpr, TOPP: tl.constexpr, WIDTH: tl.constexpr,
-          ROW: tl.constexpr):  # fmt: skip
-    """The taken pools' tokens in pool order, then the tail and the -1s (as `select_row`)."""
-    o_p = tl.arange(0, ROW)
-    take = m & (thr_take | (P <= TOPP))
-    slot = tl.cumsum(take.to(tl.int32), axis=0) - 1
-    for j in tl.static_range(KP):
-        tl.store(idx + slot * KP + j, o_p * KP + j, mask=take)
-    write_tail(idx, n, P, KP, TOPP, WIDTH, ROW)
-
-
-@triton.jit
-def _cmp_kernel(scores, idx, n_ptr, KP: tl.constexpr, TOPP: tl.constexpr, WIDTH: tl.constexpr, ROW: tl.constexpr,
-                BITS: tl.constexpr):  # fmt: skip
-    n = tl.load(n_ptr)
-    P = n // KP
-    o_p = tl.arange(0, ROW)
-    m = o_p < P
-    key = score_key(tl.load(scores + o_p, mask=m, other=0.0))
-    prefix = tl.zeros((), dtype=tl.uint32)
-    left = TOPP + 0 * P
-    if P > TOPP:
-        NB: tl.constexpr = 1 << BITS
-        o_d = tl.arange(0, NB)
-        for i in tl.static_range(32 // BITS):
-            match = m
-            if i > 0:
-                match = match & ((key >> (32 - BITS * i)) == (prefix >> (32 - BITS * i)))
-            dig = ((key >> (32 - BITS * (i + 1))) & (NB - 1)).to(tl.int32)
-            counts = tl.sum(((dig[None, :] == o_d[:, None]) & match[None, :]).to(tl.int32), axis=1)
-            above = tl.sum(counts, axis=0) - tl.cumsum(counts, axis=0)
-            d = tl.max(tl.where(above + counts >= left, o_d, -1), axis=0)
-            left -= tl.sum(tl.where(o_d > d, counts, 0), axis=0)
-            prefix = prefix | (d.to(tl.uint32) << (32 - BITS * (i + 1)))
-    eq_p = m & (key == prefix)
-    above_thr = (key > prefix) | (eq_p & (tl.cumsum(eq_p.to(tl.int32), axis=0) <= left))
-    _take(idx, n, P, key, above_thr, m, KP, TOPP, WIDTH, ROW)
-
-
-@triton.jit
-def _sort_kernel(scores, idx, n_ptr, KP: tl.constexpr, TOPP: tl.constexpr, WIDTH: tl.constexpr, ROW: tl.constexpr):
-    n = tl.load(n_ptr)
-    P = n // KP
-    o_p = tl.arange(0, ROW)
-    m = o_p < P
-    key = score_key(tl.load(scores + o_p, mask=m, other=0.0))
-    # score descending, then pool index ascending: the low word is the index's complement; 0 for no pool
-    packed = (key.to(tl.uint64) << 32) | (o_p ^ -1).to(tl.uint32, bitcast=True).to(tl.uint64)
-    packed = tl.where(m, packed, 0)
-    ranked = tl.sort(packed, descending=True)
-    thr = tl.max(tl.where(o_p == TOPP - 1, ranked, 0), axis=0)
-    _take(idx, n, P, key, packed >= thr, m, KP, TOPP, WIDTH, ROW)
+BODIES = {"hist8": 8, "cmp4": 4, "cmp2": 2, "sort": 0}  # select_row's BITS
 
 
 def _scores(pools: int, kind: str, device) -> torch.Tensor:
@@ -105,28 +54,17 @@ def main() -> None:
     rows = []
     for pools in [int(p) for p in args.pools.split(",")]:
         ROW = triton.next_power_of_2(pools)
-        bodies = {}
-        for warps in (4, 8):
-            for bits in (4, 2):
-                bodies[f"cmp{bits} w{warps}"] = (_cmp_kernel, dict(BITS=bits), warps)
-            bodies[f"sort w{warps}"] = (_sort_kernel, {}, warps)
+        bodies = {f"{name} w{warps}": (bits, warps) for warps in (4, 8) for name, bits in BODIES.items()}
         for kind in ("randn", "ties"):
             s = _scores(pools, kind, device)
             n = torch.tensor([pools * KP], dtype=torch.int32, device=device)
             want = select_token_rows(s.double().cpu(), n.cpu(), spec)
-            runs = {"parts": select_runner(s, n, spec), "hist8 w4": select_runner(s, n, spec, row=True)}
-            out8 = torch.full((1, WIDTH), -7, dtype=torch.int32, device=device)
-
-            def hist8_w8(out=out8):
-                _row_kernel[(1,)](s, out, n, 0, KP=KP, TOPP=TOPP, WIDTH=WIDTH, ROW=ROW, num_warps=8)
-                return out
-
-            runs["hist8 w8"] = hist8_w8
-            for name, (kern, extra, warps) in bodies.items():
+            runs = {"parts": select_runner(s, n, spec)}
+            for name, (bits, warps) in bodies.items():
                 out = torch.full((1, WIDTH), -7, dtype=torch.int32, device=device)
 
-                def run(kern=kern, extra=extra, warps=warps, out=out):
-                    kern[(1,)](s, out, n, KP=KP, TOPP=TOPP, WIDTH=WIDTH, ROW=ROW, num_warps=warps, **extra)
+                def run(bits=bits, warps=warps, out=out):
+                    _row_kernel[(1,)](s, out, n, 0, KP=KP, TOPP=TOPP, WIDTH=WIDTH, ROW=ROW, BITS=bits, num_warps=warps)
                     return out
 
                 runs[name] = run

@@ -351,20 +351,12 @@ def _take_kernel(scores, idx, hist, state, above, n, stride, KP: tl.constexpr, T
                 above + r * (4 * NQ), tl.load(n + r), q, KP, TOPP, WIDTH, PART, NQ, BLOCK, EARLY)  # fmt: skip
 
 
-def select_launch(
-    scores: torch.Tensor,
-    n: torch.Tensor,
-    spec,
-    part: int | None = None,
-    row: bool = False,
-    early: bool = False,
-    bits: int = 8,
-) -> torch.Tensor:
+def select_launch(scores: torch.Tensor, n: torch.Tensor, spec, **how) -> torch.Tensor:
     """Every row's selected tokens: scores [R, >= max P] fp32 (a row's pools past its P unread), n [R] cached
     tokens -> idx [R, index_width] int32, as the reference's `select_token_rows`; over parts of `part` pools
-    (`select_part` of the scores' width by default), a launch a pass. The buffers start as garbage: nothing read
-    is left from before."""
-    return select_runner(scores, n, spec, part, row, early, bits)()
+    (`select_part` of the scores' width by default), a launch a pass, or as `how` says (`select_runner`'s `part`,
+    `row`, `early`, `bits`). The buffers start as garbage: nothing read is left from before."""
+    return select_runner(scores, n, spec, **how)()
 
 
 def select_runner(
