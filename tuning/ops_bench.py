@@ -20,7 +20,7 @@ from glm53ctl.kernels.kinds.layer.shared import gate_runner
 from glm53ctl.kernels.ops.dsa.attend import sparse_mla_launch
 from glm53ctl.kernels.ops.dsa.indexer import scores_runner
 from glm53ctl.kernels.ops.dsa.naive import mla_scale
-from glm53ctl.kernels.ops.dsa.select import select_runner
+from glm53ctl.kernels.ops.dsa.select import ROW_POOLS, select_runner
 from glm53ctl.kernels.ops.ffn.moe import ROUTER_SLICES, route_runner
 from glm53ctl.kernels.ops.kda.kernel import kda_core
 from glm53ctl.tuning import measure
@@ -126,6 +126,7 @@ OPS = {
         (256, 1024, 4096),
         lambda spec, pools, device: _select(spec, pools, device, row=True),
         1,
+        most=ROW_POOLS,
     ),
     "select_row4": OpBench(
         "the same top-k in one program a row, its threshold by eight 4-bit passes of comparisons (knob select=row4)",
@@ -133,6 +134,7 @@ OPS = {
         (256, 1024, 4096),
         lambda spec, pools, device: _select(spec, pools, device, row=True, bits=4),
         1,
+        most=ROW_POOLS,
     ),
     "select_rowsort": OpBench(
         "the same top-k in one program a row, its threshold by a sort of the keys (knob select=rowsort)",
@@ -140,6 +142,7 @@ OPS = {
         (256, 1024, 4096),
         lambda spec, pools, device: _select(spec, pools, device, row=True, bits=0),
         1,
+        most=ROW_POOLS,
     ),
     "select_early": OpBench(
         "the same top-k over parts, each pass and the take loading their part's scores before their pick (knob "

@@ -299,7 +299,7 @@ def _bench_ops(op, sizes, model, rounds, save, as_json, markdown, kind, against,
             values = []
         if not values or min(values) < 1:
             raise UsageError(f"--sizes {sizes!r}: expected a comma-separated list of counts, 1 or more")
-        for name in names:  # the launches' buffers hold at most `most` (the routing's and the gate's 16 rows)
+        for name in names:  # the launches hold at most `most` (the routing's and the gate's rows, one program's pools)
             most = OPS[name].most
             if most is not None and max(values) > most:
                 what = "the routing's" if name == "route" else f"{name}'s"

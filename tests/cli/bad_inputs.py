@@ -110,6 +110,7 @@ CASES: list[tuple[str, str]] = [
     ("bench --op nope", "--op 'nope': expected values from select, select_row, select_row4, select_rowsort"),
     ("bench --sizes 3", "--sizes: the sizes of an --op"),
     ("bench --op route --sizes 16", "the routing's sizes are rows, 1 to 8"),
+    ("bench --op select_rowsort --sizes 8192", "select_rowsort's sizes are pools, 1 to 4096"),
     ("bench --op gate --sizes 1,32", "gate's sizes are rows, 1 to 16"),
     ("bench --op select --sizes x", "--sizes 'x'"),
     ("bench --op route --kind dense", "no --kind with it"),

@@ -47,8 +47,8 @@ KNOBS = DENSE_KNOBS + (
         "own",
         "schedule",
         "with launch=stages, the experts' down projections as a stage launch of their own after gate/up's (own), "
-        "or in gate/up's launch (gate_up): each down program resident with its weights asked for while gate/up "
-        "drains, its wait a flag in the same launch instead of the launch boundary",
+        "or in gate/up's launch (gate_up): each down program resident while gate/up drains, its wait a flag in "
+        "the same launch instead of the launch boundary (its weights still read after the wait)",
     ),
 )
 

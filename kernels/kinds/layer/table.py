@@ -123,7 +123,7 @@ def route_stages(stages: tuple, knobs: KnobRecord) -> tuple:
     the gate/up's stage launch (one launch fewer on the path); with `task` as given."""
     if knobs.route != "each":
         return stages
-    return tuple((ROUTE, *s) if s == (EXP_GU,) else s for s in stages if s != (ROUTE,))
+    return tuple((ROUTE, *s) if EXP_GU in s and ROUTE not in s else s for s in stages if s != (ROUTE,))
 
 
 def down_stages(stages: tuple, knobs: KnobRecord) -> tuple:
