@@ -179,3 +179,28 @@ def test_fault_lists_the_waits_a_stages_build_keeps(capsys):
     assert "attn gate <- attn mix" in persistent["waits"] and stages["sites"] < persistent["sites"]
     code, _, err = invoke(capsys, *args, "--launch", "pipelined")
     assert code == 2 and "--launch 'pipelined': expected one of persistent, stages" in err
+
+
+def test_a_down_waiting_inside_gate_ups_stage_is_named(weights):
+    """kda TP2, knob down_stage=gate_up: an expert's down projection waits on its slot's gate/up inside one stage
+    launch (not across the launch boundary); stuck, it is named with its number among the stages' sites, the
+    whole table's task and the gate/up it waits on, and the retried launch gives the clean bits."""
+    k = make_harness(weights, resolved("kda", 2, 1, {"launch": "stages", "down_stage": "gate_up"}))
+    x = k.inputs(seed=4)[0]
+    peers = k.peer_partials(x)
+    clean = {n: t.clone() for n, t in k(x, peers, poison=True).items()}
+    chain = k.launch
+    whole = chain.whole.table
+    picks = [
+        (chain.offsets[j] + i, s.table, site)
+        for j, s in enumerate(chain.stages)
+        for i, site in enumerate(s.table.sites)
+        if whole.type_name(s.table.ids[site.task]) == "expert down"
+    ]
+    assert picks, "no wait of a down inside a stage"
+    number, table, site = picks[0]
+    with pytest.raises(LaunchFault) as e:
+        k(x, peers, stuck_site=number)
+    assert e.value.site == number and e.value.task == table.describe_task(site.task)
+    assert "gate_up" in e.value.producer, e.value.producer
+    assert_same_bits(clean, k(x, peers, poison=True), "the retry after the down's site")
