@@ -51,71 +51,34 @@ from __future__ import annotations
 import math
 
 from glm53ctl.kernels.kinds.base import KnobRecord
+from glm53ctl.kernels.ops.dsa import tasks as dsa
 from glm53ctl.kernels.ops.dsa.select import ROW_SELECT, select_dims
-from glm53ctl.kernels.ops.dsa.tasks import (
-    Absorb,
-    Attn,
-    Combine,
-    MlaA,
-    MlaQb,
-    MlaRow,
-    Score,
-    Select,
-    SelectPass,
-    SelectRow,
-    Wuv,
-)
+from glm53ctl.kernels.ops.ffn import tasks as ffn
 from glm53ctl.kernels.ops.ffn.moe import ROUTER_SLICES, ROUTER_TILE, n_slots_for
-from glm53ctl.kernels.ops.ffn.tasks import (
-    DOWN,
-    EXP_DOWN,
-    EXP_GU,
-    GU,
-    ROUTE,
-    ROUTER,
-    Down,
-    ExpertDown,
-    ExpertGateUp,
-    GateUp,
-    Route,
-    Router,
-)
 from glm53ctl.kernels.ops.gemv.kernel import folds
 from glm53ctl.kernels.ops.gemv.tasks import OPROJ, OProj
 from glm53ctl.kernels.ops.kda.tasks import INPROJ, KDA_HEAD, InProj, KdaHead
-from glm53ctl.kernels.ops.mhc.tasks import (
-    COMB_A,
-    COMB_F,
-    GATE_A,
-    GATE_F,
-    MIX_A,
-    MIX_F,
-    OWN_A,
-    OWN_F,
-    RED_A,
-    RED_F,
-    CombA,
-    CombF,
-    GateA,
-    GateF,
-    MixA,
-    MixF,
-    OwnA,
-    OwnF,
-    ReduceA,
-    ReduceF,
-)
+from glm53ctl.kernels.ops.mhc import tasks as mhc
 from glm53ctl.kernels.runtime.table import TaskTable
 from glm53ctl.kernels.runtime.tasks import Task
 
 MODES = ("full", "attn", "ffn")
 # the stages of the separate-launches baseline: a gate and its comb, independent of each other, are one stage,
 # and so are the attention reduces and the FFN mix tasks after them (10 launches with or without mix tasks)
-STAGES = ((MIX_A,), (GATE_A, COMB_A), (INPROJ,), (KDA_HEAD,), (OPROJ,), (RED_A, MIX_F), (GATE_F, COMB_F), (GU,))
-STAGES += ((DOWN,), (RED_F,))
+STAGES = (
+    (mhc.MIX_A,),
+    (mhc.GATE_A, mhc.COMB_A),
+    (INPROJ,),
+    (KDA_HEAD,),
+    (OPROJ,),
+    (mhc.RED_A, mhc.MIX_F),
+    (mhc.GATE_F, mhc.COMB_F),
+    (ffn.GU,),
+)
+STAGES += ((ffn.DOWN,), (mhc.RED_F,))
 # kda: the attention half's, then the MoE's (router tiles; the routing; every slot's gate/up, the shared expert's
 # included; their down projections; the sums)
-MOE_STAGES = STAGES[:7] + ((ROUTER,), (ROUTE,), (EXP_GU,), (EXP_DOWN,), (RED_F,))
+MOE_STAGES = STAGES[:7] + ((ffn.ROUTER,), (ffn.ROUTE,), (ffn.EXP_GU,), (ffn.EXP_DOWN,), (mhc.RED_F,))
 
 
 def route_stages(stages: tuple, knobs: KnobRecord) -> tuple:
@@ -123,7 +86,7 @@ def route_stages(stages: tuple, knobs: KnobRecord) -> tuple:
     the gate/up's stage launch (one launch fewer on the path); with `task` as given."""
     if knobs.route != "each":
         return stages
-    return tuple((ROUTE, *s) if EXP_GU in s and ROUTE not in s else s for s in stages if s != (ROUTE,))
+    return tuple((ffn.ROUTE, *s) if ffn.EXP_GU in s and ffn.ROUTE not in s else s for s in stages if s != (ffn.ROUTE,))
 
 
 def down_stages(stages: tuple, knobs: KnobRecord) -> tuple:
@@ -132,7 +95,7 @@ def down_stages(stages: tuple, knobs: KnobRecord) -> tuple:
     order); with `own` as given."""
     if knobs.down_stage != "gate_up":
         return stages
-    return tuple((*s, EXP_DOWN) if EXP_GU in s else s for s in stages if s != (EXP_DOWN,))
+    return tuple((*s, ffn.EXP_DOWN) if ffn.EXP_GU in s else s for s in stages if s != (ffn.EXP_DOWN,))
 
 
 def push_stages(stages: tuple) -> tuple:
@@ -143,9 +106,9 @@ def push_stages(stages: tuple) -> tuple:
     for stage in stages:
         stage = tuple(stage)
         if OPROJ in stage:
-            stage += (OWN_A,)
-        if DOWN in stage or EXP_DOWN in stage:
-            stage += (OWN_F,)
+            stage += (mhc.OWN_A,)
+        if ffn.DOWN in stage or ffn.EXP_DOWN in stage:
+            stage += (mhc.OWN_F,)
         out.append(stage)
     return tuple(out)
 
@@ -303,12 +266,12 @@ def add_dense(
             t.wait_peers(task, peers if push else 0)
         return task
 
-    mix = [[add(MixA(c, r), waits=list(after)) for c in range(d.NCH)] for r in range(rows)]
+    mix = [[add(mhc.MixA(c, r), waits=list(after)) for c in range(d.NCH)] for r in range(rows)]
     # per row and column chunk: chunk 0 also makes pre and 1/RMS (all a folded GEMV needs), every chunk its x̂
-    gate_rows = [[add(GateA(r, c), waits=mix[r]) for c in range(d.NCH)] for r in range(rows)]
+    gate_rows = [[add(mhc.GateA(r, c), waits=mix[r]) for c in range(d.NCH)] for r in range(rows)]
     gates, gate_heads = [x for g in gate_rows for x in g], [g[0] for g in gate_rows]
     # the Sinkhorn comb: for hc_post in the attention reduces (none in a peer's "attn" launch), not the GEMVs
-    combs = [add(CombA(r), waits=mix[r]) for r in range(rows)] if mode != "attn" else []
+    combs = [add(mhc.CombA(r), waits=mix[r]) for r in range(rows)] if mode != "attn" else []
     # a folded INPROJ streams H from the start (once H is there) and waits for its gates at its end
     # (never MLA's A projection: the fold's one more bf16 rounding of its weights took sparse's attn.out to 6.8e-2
     # against the reference at glm53_flash's width, H200; docs/perf/spread.md)
@@ -339,36 +302,39 @@ def add_dense(
             oproj += [(n0, n0 + d.BN_O, add(OProj(n0, ks), waits=need, late=first)) for n0 in range(0, d.D, d.BN_O)]
     chunks = [(c, r) for r in range(rows) for c in range(d.NCH)]  # row by row: row 0's gate goes first
     if mode == "attn":
-        return [add(OwnA(c, r), waits=_covering(oproj, c * d.CH, (c + 1) * d.CH)) for c, r in chunks]
+        return [add(mhc.OwnA(c, r), waits=_covering(oproj, c * d.CH, (c + 1) * d.CH)) for c, r in chunks]
     if push:
         for c, r in chunks:
-            add(OwnA(c, r), waits=_covering(oproj, c * d.CH, (c + 1) * d.CH))
+            add(mhc.OwnA(c, r), waits=_covering(oproj, c * d.CH, (c + 1) * d.CH))
     reds = [
-        add(ReduceA(c, r), waits=[combs[r], *_covering(oproj, c * d.CH, (c + 1) * d.CH)], peers=0) for c, r in chunks
+        add(mhc.ReduceA(c, r), waits=[combs[r], *_covering(oproj, c * d.CH, (c + 1) * d.CH)], peers=0)
+        for c, r in chunks
     ]
     mixes = reds  # the tasks that make the FFN gate's mix logits
     if mix_tasks(knobs, rows, d.HC):
-        mixes = [add(MixF(c, r), waits=[red]) for (c, r), red in zip(chunks, reds, strict=True)]
+        mixes = [add(mhc.MixF(c, r), waits=[red]) for (c, r), red in zip(chunks, reds, strict=True)]
     gate_rows = [
-        [add(GateF(r, c), waits=mixes[r * d.NCH : (r + 1) * d.NCH]) for c in range(d.NCH)] for r in range(rows)
+        [add(mhc.GateF(r, c), waits=mixes[r * d.NCH : (r + 1) * d.NCH]) for c in range(d.NCH)] for r in range(rows)
     ]
     gates_f, gate_heads = [x for g in gate_rows for x in g], [g[0] for g in gate_rows]
-    combs_f = [add(CombF(r), waits=mixes[r * d.NCH : (r + 1) * d.NCH]) for r in range(rows)] if mode == "full" else []
+    combs_f = (
+        [add(mhc.CombF(r), waits=mixes[r * d.NCH : (r + 1) * d.NCH]) for r in range(rows)] if mode == "full" else []
+    )
     if d.moe:  # the reduces sum the slots' outputs themselves (their own partial is the MoE's sum)
         slots = _add_moe(t, add, d, rows, gates_f, knobs)
         cover = lambda c: [x for down in slots for x in _covering(down, c * d.CH, (c + 1) * d.CH)]  # noqa: E731
         if mode == "ffn" or push:
-            owns = [add(OwnF(c, r), waits=cover(c)) for c, r in chunks]
+            owns = [add(mhc.OwnF(c, r), waits=cover(c)) for c, r in chunks]
             if mode == "ffn":
                 return owns
-        return [add(ReduceF(c, r), waits=[combs_f[r], *cover(c)], peers=1) for c, r in chunks]
+        return [add(mhc.ReduceF(c, r), waits=[combs_f[r], *cover(c)], peers=1) for c, r in chunks]
     # folded, gate/up streams H1 (written by the reduces) and waits for the FFN gates at its end
     gu = []
     for n0 in range(0, d.I, d.BN_GU):
         # K slices 1.. first; slice 0 adds their sums (late) and makes act
         need = reds if fold else gates_f
-        others = [add(GateUp(n0, ks), waits=need) for ks in range(d.KS_GU - 1, 0, -1)]
-        gu.append((n0, n0 + d.BN_GU, add(GateUp(n0, 0), waits=need)))
+        others = [add(ffn.GateUp(n0, ks), waits=need) for ks in range(d.KS_GU - 1, 0, -1)]
+        gu.append((n0, n0 + d.BN_GU, add(ffn.GateUp(n0, 0), waits=need)))
         if others:
             t.wait(gu[-1][2], others, how, words, late=True)
         if fold:
@@ -376,13 +342,14 @@ def add_dense(
     down = []
     for ks in range(d.KS_F):
         need = _covering(gu, ks * d.IK, (ks + 1) * d.IK)
-        down += [(n0, n0 + d.BN_O, add(Down(n0, ks), waits=need, late=first)) for n0 in range(0, d.D, d.BN_O)]
+        down += [(n0, n0 + d.BN_O, add(ffn.Down(n0, ks), waits=need, late=first)) for n0 in range(0, d.D, d.BN_O)]
     if mode == "ffn" or push:
-        owns = [add(OwnF(c, r), waits=_covering(down, c * d.CH, (c + 1) * d.CH)) for c, r in chunks]
+        owns = [add(mhc.OwnF(c, r), waits=_covering(down, c * d.CH, (c + 1) * d.CH)) for c, r in chunks]
         if mode == "ffn":
             return owns
     return [
-        add(ReduceF(c, r), waits=[combs_f[r], *_covering(down, c * d.CH, (c + 1) * d.CH)], peers=1) for c, r in chunks
+        add(mhc.ReduceF(c, r), waits=[combs_f[r], *_covering(down, c * d.CH, (c + 1) * d.CH)], peers=1)
+        for c, r in chunks
     ]
 
 
@@ -394,26 +361,26 @@ def _add_moe(t: TaskTable, add, d: Dims, rows: int, gates_f: list[int], knobs: K
     tiles. Returns each slot's down tiles (lo, hi, task): the FFN reduce of a chunk sums the slots covering it."""
     how, words = knobs.handoff, knobs.box_words
     nslot = n_slots_for(rows, d.TOPK)
-    router = [add(Router(e0, ks), waits=gates_f) for e0 in range(0, d.E, ROUTER_TILE) for ks in range(d.KS_RT)]
+    router = [add(ffn.Router(e0, ks), waits=gates_f) for e0 in range(0, d.E, ROUTER_TILE) for ks in range(d.KS_RT)]
 
     def gate_up(j: int, after: list[int]) -> list[tuple[int, int, int]]:
         tiles = []
         for n0 in range(0, d.I, d.BN_GU):
-            others = [add(ExpertGateUp(j, n0, ks), waits=after) for ks in range(d.KS_GU - 1, 0, -1)]
-            tiles.append((n0, n0 + d.BN_GU, add(ExpertGateUp(j, n0, 0), waits=after)))
+            others = [add(ffn.ExpertGateUp(j, n0, ks), waits=after) for ks in range(d.KS_GU - 1, 0, -1)]
+            tiles.append((n0, n0 + d.BN_GU, add(ffn.ExpertGateUp(j, n0, 0), waits=after)))
             if others:
                 t.wait(tiles[-1][2], others, how, words, late=True)
         return tiles
 
     order = [nslot, *range(nslot)]  # the shared expert is slot nslot
     gu = {nslot: gate_up(nslot, gates_f)}
-    routes = [add(Route(r), waits=router) for r in range(rows)]
+    routes = [add(ffn.Route(r), waits=router) for r in range(rows)]
     each = knobs.route == "each"  # a routed gate/up decides its expert itself: it waits on the router alone
     for j in range(nslot):
         gu[j] = gate_up(j, router if each else routes)
 
     def down(j: int, n0: int) -> int:
-        task = add(ExpertDown(j, n0), waits=[x for *_, x in gu[j]])
+        task = add(ffn.ExpertDown(j, n0), waits=[x for *_, x in gu[j]])
         if each and j != nslot:  # it reads the slots (and the reduces after it the routing): a site of its own
             t.wait(task, routes, how, words)
         return task
@@ -430,40 +397,44 @@ def _add_mla(
     (four passes, then each part's tokens; knob select=row, where the pools fit one program: one task); per row,
     head group and token block the attention partials, then per row, group and latent column chunk their combine;
     per head W_UV; o_proj. Returns the o_proj tiles."""
-    a_tiles = [(n0, n0 + d.BN, add(MlaA(n0), waits=gates)) for n0 in range(0, d.NA, d.BN)]
+    a_tiles = [(n0, n0 + d.BN, add(dsa.MlaA(n0), waits=gates)) for n0 in range(0, d.NA, d.BN)]
     # per row two parts: q_a's norm (what q_b waits for), then the caches' writes and head weights (the scores')
-    q_rows = [add(MlaRow(r, 0), waits=_covering(a_tiles, 0, d.QL)) for r in range(rows)]
-    row_tasks = [add(MlaRow(r, 1), waits=_covering(a_tiles, d.QL, d.NA)) for r in range(rows)]
-    qb = [(n0, n0 + d.BN, add(MlaQb(n0), waits=q_rows)) for n0 in range(0, d.NQB, d.BN)]
+    q_rows = [add(dsa.MlaRow(r, 0), waits=_covering(a_tiles, 0, d.QL)) for r in range(rows)]
+    row_tasks = [add(dsa.MlaRow(r, 1), waits=_covering(a_tiles, d.QL, d.NA)) for r in range(rows)]
+    qb = [(n0, n0 + d.BN, add(dsa.MlaQb(n0), waits=q_rows)) for n0 in range(0, d.NQB, d.BN)]
     absorb = [
-        [add(Absorb(h, c0), waits=_covering(qb, h * d.NOPE, (h + 1) * d.NOPE)) for c0 in range(0, d.C, d.BN_AB)]
+        [add(dsa.Absorb(h, c0), waits=_covering(qb, h * d.NOPE, (h + 1) * d.NOPE)) for c0 in range(0, d.C, d.BN_AB)]
         for h in range(d.HQ)
     ]
     qi = _covering(qb, d.HQ * d.NOPE, d.NQB)
     selects = []
     for r in range(rows):
-        scores = [(b * d.BP, (b + 1) * d.BP, add(Score(r, b), waits=[row_tasks[r], *qi])) for b in range(d.NSB)]
+        scores = [(b * d.BP, (b + 1) * d.BP, add(dsa.Score(r, b), waits=[row_tasks[r], *qi])) for b in range(d.NSB)]
         if d.SEL.ROW:  # knob select=row: the row's whole selection in one task, after all its scores
-            selects.append([add(SelectRow(r), waits=[x for *_, x in scores])])
+            selects.append([add(dsa.SelectRow(r), waits=[x for *_, x in scores])])
             continue
         # the selection over parts of the pools: pass 0 of a part waits on its scores, pass i on every part's
         # pass i - 1, the tokens of each part on every part's last pass
         parts = range(d.SEL.NQ_ROW)
-        sel = [add(SelectPass(r, 0, q), waits=_covering(scores, q * d.SEL.PART, (q + 1) * d.SEL.PART)) for q in parts]
+        sel = [
+            add(dsa.SelectPass(r, 0, q), waits=_covering(scores, q * d.SEL.PART, (q + 1) * d.SEL.PART)) for q in parts
+        ]
         for i in range(1, 4):
-            sel = [add(SelectPass(r, i, q), waits=sel) for q in parts]
-        selects.append([add(Select(r, q), waits=sel) for q in parts])
+            sel = [add(dsa.SelectPass(r, i, q), waits=sel) for q in parts]
+        selects.append([add(dsa.Select(r, q), waits=sel) for q in parts])
     groups = range(0, d.HQ, d.HB)
     combines = {}
     for r in range(rows):
         for g in groups:
             heads = [x for h in range(g, min(g + d.HB, d.HQ)) for x in absorb[h]]
-            blocks = [add(Attn(r, g, b), waits=[*selects[r], *heads]) for b in range(d.NB)]
-            combines[r, g] = [add(Combine(r, g, c0), waits=blocks) for c0 in range(0, d.C, d.CC)]
+            blocks = [add(dsa.Attn(r, g, b), waits=[*selects[r], *heads]) for b in range(d.NB)]
+            combines[r, g] = [add(dsa.Combine(r, g, c0), waits=blocks) for c0 in range(0, d.C, d.CC)]
     wuv = []
     for h in range(d.HQ):
         need = [x for r in range(rows) for x in combines[r, h - h % d.HB]]
-        wuv += [(h * d.V + n0, h * d.V + n0 + d.BN_UV, add(Wuv(h, n0), waits=need)) for n0 in range(0, d.V, d.BN_UV)]
+        wuv += [
+            (h * d.V + n0, h * d.V + n0 + d.BN_UV, add(dsa.Wuv(h, n0), waits=need)) for n0 in range(0, d.V, d.BN_UV)
+        ]
     oproj = []
     for ks in range(d.KS_O):
         need = _covering(wuv, ks * d.PK, (ks + 1) * d.PK)
