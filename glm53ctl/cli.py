@@ -178,9 +178,15 @@ def _run(argv: list[str] | None) -> int:
         return stop.exit_code
     except Exception as e:
         usage = _usage_error(e)
-        if usage is None:
+        if usage is not None:
+            return usage
+        if not interrupts.stopped():
             raise
-        return usage
+        if os.environ.get("GLM53CTL_DEBUG") == "1":
+            traceback.print_exc()
+        stop = interrupts.interrupted()  # what the stop broke on its way out, said as the stop
+        print_error(stop.message)
+        return stop.exit_code
     if code == EXIT_INTERRUPTED:  # Typer's answer to a KeyboardInterrupt no command caught: Exit(130), silent
         stop = interrupts.interrupted()
         print_error(stop.message)

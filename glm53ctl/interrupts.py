@@ -47,6 +47,12 @@ def install() -> None:
         signal.signal(s, _raise)
 
 
+def stopped() -> bool:
+    """Whether SIGINT or SIGTERM has reached this process: any error after it is the stop's own (an import the
+    signal cut in half fails again when retried, a pipe to a killed child breaks), not one to report apart."""
+    return bool(_received)
+
+
 def interrupted(done: str | None = None) -> Interrupted:
     """The error a command raises once its work is stopped: which signal, and what finished."""
     by = _received[-1] if _received else "SIGINT"

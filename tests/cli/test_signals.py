@@ -163,3 +163,21 @@ def test_report_stops_its_part_and_keeps_the_parts_that_finished(tmp_path):
         _whole_or_gone(cache)
     finally:
         _forget_worktrees(cache)
+
+
+def test_an_error_the_stop_causes_is_said_as_the_stop(monkeypatch, capsys):
+    """A signal that lands inside a lazy import leaves the module half made, and the next import of it raises
+    something else (numpy: "CPU dispatcher tracer already initlized"): after SIGTERM, any error is the stop's,
+    one line and 143, no traceback; before any signal the same error is a bug and propagates."""
+    from glm53ctl import cli, interrupts
+
+    def broken(**_):
+        raise RuntimeError("CPU dispatcher tracer already initlized")
+
+    monkeypatch.setattr(cli, "app", broken)
+    with pytest.raises(RuntimeError):
+        cli._run(["check"])
+    monkeypatch.setattr(interrupts, "_received", ["SIGTERM"])
+    assert cli._run(["check"]) == 143
+    err = capsys.readouterr().err
+    assert "Error: interrupted (SIGTERM)" in err and "Traceback" not in err and "dispatcher" not in err
