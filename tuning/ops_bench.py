@@ -20,7 +20,7 @@ from glm53ctl.kernels.kinds.layer.shared import gate_runner
 from glm53ctl.kernels.ops.dsa.attend import sparse_mla_launch
 from glm53ctl.kernels.ops.dsa.indexer import scores_runner
 from glm53ctl.kernels.ops.dsa.naive import mla_scale
-from glm53ctl.kernels.ops.dsa.select import ROW_POOLS, select_runner
+from glm53ctl.kernels.ops.dsa.select import ROW_POOLS, ROW_SELECT, select_runner
 from glm53ctl.kernels.ops.ffn.moe import ROUTER_SLICES, route_runner
 from glm53ctl.kernels.ops.kda.kernel import kda_core
 from glm53ctl.tuning import measure
@@ -112,6 +112,9 @@ def _mla_attention(spec, heads: int, device) -> Callable:
     return _with_inputs(lambda: sparse_mla_launch(q, latent, idx, scale), q, latent, idx, scale)
 
 
+# how select_row finds its threshold at each BITS (kernels/ops/dsa/select.py, SelectDims.BITS)
+ROW_THRESHOLDS = {8: "four 8-bit passes of a 256-bin histogram", 4: "eight 4-bit passes of comparisons", 0: "a sort"}
+
 OPS = {
     "select": OpBench(
         "the exact top-k of a row's pools and their tokens (ops/dsa/select.py: four radix passes and the take)",
@@ -120,30 +123,18 @@ OPS = {
         _select,
         5,
     ),
-    "select_row": OpBench(
-        "the same top-k in one program a row (knob select=row: every key in registers, the passes and the take)",
-        "pools",
-        (256, 1024, 4096),
-        lambda spec, pools, device: _select(spec, pools, device, row=True),
-        1,
-        most=ROW_POOLS,
-    ),
-    "select_row4": OpBench(
-        "the same top-k in one program a row, its threshold by eight 4-bit passes of comparisons (knob select=row4)",
-        "pools",
-        (256, 1024, 4096),
-        lambda spec, pools, device: _select(spec, pools, device, row=True, bits=4),
-        1,
-        most=ROW_POOLS,
-    ),
-    "select_rowsort": OpBench(
-        "the same top-k in one program a row, its threshold by a sort of the keys (knob select=rowsort)",
-        "pools",
-        (256, 1024, 4096),
-        lambda spec, pools, device: _select(spec, pools, device, row=True, bits=0),
-        1,
-        most=ROW_POOLS,
-    ),
+    **{
+        f"select_{value}": OpBench(
+            f"the same top-k in one program a row, every key in registers, its threshold by "
+            f"{ROW_THRESHOLDS[bits]} (knob select={value})",
+            "pools",
+            (256, 1024, 4096),
+            lambda spec, pools, device, bits=bits: _select(spec, pools, device, row=True, bits=bits),
+            1,
+            most=ROW_POOLS,
+        )
+        for value, bits in ROW_SELECT.items()
+    },
     "select_early": OpBench(
         "the same top-k over parts, each pass and the take loading their part's scores before their pick (knob "
         "select=early)",
