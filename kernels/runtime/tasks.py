@@ -2,9 +2,10 @@
 
 A task is a small typed record (`Task`): its type's id, its name (what a trace or a LaunchFault shows) and up to
 three named fields, which it serializes into its table row (`row()`: the id, then the fields in order). Each op
-declares the task types it contributes in its folder (`kernels/ops/<op>/tasks.py`), with the one Triton function
-that unpacks such a row by name on the device (`<type>_fields(row)`: its fields in the same order); a kind
-composes ops' tasks into its table (`TaskTable.add(task)`), and the runtime knows task rows, not kinds.
+declares the task types it contributes in its folder (`kernels/ops/<op>/tasks.py`); the device code unpacks a row
+once, naming the fields as its record does (`n0, ks = fields(row, GU)`: the one function here that reads a row's
+fields, as many as the type declares); a kind composes ops' tasks into its table (`TaskTable.add(task)`), and the
+runtime knows task rows, not kinds.
 
 One id space across kinds lets one table hold tasks of several kinds (the whole step: embed, the layers, the
 tail) and lets a trace or a fault name a task without knowing which launch it came from. Ids are never reused: a
@@ -87,6 +88,26 @@ def may_run(only, *ids) -> bool:
     more programs resident)."""
     flat = [j for i in ids for j in (i if isinstance(i, tuple) else (i,))]
     return only == 0 or any(only >> int(j) & 1 for j in flat)
+
+
+@triton.constexpr_function
+def field_count(type_id) -> int:
+    """How many fields task type `type_id` declares (its record's)."""
+    return len(dataclasses.fields(TYPES[int(getattr(type_id, "value", type_id))]))
+
+
+@triton.jit
+def fields(row, TYPE: tl.constexpr):
+    """A task's fields from its table row, in its type's order (`Task.row`): one value, or a tuple of two or
+    three. TYPE is the type's id (a constexpr, `GU`), or that of a type with the same fields."""
+    N: tl.constexpr = field_count(TYPE)
+    if N == 1:
+        out = row[1]
+    elif N == 2:
+        out = row[1], row[2]
+    else:
+        out = row[1], row[2], row[3]
+    return out
 
 
 def next_id() -> int:

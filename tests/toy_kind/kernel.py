@@ -17,7 +17,8 @@ from glm53ctl.kernels.runtime.device import (
     task_row,
     wait_task,
 )
-from tests.toy_op.tasks import DOUBLE, SUM, double_fields
+from glm53ctl.kernels.runtime.tasks import fields
+from tests.toy_op.tasks import DOUBLE, SUM
 
 
 @triton.jit(do_not_specialize=["stuck_site", "budget_ns"])
@@ -64,7 +65,7 @@ def toy_kernel(
         if ok:
             o_d = tl.arange(0, D)
             if ttype == DOUBLE:
-                r = double_fields(row)
+                r = fields(row, DOUBLE)
                 v = 2.0 * tl.load(x + r * D + o_d)
                 if DEFECT == 1:  # accuracy
                     v += tl.where(r == 0, 0.25, 0.0)

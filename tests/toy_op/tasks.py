@@ -1,11 +1,8 @@
 """The toy op's task types: a row doubled, then every row summed. Their ids sit far past the tree's (a type from
-outside the tree takes ids no in-tree type will reach), and the runtime names them in a trace or a fault as it
-names the tree's own."""
+outside the tree takes ids no in-tree type will reach), and the runtime names them in a trace or a fault as it names
+the tree's own."""
 
 from __future__ import annotations
-
-import triton
-import triton.language as tl  # noqa: F401  (the interpreter patches it in the jit functions' globals)
 
 from glm53ctl.kernels.runtime.tasks import Task
 
@@ -17,12 +14,6 @@ class Double(Task, id=1000, name="toy double"):
 
 
 DOUBLE = Double.constexpr()
-
-
-@triton.jit
-def double_fields(row):
-    """Double's fields from its table row: r."""
-    return row[1]
 
 
 class Sum(Task, id=1001, name="toy sum"):

@@ -6,21 +6,9 @@ import triton
 import triton.language as tl
 
 from glm53ctl.kernels.ops.embed.kernel import gather_row, reduce_row
-from glm53ctl.kernels.ops.embed.tasks import EMBED_GATHER, embed_fields
-from glm53ctl.kernels.runtime.device import (
-    after_task,
-    fence_sys,
-    finish,
-    first_task,
-    launch_epoch,
-    pdl_enter,
-    publish,
-    push_rows,
-    push_tag,
-    row_type,
-    task_row,
-    wait_task,
-)
+from glm53ctl.kernels.ops.embed.tasks import EMBED_GATHER
+from glm53ctl.kernels.runtime import device
+from glm53ctl.kernels.runtime.tasks import fields
 
 
 @triton.jit(do_not_specialize=["stuck_site", "budget_ns", "rank", "mute", "peer_words"])
@@ -58,8 +46,8 @@ def embed_kernel(
 ):
     ctl, flags = rt.ctl, rt.flags  # the runtime's buffers (runtime/launch.py RuntimeBuffers)
     if PDL:  # a stage of separate-pdl: the token ids are the launch's input, so nothing to ask for first
-        pdl_enter(INTERPRET)
-    epoch = launch_epoch(ctl, INTERPRET)
+        device.pdl_enter(INTERPRET)
+    epoch = device.launch_epoch(ctl, INTERPRET)
     # where this rank's partial goes and what the reduce sums (slot 0, then the rest, in rank order): the
     # emulation's own buffers; real ranks' mailbox [2, TP, R, D], the half of this launch's parity
     mine = partial
@@ -70,15 +58,15 @@ def embed_kernel(
         mine = first + rank * R * D
         rest = first + R * D
     n_done = 0
-    task = first_task(ctl, n_tasks, n_programs, INTERPRET, ONE_TASK)
+    task = device.first_task(ctl, n_tasks, n_programs, INTERPRET, ONE_TASK)
     while task >= 0:
-        row = task_row(rt, task)
-        ttype = row_type(row)
-        d0 = embed_fields(row)
-        ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, False)
+        row = device.task_row(rt, task)
+        ttype = device.row_type(row)
+        d0 = fields(row, EMBED_GATHER)
+        ok = device.wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, False)
         if REMOTE:
             if ttype != EMBED_GATHER:
-                fence_sys(INTERPRET)  # the peers' rows after their tags, seen at system scope
+                device.fence_sys(INTERPRET)  # the peers' rows after their tags, seen at system scope
         if ok:
             o_d = d0 + tl.arange(0, CHUNK)
             for r in range(R):
@@ -88,9 +76,11 @@ def embed_kernel(
                     reduce_row(first, rest, H, r, R, o_d, D, HC, TP)
             if REMOTE:
                 if ttype == EMBED_GATHER:
-                    push_rows(mine, peer_slots, epoch, rank, R, o_d, D, TP)
-                    push_tag(peer_flags, arrive, epoch, rank, peer_words, (D + CHUNK - 1) // CHUNK, mute, TP, INTERPRET)
-            publish(rt, row, task, epoch, INTERPRET)
+                    device.push_rows(mine, peer_slots, epoch, rank, R, o_d, D, TP)
+                    device.push_tag(
+                        peer_flags, arrive, epoch, rank, peer_words, (D + CHUNK - 1) // CHUNK, mute, TP, INTERPRET
+                    )
+            device.publish(rt, row, task, epoch, INTERPRET)
         n_done += 1
-        task = after_task(ctl, n_tasks, n_done, n_programs, INTERPRET, ok, ONE_TASK)
-    finish(ctl, flags, n_tasks, n_peers, n_programs, epoch)
+        task = device.after_task(ctl, n_tasks, n_done, n_programs, INTERPRET, ok, ONE_TASK)
+    device.finish(ctl, flags, n_tasks, n_peers, n_programs, epoch)

@@ -23,9 +23,9 @@ from glm53ctl.kernels.ops.ffn.layer_mlp import mlp_task
 from glm53ctl.kernels.ops.ffn.layer_moe import moe_task
 from glm53ctl.kernels.ops.ffn.tasks import DOWN, EXP_DOWN, GU, ROUTER
 from glm53ctl.kernels.ops.gemv.layer import PR, task_partial
-from glm53ctl.kernels.ops.gemv.tasks import OPROJ, oproj_fields
+from glm53ctl.kernels.ops.gemv.tasks import OPROJ
 from glm53ctl.kernels.ops.kda.layer import kda_task, kda_write_back
-from glm53ctl.kernels.ops.kda.tasks import INPROJ, KDA_HEAD, kda_head_fields
+from glm53ctl.kernels.ops.kda.tasks import INPROJ, KDA_HEAD
 from glm53ctl.kernels.ops.mhc.tasks import (
     COMB_A,
     COMB_F,
@@ -37,24 +37,9 @@ from glm53ctl.kernels.ops.mhc.tasks import (
     OWN_F,
     RED_A,
     RED_F,
-    chunk_fields,
-    gate_fields,
 )
-from glm53ctl.kernels.runtime.device import (
-    after_task,
-    fence_sys,
-    finish,
-    first_task,
-    launch_epoch,
-    pdl_enter,
-    pdl_wait,
-    publish,
-    row_type,
-    stamp,
-    task_row,
-    wait_task,
-)
-from glm53ctl.kernels.runtime.tasks import may_run
+from glm53ctl.kernels.runtime import device
+from glm53ctl.kernels.runtime.tasks import fields, may_run
 
 # each half's task types (MLA's and KDA's; the MoE's and the dense MLP's): with knob stage_code=own a stage's kernel
 # holds a half's dispatch only where it runs one of them (`may_run`)
@@ -71,7 +56,7 @@ def _gate(
 ):  # fmt: skip
     """A gate or comb task of the attention gate (ffn false: on H) or of the FFN gate (on H1); EARLY (knob
     gate_loads=early): its body asks for every load first (`task_gate_early`)."""
-    r, c = gate_fields(row)
+    r, c = fields(row, GATE_A)
     if ffn:
         x, base, scale, norm_w = outs.H1, gates.base_f, gates.scale_f, gates.norm_f
         x_hat, post, comb = outs.x_hat_f, outs.post_f, outs.comb_f
@@ -164,7 +149,7 @@ def _run_task(
         parts_a = peers.slots + ((epoch % 2) * 2) * (dims.T * R * D)
         parts_f = parts_a + dims.T * R * D
     if may_run(ONLY, MIX_A) and (ttype == MIX_A):
-        c, r = chunk_fields(row)
+        c, r = fields(row, MIX_A)
         task_mix(H=H, fn=gates.fn_a, mixp=hand.mixp, ssp=hand.ssp, gramp=hand.gram, c=c, r=r, D=D, HC=dims.HC,
                  CH=dims.CH)  # fmt: skip
     elif may_run(ONLY, GATE_A, COMB_A) and ((ttype == GATE_A) | (ttype == COMB_A)):
@@ -176,16 +161,16 @@ def _run_task(
             ok = kda_task(ttype, row, task, ok, epoch, rt, stuck_site, budget_ns, H, attn_w, attn_state, attn_buf,
                           hand, outs, consts, R, dims, sched, INTERPRET, POLL, THREADS)  # fmt: skip
     elif may_run(ONLY, OPROJ) and (ttype == OPROJ):
-        n0, ks = oproj_fields(row)
+        n0, ks = fields(row, OPROJ)
         ok = task_partial(
             rt, row, task, epoch, stuck_site, budget_ns, x=attn_o + ks * dims.PK, w=w_o + ks * dims.PK,
             out=hand.kpart_a + ks * R * D, n0=n0, R=R, N=D, K=dims.PK, STRIDE=dims.P, BN=dims.BN_O, BK=dims.BK_O,
             INTERPRET=INTERPRET, POLL=POLL, THREADS=THREADS, FIRST=sched.WEIGHTS_FIRST, PDL=sched.PDL_FIRST,
         )  # fmt: skip
     elif may_run(ONLY, RED_A) and (ttype == RED_A):
-        c, r = chunk_fields(row)
+        c, r = fields(row, MIX_A)
         if REMOTE:
-            fence_sys(INTERPRET)
+            device.fence_sys(INTERPRET)
         task_reduce(
             src=(hand.kpart_a,), parts=parts_a, out=outs.attn, H=H, post=outs.post_a, comb=outs.comb_a,
             H_out=outs.H1, fn=gates.fn_f, mixp=hand.mixp + NCH * 16 * 32, ssp=hand.ssp + NCH * 16, gramp=f_gram,
@@ -194,7 +179,7 @@ def _run_task(
             TOPK=TOPK, NSLOT=NSLOT, INTERPRET=INTERPRET,
         )  # fmt: skip
     elif may_run(ONLY, MIX_F) and (ttype == MIX_F):
-        c, r = chunk_fields(row)
+        c, r = fields(row, MIX_A)
         task_mix(
             H=outs.H1, fn=gates.fn_f, mixp=hand.mixp + NCH * 16 * 32, ssp=hand.ssp + NCH * 16, gramp=f_gram, c=c,
             r=r, D=D, HC=dims.HC, CH=dims.CH,
@@ -209,9 +194,9 @@ def _run_task(
             ok = mlp_task(ttype, row, task, ok, epoch, rt, stuck_site, budget_ns, ffn_w, ffn_buf, hand, outs, R, dims,
                           sched, INTERPRET, POLL, THREADS)  # fmt: skip
     elif may_run(ONLY, RED_F) and (ttype == RED_F):
-        c, r = chunk_fields(row)
+        c, r = fields(row, MIX_A)
         if REMOTE:
-            fence_sys(INTERPRET)
+            device.fence_sys(INTERPRET)
         task_reduce(
             src=ffn_src, parts=parts_f, out=outs.ffn_out, H=outs.H1, post=outs.post_f, comb=outs.comb_f,
             H_out=outs.H2, fn=gates.fn_f, mixp=hand.mixp, ssp=hand.ssp, gramp=hand.gram, c=c, r=r, R=R, RANK=RANK,
@@ -219,27 +204,27 @@ def _run_task(
             INTERPRET=INTERPRET,
         )  # fmt: skip
     elif may_run(ONLY, OWN_A) and ((ttype == OWN_A) & REMOTE):
-        c, r = chunk_fields(row)
+        c, r = fields(row, MIX_A)
         task_push(
             src=(hand.kpart_a,), slot_bases=peers.slot_bases, flag_bases=peers.flag_bases, arrive=peers.arrive,
             epoch=epoch, c=c, r=r, R=R, RANK=RANK, peer_words=peers.words, n_pushers=n_pushers, mute=mute,
             GROUP=0, D=D, CH=dims.CH, KS=dims.KS_O, T=dims.T, MOE=False, TOPK=TOPK, NSLOT=NSLOT, INTERPRET=INTERPRET,
         )  # fmt: skip
     elif may_run(ONLY, OWN_F) and ((ttype == OWN_F) & REMOTE):
-        c, r = chunk_fields(row)
+        c, r = fields(row, MIX_A)
         task_push(
             src=ffn_src, slot_bases=peers.slot_bases, flag_bases=peers.flag_bases, arrive=peers.arrive, epoch=epoch,
             c=c, r=r, R=R, RANK=RANK, peer_words=peers.words, n_pushers=n_pushers, mute=mute, GROUP=1, D=D,
             CH=dims.CH, KS=dims.KS_F, T=dims.T, MOE=MOE, TOPK=TOPK, NSLOT=NSLOT, INTERPRET=INTERPRET,
         )  # fmt: skip
     elif may_run(ONLY, OWN_A) and (ttype == OWN_A):
-        c, r = chunk_fields(row)
+        c, r = fields(row, MIX_A)
         task_own(
             src=(hand.kpart_a,), parts=hand.parts_a, c=c, r=r, R=R, RANK=RANK, D=D, CH=dims.CH, KS=dims.KS_O,
             MOE=False, TOPK=TOPK, NSLOT=NSLOT,
         )  # fmt: skip
     elif may_run(ONLY, OWN_F) and (ttype == OWN_F):
-        c, r = chunk_fields(row)
+        c, r = fields(row, MIX_A)
         task_own(
             src=ffn_src, parts=hand.parts_f, c=c, r=r, R=R, RANK=RANK, D=D, CH=dims.CH, KS=dims.KS_F, MOE=MOE,
             TOPK=TOPK, NSLOT=NSLOT,
@@ -288,22 +273,22 @@ def layer_kernel(
     if sched.PDL_FIRST:  # chained, weights first: the next launch may start now; each task's body waits (pdl_wait)
         tl.extra.cuda.gdc_launch_dependents()
     elif PDL:  # a stage of separate-pdl: ask for this program's first weights while the launch before ends
-        first = task_row(rt, tl.minimum(tl.program_id(0), n_tasks - 1))
+        first = device.task_row(rt, tl.minimum(tl.program_id(0), n_tasks - 1))
         prefetch(first, gates, attn_w, attn_state, ffn_w, dims, MLA, MOE, 1, sched.MIX_TASK, sched.ONLY)
-        pdl_enter(INTERPRET)
-    epoch = launch_epoch(ctl, INTERPRET)
+        device.pdl_enter(INTERPRET)
+    epoch = device.launch_epoch(ctl, INTERPRET)
     n_done = 0
     # oproj_first: the KDA head whose states this program still has to write back
     pend = 0
     pend_r = 0
     pend_h = 0
     pend_p = 0
-    task = first_task(ctl, n_tasks, n_programs, INTERPRET, ONE_TASK)
+    task = device.first_task(ctl, n_tasks, n_programs, INTERPRET, ONE_TASK)
     while task >= 0:
-        row = task_row(rt, task)
-        ttype = row_type(row)
+        row = device.task_row(rt, task)
+        ttype = device.row_type(row)
         if sched.TRACE:
-            stamp(hand.trace, task, 0, INTERPRET)
+            device.stamp(hand.trace, task, 0, INTERPRET)
         if sched.PREFETCH and not INTERPRET:  # the interpreter has no inline asm; a prefetch changes no bits
             prefetch(row, gates, attn_w, attn_state, ffn_w, dims, MLA, MOE, sched.PREFETCH, sched.MIX_TASK, sched.ONLY)
         # a task's early sites; its late ones (a folded INPROJ's gates, a KDA head's other parts) in its body
@@ -311,22 +296,22 @@ def layer_kernel(
             if _waits_in_body(ttype, MLA, MOE):
                 ok = task >= 0
             elif _weights_first(ttype, MLA, MOE):  # o_proj and down: pdl_wait and their late sites in their bodies
-                ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, False)
+                ok = device.wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, False)
             else:
-                pdl_wait(sched.PDL_FIRST)
-                ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, False)
+                device.pdl_wait(sched.PDL_FIRST)
+                ok = device.wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, False)
         else:
-            ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, False)
+            ok = device.wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, False)
         if sched.TRACE:
-            stamp(hand.trace, task, 1, INTERPRET)
+            device.stamp(hand.trace, task, 1, INTERPRET)
         if ok:
             ok = _run_task(ttype, row, task, ok, epoch, rt, stuck_site, budget_ns, H, gates, attn_w, attn_state,
                            attn_buf, ffn_w, ffn_buf, hand, outs, consts, R, RANK, peers, mute, n_pushers, dims,
                            mla, moe, sched, MLA, MOE, INTERPRET, POLL, THREADS, REMOTE)  # fmt: skip
             if ok:
-                publish(rt, row, task, epoch, INTERPRET)
+                device.publish(rt, row, task, epoch, INTERPRET)
                 if sched.TRACE:
-                    stamp(hand.trace, task, 2, INTERPRET)
+                    device.stamp(hand.trace, task, 2, INTERPRET)
         if sched.OPROJ_FIRST:
             # a KDA head of an earlier task: its states now, after the task that followed it (o is out, that
             # task's loads issued); then this task's head, if it is one, waits for the next task
@@ -335,10 +320,10 @@ def layer_kernel(
                 pend = 0
             if (ttype == KDA_HEAD) & ok:
                 pend = 1
-                pend_h, pend_r, pend_p = kda_head_fields(row)
+                pend_h, pend_r, pend_p = fields(row, KDA_HEAD)
         n_done += 1
-        task = after_task(ctl, n_tasks, n_done, n_programs, INTERPRET, ok, ONE_TASK)
+        task = device.after_task(ctl, n_tasks, n_done, n_programs, INTERPRET, ok, ONE_TASK)
     if sched.OPROJ_FIRST:
         if pend != 0:
             kda_write_back(attn_state, attn_buf, pend_r, pend_h, pend_p, dims, INTERPRET)
-    finish(ctl, rt[1], n_tasks, n_peers, n_programs, epoch)
+    device.finish(ctl, rt[1], n_tasks, n_peers, n_programs, epoch)

@@ -5,12 +5,12 @@ runs none."""
 import triton
 import triton.language as tl
 
-from glm53ctl.kernels.ops.ffn.tasks import DOWN, GU, down_fields, gu_fields
-from glm53ctl.kernels.ops.gemv.tasks import OPROJ, oproj_fields
-from glm53ctl.kernels.ops.kda.tasks import INPROJ, KDA_HEAD, inproj_fields, kda_head_fields
-from glm53ctl.kernels.ops.mhc.tasks import MIX_F, RED_A, chunk_fields
+from glm53ctl.kernels.ops.ffn.tasks import DOWN, GU
+from glm53ctl.kernels.ops.gemv.tasks import OPROJ
+from glm53ctl.kernels.ops.kda.tasks import INPROJ, KDA_HEAD
+from glm53ctl.kernels.ops.mhc.tasks import MIX_F, RED_A
 from glm53ctl.kernels.runtime.device import prefetch_l2, row_type
-from glm53ctl.kernels.runtime.tasks import may_run
+from glm53ctl.kernels.runtime.tasks import fields, may_run
 
 
 @triton.jit
@@ -49,7 +49,7 @@ def prefetch(
     if WHICH == 3:
         if not MLA:
             if may_run(ONLY, KDA_HEAD) and (ttype == KDA_HEAD):
-                h, r, part = kda_head_fields(row)
+                h, r, part = fields(row, KDA_HEAD)
                 _prefetch_rows(attn_w.w_fb, h * K, dims.RG, 0, dims.P, K, dims.RG)
                 _prefetch_rows(attn_w.w_gb, h * K, dims.RG, 0, dims.P, K, dims.RG)
                 o_k = tl.arange(0, K)
@@ -60,30 +60,30 @@ def prefetch(
             CH: tl.constexpr = dims.CH
             NMIX: tl.constexpr = (2 + HC) * HC
             o_m = tl.minimum(tl.arange(0, 32), NMIX - 1)
-            c, _ = chunk_fields(row)
+            c, _ = fields(row, MIX_F)
             o_l = tl.arange(0, HC * CH // 32)  # 32 fp32 a line: stream j's columns of chunk c
             o_c = (o_l // (CH // 32)) * D + c * CH + (o_l % (CH // 32)) * 32
             prefetch_l2(gates.fn_f + o_m[:, None] * (HC * D) + o_c[None, :])
     else:
         if not MLA:
             if may_run(ONLY, INPROJ) and (ttype == INPROJ):  # a K slice's columns only
-                n0, ks = inproj_fields(row)
+                n0, ks = fields(row, INPROJ)
                 KK: tl.constexpr = D // dims.KS_IN
                 _prefetch_rows(attn_w.w_in, n0, D, ks * KK, dims.NIN, dims.BN, KK)
             elif may_run(ONLY, KDA_HEAD) and (ttype == KDA_HEAD):
-                h, r, _ = kda_head_fields(row)
+                h, r, _ = fields(row, KDA_HEAD)
                 o_k = tl.arange(0, K)
                 o_l = tl.arange(0, K // 32) * 32
                 prefetch_l2(attn_state.S_in + (r * dims.HL + h) * (K * K) + o_k[:, None] * K + o_l[None, :])
         if may_run(ONLY, OPROJ) and (ttype == OPROJ):
-            n0, ks = oproj_fields(row)
+            n0, ks = fields(row, OPROJ)
             _prefetch_rows(attn_w.w_o, n0, dims.P, ks * dims.PK, D, dims.BN_O, dims.PK)
         if not MOE:
             if may_run(ONLY, GU) and (ttype == GU):
-                n0, ks = gu_fields(row)
+                n0, ks = fields(row, GU)
                 KG: tl.constexpr = D // dims.KS_GU
                 _prefetch_rows(ffn_w.w_gate, n0, D, ks * KG, dims.I, dims.BN_GU, KG)
                 _prefetch_rows(ffn_w.w_up, n0, D, ks * KG, dims.I, dims.BN_GU, KG)
             elif may_run(ONLY, DOWN) and (ttype == DOWN):
-                n0, ks = down_fields(row)
+                n0, ks = fields(row, DOWN)
                 _prefetch_rows(ffn_w.w_down, n0, dims.I, ks * dims.IK, D, dims.BN_O, dims.IK)

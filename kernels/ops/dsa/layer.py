@@ -31,21 +31,10 @@ from glm53ctl.kernels.ops.dsa.tasks import (
     SEL_ROW,
     SELECT,
     WUV,
-    absorb_fields,
-    attn_fields,
-    combine_fields,
-    mla_a_fields,
-    mla_qb_fields,
-    mla_row_fields,
-    score_fields,
-    sel_pass_fields,
-    sel_row_fields,
-    select_fields,
-    wuv_fields,
 )
 from glm53ctl.kernels.ops.gemv.kernel import gemv_tile
 from glm53ctl.kernels.ops.gemv.layer import task_gemv
-from glm53ctl.kernels.runtime.tasks import may_run
+from glm53ctl.kernels.runtime.tasks import fields, may_run
 from glm53ctl.kernels.tlx import pinned, to_bf16
 
 # the symbols of the noinline task bodies below (tlx.pinned: a move keeps their cubins)
@@ -62,16 +51,16 @@ def mla_task(
     w, c, b = attn_w, attn_state, attn_buf
     if mla.SEL.ROW:  # knob select=row: the body exists only where the selection is a task a row
         if may_run(ONLY, SEL_ROW) and (ttype == SEL_ROW):
-            r = sel_row_fields(row)
+            r = fields(row, SEL_ROW)
             task_select_row(b.scores, b.idx, c.pos, r, mla.KP, mla.TOPP, mla.WIDTH, mla.LMAX, mla.SEL.ROW, mla.SEL.BITS)
     if may_run(ONLY, MLA_A) and (ttype == MLA_A):
-        n0 = mla_a_fields(row)
+        n0 = fields(row, MLA_A)
         task_gemv(
             x=outs.x_hat_a, w=w.w_a, out=b.y_a, n0=n0, R=R, N=mla.NA, K=dims.D, STRIDE=dims.D, BN=dims.BN, BK=mla.BK_A,
             INTERPRET=INTERPRET,
         )  # fmt: skip
     elif may_run(ONLY, MLA_ROW) and (ttype == MLA_ROW):
-        r, part = mla_row_fields(row)
+        r, part = fields(row, MLA_ROW)
         task_mla_row(
             y_a=b.y_a,
             qr=b.qr,
@@ -93,13 +82,13 @@ def mla_task(
             INTERPRET=INTERPRET,
         )
     elif may_run(ONLY, MLA_QB) and (ttype == MLA_QB):
-        n0 = mla_qb_fields(row)
+        n0 = fields(row, MLA_QB)
         task_qb(b.qr, w.w_qb, b.q_mla, b.qi, n0, R, mla.QL, mla.HQ * mla.NOPE, mla.NQB, dims.BN, mla.BK_QB, INTERPRET)
     elif may_run(ONLY, ABSORB) and (ttype == ABSORB):
-        h, c0 = absorb_fields(row)
+        h, c0 = fields(row, ABSORB)
         task_head_gemv(b.q_mla, w.w_ukt, b.q_lat, h, c0, R, mla.HQ, mla.C, mla.NOPE, mla.BN_AB, mla.BK_NOPE, INTERPRET)
     elif may_run(ONLY, SCORE) and (ttype == SCORE):
-        r, block = score_fields(row)
+        r, block = fields(row, SCORE)
         task_score(
             b.qi,
             b.wi,
@@ -117,7 +106,7 @@ def mla_task(
             INTERPRET,
         )
     elif may_run(ONLY, SEL_PASS) and (ttype == SEL_PASS):
-        r, step, part = sel_pass_fields(row)
+        r, step, part = fields(row, SEL_PASS)
         sel = (b.sel_hist, b.sel_state, b.sel_above)
         if mla.SEL.EARLY:  # knob select=early: bodies of their own, so the default's keep their symbols
             task_select_pass_early(b.scores, sel, c.pos, r, step, part, mla.KP, mla.TOPP, mla.LMAX, mla.SEL.PART,
@@ -126,7 +115,7 @@ def mla_task(
             task_select_pass(b.scores, sel, c.pos, r, step, part, mla.KP, mla.TOPP, mla.LMAX, mla.SEL.PART, mla.SEL.NQ,
                              mla.SEL.BLOCK)  # fmt: skip
     elif may_run(ONLY, SELECT) and (ttype == SELECT):
-        r, part = select_fields(row)
+        r, part = fields(row, SELECT)
         sel = (b.sel_hist, b.sel_state, b.sel_above)
         if mla.SEL.EARLY:
             task_select_early(b.scores, b.idx, sel, c.pos, r, part, mla.KP, mla.TOPP, mla.WIDTH, mla.LMAX,
@@ -135,13 +124,13 @@ def mla_task(
             task_select(b.scores, b.idx, sel, c.pos, r, part, mla.KP, mla.TOPP, mla.WIDTH, mla.LMAX, mla.SEL.PART,
                         mla.SEL.NQ, mla.SEL.BLOCK)  # fmt: skip
     elif may_run(ONLY, ATTN) and (ttype == ATTN):
-        r, group, block = attn_fields(row)
+        r, group, block = fields(row, ATTN)
         task_attn(
             b.q_lat, c.latent, b.idx, (b.part_o, b.part_m, b.part_l), r, group, block, consts.mla_scale, mla.HQ, mla.C,
             mla.WIDTH, mla.NB, mla.TB, mla.HB, mla.LMAX, INTERPRET,
         )  # fmt: skip
     elif may_run(ONLY, COMBINE) and (ttype == COMBINE):
-        r, group, c0 = combine_fields(row)
+        r, group, c0 = fields(row, COMBINE)
         task_combine(
             (b.part_o, b.part_m, b.part_l),
             b.o_lat,
@@ -157,7 +146,7 @@ def mla_task(
             INTERPRET,
         )
     elif may_run(ONLY, WUV) and (ttype == WUV):
-        h, n0 = wuv_fields(row)
+        h, n0 = fields(row, WUV)
         task_head_gemv(b.o_lat, w.w_uv, b.o_mla, h, n0, R, mla.HQ, mla.V, mla.C, mla.BN_UV, mla.BK_C, INTERPRET)
 
 

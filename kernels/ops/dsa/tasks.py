@@ -1,11 +1,8 @@
 """The task types of the MLA attention half with the DSA indexer (their dispatch and bodies in the layer kernel:
 layer.py). Each is a typed record (kernels/runtime/tasks.py `Task`): its id, its name and its fields, which the
-device code reads by name through the one unpacking function beside it (`<type>_fields(row)`)."""
+device code reads by name (`fields(row, TYPE)`, kernels/runtime/tasks.py)."""
 
 from __future__ import annotations
-
-import triton
-import triton.language as tl  # noqa: F401  (the interpreter patches it in the jit functions' globals)
 
 from glm53ctl.kernels.runtime.tasks import Task
 
@@ -19,12 +16,6 @@ class MlaA(Task, id=26, name="mla a_proj"):
 MLA_A = MlaA.constexpr()
 
 
-@triton.jit
-def mla_a_fields(row):
-    """MlaA's fields from its table row: n0."""
-    return row[1]
-
-
 class MlaRow(Task, id=27, name="mla row"):
     """One row's part after the A projection."""
 
@@ -35,12 +26,6 @@ class MlaRow(Task, id=27, name="mla row"):
 MLA_ROW = MlaRow.constexpr()
 
 
-@triton.jit
-def mla_row_fields(row):
-    """MlaRow's fields from its table row: r, part."""
-    return row[1], row[2]
-
-
 class MlaQb(Task, id=28, name="mla q_b"):
     """A tile of q_b and the indexer's wq_b, every row."""
 
@@ -48,12 +33,6 @@ class MlaQb(Task, id=28, name="mla q_b"):
 
 
 MLA_QB = MlaQb.constexpr()
-
-
-@triton.jit
-def mla_qb_fields(row):
-    """MlaQb's fields from its table row: n0."""
-    return row[1]
 
 
 class Absorb(Task, id=29, name="mla absorb"):
@@ -66,12 +45,6 @@ class Absorb(Task, id=29, name="mla absorb"):
 ABSORB = Absorb.constexpr()
 
 
-@triton.jit
-def absorb_fields(row):
-    """Absorb's fields from its table row: h, c0."""
-    return row[1], row[2]
-
-
 class Score(Task, id=30, name="index scores"):
     """The indexer's scores of a block of one row's pools."""
 
@@ -82,12 +55,6 @@ class Score(Task, id=30, name="index scores"):
 SCORE = Score.constexpr()
 
 
-@triton.jit
-def score_fields(row):
-    """Score's fields from its table row: r, block."""
-    return row[1], row[2]
-
-
 class Select(Task, id=31, name="index select"):
     """A part's selected tokens, after the selection's passes."""
 
@@ -96,12 +63,6 @@ class Select(Task, id=31, name="index select"):
 
 
 SELECT = Select.constexpr()
-
-
-@triton.jit
-def select_fields(row):
-    """Select's fields from its table row: r, part."""
-    return row[1], row[2]
 
 
 class Attn(Task, id=32, name="mla attention"):
@@ -115,12 +76,6 @@ class Attn(Task, id=32, name="mla attention"):
 ATTN = Attn.constexpr()
 
 
-@triton.jit
-def attn_fields(row):
-    """Attn's fields from its table row: r, group, block."""
-    return row[1], row[2], row[3]
-
-
 class Combine(Task, id=33, name="mla combine"):
     """The blocks' partials of a head group combined, a latent column chunk."""
 
@@ -132,12 +87,6 @@ class Combine(Task, id=33, name="mla combine"):
 COMBINE = Combine.constexpr()
 
 
-@triton.jit
-def combine_fields(row):
-    """Combine's fields from its table row: r, group, c0."""
-    return row[1], row[2], row[3]
-
-
 class Wuv(Task, id=34, name="mla w_uv"):
     """A head's latent output through W_UV, a tile of value rows."""
 
@@ -146,12 +95,6 @@ class Wuv(Task, id=34, name="mla w_uv"):
 
 
 WUV = Wuv.constexpr()
-
-
-@triton.jit
-def wuv_fields(row):
-    """Wuv's fields from its table row: h, n0."""
-    return row[1], row[2]
 
 
 class SelectPass(Task, id=35, name="index select pass"):
@@ -165,12 +108,6 @@ class SelectPass(Task, id=35, name="index select pass"):
 SEL_PASS = SelectPass.constexpr()
 
 
-@triton.jit
-def sel_pass_fields(row):
-    """SelectPass's fields from its table row: r, step, part."""
-    return row[1], row[2], row[3]
-
-
 class SelectRow(Task, id=36, name="index select row"):
     """A row's whole selection in one program, where its pools fit one (knob select=row)."""
 
@@ -178,9 +115,3 @@ class SelectRow(Task, id=36, name="index select row"):
 
 
 SEL_ROW = SelectRow.constexpr()
-
-
-@triton.jit
-def sel_row_fields(row):
-    """SelectRow's field from its table row: r."""
-    return row[1]

@@ -1,11 +1,8 @@
 """The task types of the embedding (kernels/kinds/embed/). Each is a typed record (kernels/runtime/tasks.py `Task`):
-its id, its name and its fields, which the device code reads by name through the one unpacking function beside it
-(`<type>_fields(row)`)."""
+its id, its name and its fields, which the device code reads by name (`fields(row, TYPE)`,
+kernels/runtime/tasks.py)."""
 
 from __future__ import annotations
-
-import triton
-import triton.language as tl  # noqa: F401  (the interpreter patches it in the jit functions' globals)
 
 from glm53ctl.kernels.runtime.tasks import Task
 
@@ -26,9 +23,3 @@ class EmbedReduce(Task, id=1, name="embed reduce"):
 
 
 EMBED_REDUCE = EmbedReduce.constexpr()
-
-
-@triton.jit
-def embed_fields(row):
-    """EmbedGather's and EmbedReduce's one field from their table row: d0."""
-    return row[1]

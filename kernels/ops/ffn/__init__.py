@@ -1,52 +1,7 @@
+from glm53ctl.kernels.ops.ffn import tasks
 from glm53ctl.kernels.ops.ffn.layer_mlp import mlp_task
 from glm53ctl.kernels.ops.ffn.layer_moe import moe_task
 from glm53ctl.kernels.ops.ffn.moe import moe_launch
 from glm53ctl.kernels.ops.ffn.naive import moe, route, swiglu_mlp, topk_ordered
-from glm53ctl.kernels.ops.ffn.tasks import (
-    DOWN,
-    EXP_DOWN,
-    EXP_GU,
-    GU,
-    ROUTE,
-    ROUTER,
-    Down,
-    ExpertDown,
-    ExpertGateUp,
-    GateUp,
-    Route,
-    Router,
-    down_fields,
-    exp_down_fields,
-    exp_gu_fields,
-    gu_fields,
-    route_fields,
-    router_fields,
-)
 
-__all__ = [
-    "DOWN",
-    "Down",
-    "down_fields",
-    "EXP_DOWN",
-    "exp_down_fields",
-    "EXP_GU",
-    "exp_gu_fields",
-    "ExpertDown",
-    "ExpertGateUp",
-    "GateUp",
-    "GU",
-    "gu_fields",
-    "mlp_task",
-    "moe",
-    "moe_launch",
-    "moe_task",
-    "ROUTE",
-    "Route",
-    "route",
-    "route_fields",
-    "ROUTER",
-    "Router",
-    "router_fields",
-    "swiglu_mlp",
-    "topk_ordered",
-]
+__all__ = ["mlp_task", "moe", "moe_launch", "moe_task", "route", "swiglu_mlp", "tasks", "topk_ordered"]

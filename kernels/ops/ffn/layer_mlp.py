@@ -10,11 +10,11 @@ import triton
 import triton.language as tl
 
 from glm53ctl.kernels.ops.ffn.kernel import swiglu_act
-from glm53ctl.kernels.ops.ffn.tasks import DOWN, GU, down_fields, gu_fields
+from glm53ctl.kernels.ops.ffn.tasks import DOWN, GU
 from glm53ctl.kernels.ops.gemv.kernel import gemv_first_weights, gemv_tile_pair, gemv_tile_pair_from
 from glm53ctl.kernels.ops.gemv.layer import PR, fold_rows, task_partial
 from glm53ctl.kernels.runtime.device import pdl_wait, stamp, wait_task
-from glm53ctl.kernels.runtime.tasks import may_run
+from glm53ctl.kernels.runtime.tasks import fields, may_run
 from glm53ctl.kernels.tlx import pinned, to_bf16
 
 # the symbols of the noinline task bodies below (tlx.pinned: a move keeps their cubins)
@@ -44,7 +44,7 @@ def mlp_task(
 ):
     """The dense MLP's task `task`, if it is one: GU or DOWN. Returns ok, false where a late wait failed."""
     if may_run(sched.ONLY, GU) and (ttype == GU):
-        n0, ks = gu_fields(row)
+        n0, ks = fields(row, GU)
         ok = task_gate_up(
             rt=rt,
             row=row,
@@ -79,7 +79,7 @@ def mlp_task(
             PDL=sched.PDL_FIRST,
         )
     elif may_run(sched.ONLY, DOWN) and (ttype == DOWN):
-        n0, ks = down_fields(row)
+        n0, ks = fields(row, DOWN)
         ok = task_partial(
             rt,
             row,

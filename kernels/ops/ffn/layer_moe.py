@@ -27,13 +27,9 @@ from glm53ctl.kernels.ops.ffn.tasks import (
     EXP_GU,
     ROUTE,
     ROUTER,
-    exp_down_fields,
-    exp_gu_fields,
-    route_fields,
-    router_fields,
 )
 from glm53ctl.kernels.runtime.device import arrive_last, stamp, wait_task
-from glm53ctl.kernels.runtime.tasks import may_run
+from glm53ctl.kernels.runtime.tasks import fields, may_run
 from glm53ctl.kernels.tlx import pinned
 
 # the symbols of the noinline task bodies below (tlx.pinned: a move keeps their cubins)
@@ -65,13 +61,13 @@ def moe_task(
     """The MoE's task `task`, if it is one: ROUTER, ROUTE, EXP_GU or EXP_DOWN. Returns ok, false where a late wait
     failed."""
     if may_run(sched.ONLY, ROUTER) and (ttype == ROUTER):
-        e0, ks = router_fields(row)
+        e0, ks = fields(row, ROUTER)
         router_tile(
             outs.x_hat_f, ffn_w.w_r, ffn_buf.logits, e0, ks, R, moe.E, dims.D, moe.KS_RT, moe.BLOCK_E, moe.BK_RT,
             INTERPRET,
         )  # fmt: skip
     elif may_run(sched.ONLY, ROUTE) and (ttype == ROUTE):
-        r = route_fields(row)
+        r = fields(row, ROUTE)
         task_route(
             logits=ffn_buf.logits,
             bias=ffn_w.r_bias,
@@ -93,7 +89,7 @@ def moe_task(
             NSLOT=moe.NSLOT,
         )
     elif may_run(sched.ONLY, EXP_GU) and (ttype == EXP_GU):
-        j, n0, ks = exp_gu_fields(row)
+        j, n0, ks = fields(row, EXP_GU)
         decided = False
         if moe.EACH:  # knob route=each: a routed slot decides its expert itself (the shared one needs none)
             decided = j != moe.NSLOT
@@ -138,7 +134,7 @@ def moe_task(
                 THREADS=THREADS,
             )
     elif may_run(sched.ONLY, EXP_DOWN) and (ttype == EXP_DOWN):
-        j, n0 = exp_down_fields(row)
+        j, n0 = fields(row, EXP_DOWN)
         task_expert_down(
             ffn_buf.act_m, ffn_w.w_ed, ffn_buf.y_m, ffn_buf.slots, ffn_buf.n_slots, j, n0, R, moe.E, dims.I, dims.D,
             moe.NSLOT, moe.BN_DN, dims.BK_I, INTERPRET,

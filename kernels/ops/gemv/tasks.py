@@ -1,11 +1,8 @@
 """The task types of the GEMVs every layer has (kernels/kinds/layer/shared.py). Each is a typed record
-(kernels/runtime/tasks.py `Task`): its id, its name and its fields, which the device code reads by name through
-the one unpacking function beside it (`<type>_fields(row)`)."""
+(kernels/runtime/tasks.py `Task`): its id, its name and its fields, which the device code reads by name
+(`fields(row, TYPE)`, kernels/runtime/tasks.py)."""
 
 from __future__ import annotations
-
-import triton
-import triton.language as tl  # noqa: F401  (the interpreter patches it in the jit functions' globals)
 
 from glm53ctl.kernels.runtime.tasks import Task
 
@@ -18,9 +15,3 @@ class OProj(Task, id=11, name="o_proj"):
 
 
 OPROJ = OProj.constexpr()
-
-
-@triton.jit
-def oproj_fields(row):
-    """OProj's fields from its table row: n0, ks."""
-    return row[1], row[2]

@@ -18,9 +18,9 @@ from glm53ctl.kernels.ops.kda.kernel import (
     kda_norm,
     kda_write_state,
 )
-from glm53ctl.kernels.ops.kda.tasks import INPROJ, KDA_HEAD, inproj_fields, kda_head_fields
+from glm53ctl.kernels.ops.kda.tasks import INPROJ, KDA_HEAD
 from glm53ctl.kernels.runtime.device import arrive_last, pdl_wait, stamp, wait_task
-from glm53ctl.kernels.runtime.tasks import may_run
+from glm53ctl.kernels.runtime.tasks import fields, may_run
 from glm53ctl.kernels.tlx import pinned, to_bf16
 
 # the symbols of the noinline task bodies below (tlx.pinned: a move keeps their cubins)
@@ -54,7 +54,7 @@ def kda_task(
     """The KDA half's task `task` (row: its table row), if it is one: INPROJ or KDA_HEAD. Returns ok, false where
     one of its late waits failed."""
     if may_run(sched.ONLY, INPROJ) and (ttype == INPROJ):
-        n0, ks = inproj_fields(row)
+        n0, ks = fields(row, INPROJ)
         ok = task_inproj(
             rt=rt,
             row=row,
@@ -89,7 +89,7 @@ def kda_task(
             PDL=sched.PDL_FIRST,
         )
     elif may_run(sched.ONLY, KDA_HEAD) and (ttype == KDA_HEAD):
-        h, r, part = kda_head_fields(row)
+        h, r, part = fields(row, KDA_HEAD)
         task_kda(
             epoch=epoch,
             y_in=attn_buf.y_in,

@@ -1,11 +1,8 @@
-"""The task types of the KDA attention half (their dispatch and bodies in the layer kernel: layer.py). Each is a typed
-record (kernels/runtime/tasks.py `Task`): its id, its name and its fields, which the device code reads by name
-through the one unpacking function beside it (`<type>_fields(row)`)."""
+"""The task types of the KDA attention half (their dispatch and bodies in the layer kernel: layer.py). Each is a
+typed record (kernels/runtime/tasks.py `Task`): its id, its name and its fields, which the device code reads by name
+(`fields(row, TYPE)`, kernels/runtime/tasks.py)."""
 
 from __future__ import annotations
-
-import triton
-import triton.language as tl  # noqa: F401  (the interpreter patches it in the jit functions' globals)
 
 from glm53ctl.kernels.runtime.tasks import Task
 
@@ -20,12 +17,6 @@ class InProj(Task, id=9, name="in_proj"):
 INPROJ = InProj.constexpr()
 
 
-@triton.jit
-def inproj_fields(row):
-    """InProj's fields from its table row: n0, ks."""
-    return row[1], row[2]
-
-
 class KdaHead(Task, id=10, name="kda head"):
     """One head of one row: the gates, the conv, the delta rule on a part of its value columns."""
 
@@ -35,9 +26,3 @@ class KdaHead(Task, id=10, name="kda head"):
 
 
 KDA_HEAD = KdaHead.constexpr()
-
-
-@triton.jit
-def kda_head_fields(row):
-    """KdaHead's fields from its table row: h, r, part."""
-    return row[1], row[2], row[3]

@@ -1,11 +1,8 @@
 """The task types of the mHC gates, mixes and all-reduces every layer has (kernels/kinds/layer/shared.py). Each is a
-typed record (kernels/runtime/tasks.py `Task`): its id, its name and its fields, which the device code reads by
-name through the one unpacking function beside it (`<type>_fields(row)`)."""
+typed record (kernels/runtime/tasks.py `Task`): its id, its name and its fields, which the device code reads by name
+(`fields(row, TYPE)`, kernels/runtime/tasks.py)."""
 
 from __future__ import annotations
-
-import triton
-import triton.language as tl  # noqa: F401  (the interpreter patches it in the jit functions' globals)
 
 from glm53ctl.kernels.runtime.tasks import Task
 
@@ -106,15 +103,3 @@ class OwnF(Task, id=20, name="ffn partial"):
 
 
 OWN_F = OwnF.constexpr()
-
-
-@triton.jit
-def gate_fields(row):
-    """A gate's or comb's fields from its table row (GateA, GateF; CombA, CombF, whose c is 0): r, c."""
-    return row[1], row[2]
-
-
-@triton.jit
-def chunk_fields(row):
-    """A mix's, reduce's or partial's fields from its table row (MixA, MixF, ReduceA, ReduceF, OwnA, OwnF): c, r."""
-    return row[1], row[2]

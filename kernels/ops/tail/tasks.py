@@ -1,11 +1,7 @@
 """The task types of the tail (kernels/kinds/tail/). Each is a typed record (kernels/runtime/tasks.py `Task`): its
-id, its name and its fields, which the device code reads by name through the one unpacking function beside it
-(`<type>_fields(row)`)."""
+id, its name and its fields, which the device code reads by name (`fields(row, TYPE)`, kernels/runtime/tasks.py)."""
 
 from __future__ import annotations
-
-import triton
-import triton.language as tl  # noqa: F401  (the interpreter patches it in the jit functions' globals)
 
 from glm53ctl.kernels.runtime.tasks import Task
 
@@ -19,12 +15,6 @@ class TailNorm(Task, id=3, name="final norm"):
 TAIL_NORM = TailNorm.constexpr()
 
 
-@triton.jit
-def tail_norm_fields(row):
-    """TailNorm's fields from its table row: r."""
-    return row[1]
-
-
 class TailLmHead(Task, id=4, name="lm_head"):
     """A tile of this rank's lm_head logits, every row."""
 
@@ -35,12 +25,6 @@ class TailLmHead(Task, id=4, name="lm_head"):
 TAIL_LM_HEAD = TailLmHead.constexpr()
 
 
-@triton.jit
-def tail_lm_head_fields(row):
-    """TailLmHead's fields from its table row: n0, n."""
-    return row[1], row[2]
-
-
 class TailGather(Task, id=5, name="logits gather"):
     """A peer's logits columns into their place in the full rows."""
 
@@ -49,9 +33,3 @@ class TailGather(Task, id=5, name="logits gather"):
 
 
 TAIL_GATHER = TailGather.constexpr()
-
-
-@triton.jit
-def tail_gather_fields(row):
-    """TailGather's fields from its table row: peer, c0."""
-    return row[1], row[2]
