@@ -45,6 +45,7 @@ class Task:
 
     ID: ClassVar[int]  # the type's id in the one id space
     NAME: ClassVar[str]  # its name in traces and faults
+    N_FIELDS: ClassVar[int]  # how many fields it declares (`fields` unpacks as many)
 
     def __init_subclass__(cls, id: int | None = None, name: str | None = None, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -55,6 +56,7 @@ class Task:
         assert other is None or other.__qualname__ == cls.__qualname__, f"task id {id}: {other} and {cls}"
         cls.ID, cls.NAME = id, name
         dataclasses.dataclass(frozen=True)(cls)
+        cls.N_FIELDS = len(dataclasses.fields(cls))
         TYPES[id] = cls
 
     def row(self) -> tuple[int, ...]:
@@ -91,9 +93,10 @@ def may_run(only, *ids) -> bool:
 
 
 @triton.constexpr_function
-def field_count(type_id) -> int:
-    """How many fields task type `type_id` declares (its record's)."""
-    return len(dataclasses.fields(TYPES[int(getattr(type_id, "value", type_id))]))
+def field_count(type_id, types=TYPES) -> int:
+    """How many fields task type `type_id` declares (its record's). `types` is bound once, as a default: Triton
+    hashes what a device function reads of its module, and the registry grows as ops are imported."""
+    return types[int(getattr(type_id, "value", type_id))].N_FIELDS
 
 
 @triton.jit
