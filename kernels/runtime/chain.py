@@ -8,6 +8,7 @@ import triton.language as tl
 
 from glm53ctl.kernels.runtime import Runtime
 from glm53ctl.kernels.runtime.device import (
+    Claim,
     finish,
     launch_epoch,
     next_task,
@@ -37,7 +38,7 @@ def chain_kernel(
     task = next_task(ctl, n_tasks, n_done, n_programs, INTERPRET)
     while task >= 0:
         row = task_row(rt, task)
-        ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, False)
+        ok = wait_task(Claim(rt, row, task, epoch, stuck_site, budget_ns), INTERPRET, POLL, THREADS, False)
         if ok:
             publish(rt, row, task, epoch, INTERPRET)
         n_done += 1

@@ -16,6 +16,8 @@ Buffers (int32, see runtime/table.py for the host side):
 Sites: wait_kind / wait_index / wait_count per site, numbered in task-table order.
 """
 
+from typing import NamedTuple
+
 import triton
 import triton.language as tl
 
@@ -25,6 +27,18 @@ BOX_WORDS = 32  # 128-byte lines of int32
 CTL_WORDS = tl.constexpr(8)  # the control words; the interpreter's claim order follows them
 TASK_FIELDS = tl.constexpr(16)  # int32 words of a task's row: see task_row
 ABORTED = tl.constexpr(1 << 16)  # added to the programs-done counter by the first program to abort (grids stay below)
+
+
+class Claim(NamedTuple):
+    """A claimed task as its waits need it (`wait_task`): made once a program has its row, and handed whole to the
+    bodies that wait inside their work (a late site, or weights first)."""
+
+    rt: tl.tuple  # the runtime's buffers (launch.py `RuntimeBuffers`)
+    row: tl.tuple  # the task's row (`task_row`)
+    task: tl.tensor  # its index in the table (-1: none claimed)
+    epoch: tl.tensor  # the epoch this launch publishes
+    stuck_site: tl.tensor  # fault injection: the site that never sees its epoch (-1: none)
+    budget_ns: tl.tensor  # how long a wait polls before it records a time-out
 
 
 @triton.jit
@@ -331,21 +345,10 @@ def wait_site(
 
 
 @triton.jit
-def wait_task(
-    rt,
-    row,
-    task,
-    epoch,
-    stuck_site,
-    budget_ns,
-    INTERPRET: tl.constexpr,
-    POLL: tl.constexpr,
-    THREADS: tl.constexpr,
-    LATE: tl.constexpr,
-):
-    """The early wait sites of `task` (LATE: its late ones, at the end of its work), in order; False as soon
-    as one times out or the launch aborted. rt: the runtime's buffers (launch.py `RuntimeBuffers`);
-    row: the task's `task_row`."""
+def wait_task(claim, INTERPRET: tl.constexpr, POLL: tl.constexpr, THREADS: tl.constexpr, LATE: tl.constexpr):
+    """The early wait sites of the claimed task (`Claim`; LATE: its late ones, at the end of its work), in order;
+    False as soon as one times out or the launch aborted."""
+    rt, row, task, epoch, stuck_site, budget_ns = claim
     ctl, flags, boxes, errs, tasks, wait_kind, wait_index, wait_count, _ = rt
     s0, n_sites, n_early, kind0, index0, words0 = row_sites(row)
     lo = s0
@@ -365,22 +368,9 @@ def wait_task(
                 index = tl.load(wait_index + s)
                 n_words = tl.load(wait_count + s)
             ok = wait_site(
-                ctl,
-                flags,
-                boxes,
-                errs,
-                s,
-                kind,
-                index,
-                n_words,
-                task,
-                epoch,
-                stuck_site,
-                budget_ns,
-                INTERPRET,
-                POLL,
+                ctl, flags, boxes, errs, s, kind, index, n_words, task, epoch, stuck_site, budget_ns, INTERPRET, POLL,
                 THREADS,
-            )
+            )  # fmt: skip
     if (not INTERPRET) and (POLL != 0):
         if hi > lo:
             # relaxed polls saw the epochs: one fence after all of them, not one per site (a fence waits for

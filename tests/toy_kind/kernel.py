@@ -7,6 +7,7 @@ import triton
 import triton.language as tl
 
 from glm53ctl.kernels.runtime.device import (
+    Claim,
     after_task,
     finish,
     first_task,
@@ -61,7 +62,7 @@ def toy_kernel(
             if (ttype == SUM) & (stuck_site >= 0):
                 while tl.load(ctl) != -7:
                     pass
-        ok = wait_task(rt, row, task, epoch, stuck, budget_ns, INTERPRET, POLL, THREADS, False)
+        ok = wait_task(Claim(rt, row, task, epoch, stuck, budget_ns), INTERPRET, POLL, THREADS, False)
         if ok:
             o_d = tl.arange(0, D)
             if ttype == DOUBLE:

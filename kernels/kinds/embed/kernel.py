@@ -62,8 +62,9 @@ def embed_kernel(
     while task >= 0:
         row = device.task_row(rt, task)
         ttype = device.row_type(row)
+        claim = device.Claim(rt, row, task, epoch, stuck_site, budget_ns)
         d0 = fields(row, EMBED_GATHER)
-        ok = device.wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, False)
+        ok = device.wait_task(claim, INTERPRET, POLL, THREADS, False)
         if REMOTE:
             if ttype != EMBED_GATHER:
                 device.fence_sys(INTERPRET)  # the peers' rows after their tags, seen at system scope

@@ -56,7 +56,7 @@ def _gate(
 ):  # fmt: skip
     """A gate or comb task of the attention gate (ffn false: on H) or of the FFN gate (on H1); EARLY (knob
     gate_loads=early): its body asks for every load first (`task_gate_early`)."""
-    r, c = fields(row, GATE_A)
+    r, c = fields(row, GATE_A)  # a gate's fields; a comb's r, its c 0
     if ffn:
         x, base, scale, norm_w = outs.H1, gates.base_f, gates.scale_f, gates.norm_f
         x_hat, post, comb = outs.x_hat_f, outs.post_f, outs.comb_f
@@ -118,7 +118,7 @@ def _is_ffn_half(ttype, MOE: tl.constexpr):
 
 @triton.jit
 def _run_task(
-    ttype, row, task, ok, epoch, rt, stuck_site, budget_ns, H, gates, attn_w, attn_state, attn_buf, ffn_w, ffn_buf,
+    ttype, claim, ok, H, gates, attn_w, attn_state, attn_buf, ffn_w, ffn_buf,
     hand, outs, consts, R, RANK, peers, mute, n_pushers, dims: tl.constexpr, mla: tl.constexpr,
     moe: tl.constexpr, sched: tl.constexpr, MLA: tl.constexpr, MOE: tl.constexpr, INTERPRET: tl.constexpr,
     POLL: tl.constexpr, THREADS: tl.constexpr, REMOTE: tl.constexpr,
@@ -127,6 +127,8 @@ def _run_task(
     all-reduces or a peer's partials) and the halves' own, in one chain of tests in the order a layer runs them
     (the order of the kernel before the halves were parts). Returns ok, false where a late wait failed."""
     ONLY: tl.constexpr = sched.ONLY  # the types this launch's code holds: a branch of none of them is not built
+    row = claim.row
+    epoch = claim.epoch
     TOPK: tl.constexpr = moe.TOPK if MOE else 1
     NSLOT: tl.constexpr = moe.NSLOT if MOE else 1
     if MLA:  # what o_proj reads: the MLA heads' W_UV outputs, or the KDA heads' z
@@ -158,17 +160,17 @@ def _run_task(
         if MLA:
             mla_task(ttype, row, H, attn_w, attn_state, attn_buf, outs, consts, R, dims, mla, ONLY, INTERPRET)
         else:
-            ok = kda_task(ttype, row, task, ok, epoch, rt, stuck_site, budget_ns, H, attn_w, attn_state, attn_buf,
+            ok = kda_task(ttype, claim, ok, H, attn_w, attn_state, attn_buf,
                           hand, outs, consts, R, dims, sched, INTERPRET, POLL, THREADS)  # fmt: skip
     elif may_run(ONLY, OPROJ) and (ttype == OPROJ):
         n0, ks = fields(row, OPROJ)
         ok = task_partial(
-            rt, row, task, epoch, stuck_site, budget_ns, x=attn_o + ks * dims.PK, w=w_o + ks * dims.PK,
+            claim, x=attn_o + ks * dims.PK, w=w_o + ks * dims.PK,
             out=hand.kpart_a + ks * R * D, n0=n0, R=R, N=D, K=dims.PK, STRIDE=dims.P, BN=dims.BN_O, BK=dims.BK_O,
             INTERPRET=INTERPRET, POLL=POLL, THREADS=THREADS, FIRST=sched.WEIGHTS_FIRST, PDL=sched.PDL_FIRST,
         )  # fmt: skip
     elif may_run(ONLY, RED_A) and (ttype == RED_A):
-        c, r = fields(row, MIX_A)
+        c, r = fields(row, RED_A)
         if REMOTE:
             device.fence_sys(INTERPRET)
         task_reduce(
@@ -179,7 +181,7 @@ def _run_task(
             TOPK=TOPK, NSLOT=NSLOT, INTERPRET=INTERPRET,
         )  # fmt: skip
     elif may_run(ONLY, MIX_F) and (ttype == MIX_F):
-        c, r = fields(row, MIX_A)
+        c, r = fields(row, MIX_F)
         task_mix(
             H=outs.H1, fn=gates.fn_f, mixp=hand.mixp + NCH * 16 * 32, ssp=hand.ssp + NCH * 16, gramp=f_gram, c=c,
             r=r, D=D, HC=dims.HC, CH=dims.CH,
@@ -188,13 +190,13 @@ def _run_task(
         _gate(ttype, row, H, gates, hand, outs, consts, True, dims, sched.GATE_EARLY, INTERPRET)
     elif may_run(ONLY, FFN_HALF) and _is_ffn_half(ttype, MOE):
         if MOE:
-            ok = moe_task(ttype, row, task, ok, epoch, rt, stuck_site, budget_ns, ffn_w, ffn_buf, hand, outs, R, dims,
+            ok = moe_task(ttype, claim, ok, ffn_w, ffn_buf, hand, outs, R, dims,
                           moe, sched, INTERPRET, POLL, THREADS)  # fmt: skip
         else:
-            ok = mlp_task(ttype, row, task, ok, epoch, rt, stuck_site, budget_ns, ffn_w, ffn_buf, hand, outs, R, dims,
+            ok = mlp_task(ttype, claim, ok, ffn_w, ffn_buf, hand, outs, R, dims,
                           sched, INTERPRET, POLL, THREADS)  # fmt: skip
     elif may_run(ONLY, RED_F) and (ttype == RED_F):
-        c, r = fields(row, MIX_A)
+        c, r = fields(row, RED_F)
         if REMOTE:
             device.fence_sys(INTERPRET)
         task_reduce(
@@ -204,27 +206,27 @@ def _run_task(
             INTERPRET=INTERPRET,
         )  # fmt: skip
     elif may_run(ONLY, OWN_A) and ((ttype == OWN_A) & REMOTE):
-        c, r = fields(row, MIX_A)
+        c, r = fields(row, OWN_A)
         task_push(
             src=(hand.kpart_a,), slot_bases=peers.slot_bases, flag_bases=peers.flag_bases, arrive=peers.arrive,
             epoch=epoch, c=c, r=r, R=R, RANK=RANK, peer_words=peers.words, n_pushers=n_pushers, mute=mute,
             GROUP=0, D=D, CH=dims.CH, KS=dims.KS_O, T=dims.T, MOE=False, TOPK=TOPK, NSLOT=NSLOT, INTERPRET=INTERPRET,
         )  # fmt: skip
     elif may_run(ONLY, OWN_F) and ((ttype == OWN_F) & REMOTE):
-        c, r = fields(row, MIX_A)
+        c, r = fields(row, OWN_F)
         task_push(
             src=ffn_src, slot_bases=peers.slot_bases, flag_bases=peers.flag_bases, arrive=peers.arrive, epoch=epoch,
             c=c, r=r, R=R, RANK=RANK, peer_words=peers.words, n_pushers=n_pushers, mute=mute, GROUP=1, D=D,
             CH=dims.CH, KS=dims.KS_F, T=dims.T, MOE=MOE, TOPK=TOPK, NSLOT=NSLOT, INTERPRET=INTERPRET,
         )  # fmt: skip
     elif may_run(ONLY, OWN_A) and (ttype == OWN_A):
-        c, r = fields(row, MIX_A)
+        c, r = fields(row, OWN_A)
         task_own(
             src=(hand.kpart_a,), parts=hand.parts_a, c=c, r=r, R=R, RANK=RANK, D=D, CH=dims.CH, KS=dims.KS_O,
             MOE=False, TOPK=TOPK, NSLOT=NSLOT,
         )  # fmt: skip
     elif may_run(ONLY, OWN_F) and (ttype == OWN_F):
-        c, r = fields(row, MIX_A)
+        c, r = fields(row, OWN_F)
         task_own(
             src=ffn_src, parts=hand.parts_f, c=c, r=r, R=R, RANK=RANK, D=D, CH=dims.CH, KS=dims.KS_F, MOE=MOE,
             TOPK=TOPK, NSLOT=NSLOT,
@@ -287,6 +289,7 @@ def layer_kernel(
     while task >= 0:
         row = device.task_row(rt, task)
         ttype = device.row_type(row)
+        claim = device.Claim(rt, row, task, epoch, stuck_site, budget_ns)
         if sched.TRACE:
             device.stamp(hand.trace, task, 0, INTERPRET)
         if sched.PREFETCH and not INTERPRET:  # the interpreter has no inline asm; a prefetch changes no bits
@@ -296,16 +299,16 @@ def layer_kernel(
             if _waits_in_body(ttype, MLA, MOE):
                 ok = task >= 0
             elif _weights_first(ttype, MLA, MOE):  # o_proj and down: pdl_wait and their late sites in their bodies
-                ok = device.wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, False)
+                ok = device.wait_task(claim, INTERPRET, POLL, THREADS, False)
             else:
                 device.pdl_wait(sched.PDL_FIRST)
-                ok = device.wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, False)
+                ok = device.wait_task(claim, INTERPRET, POLL, THREADS, False)
         else:
-            ok = device.wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, False)
+            ok = device.wait_task(claim, INTERPRET, POLL, THREADS, False)
         if sched.TRACE:
             device.stamp(hand.trace, task, 1, INTERPRET)
         if ok:
-            ok = _run_task(ttype, row, task, ok, epoch, rt, stuck_site, budget_ns, H, gates, attn_w, attn_state,
+            ok = _run_task(ttype, claim, ok, H, gates, attn_w, attn_state,
                            attn_buf, ffn_w, ffn_buf, hand, outs, consts, R, RANK, peers, mute, n_pushers, dims,
                            mla, moe, sched, MLA, MOE, INTERPRET, POLL, THREADS, REMOTE)  # fmt: skip
             if ok:

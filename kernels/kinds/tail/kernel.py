@@ -74,10 +74,11 @@ def tail_kernel(
     while task >= 0:
         row = device.task_row(rt, task)
         ttype = device.row_type(row)
+        claim = device.Claim(rt, row, task, epoch, stuck_site, budget_ns)
         nxt = task * 0 - 1
         ahead = 0
         # a task's early sites; a folded GEMV task's NORM sites are late: waited after its stream (below)
-        ok = device.wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, False)
+        ok = device.wait_task(claim, INTERPRET, POLL, THREADS, False)
         if ok:
             if ttype == TAIL_NORM:
                 # ĥ[r] (an output, and norm "task"'s GEMV rows) and its 1/RMS (norm "fold"'s GEMV scale)
@@ -95,7 +96,7 @@ def tail_kernel(
                     # claimed here and then dropped on a failed wait is harmless: the launch is aborted)
                     nxt = device.after_task(ctl, n_tasks, n_done + 1, n_programs, INTERPRET, True, ONE_TASK)
                     ahead = 1
-                    ok = device.wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, True)
+                    ok = device.wait_task(claim, INTERPRET, POLL, THREADS, True)
                     # the mean of the streams, then the rows' 1/RMS (the norm weight is in lm_w)
                     acc = acc / HC * tl.load(rstd + o_m, mask=o_m < R, other=0.0)[:, None]
                 else:

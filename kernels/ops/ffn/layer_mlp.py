@@ -24,13 +24,8 @@ SYMBOLS = "glm53ctl.kernels.kinds.layer.mlp"
 @triton.jit
 def mlp_task(
     ttype,
-    row,
-    task,
+    claim,
     ok,
-    epoch,
-    rt,
-    stuck_site,
-    budget_ns,
     ffn_w,
     ffn_buf,
     hand,
@@ -44,14 +39,9 @@ def mlp_task(
 ):
     """The dense MLP's task `task`, if it is one: GU or DOWN. Returns ok, false where a late wait failed."""
     if may_run(sched.ONLY, GU) and (ttype == GU):
-        n0, ks = fields(row, GU)
+        n0, ks = fields(claim.row, GU)
         ok = task_gate_up(
-            rt=rt,
-            row=row,
-            task=task,
-            epoch=epoch,
-            stuck_site=stuck_site,
-            budget_ns=budget_ns,
+            claim=claim,
             trace=hand.trace,
             x=outs.H1 if sched.FOLD else outs.x_hat_f,
             w_gate=ffn_w.w_gate,
@@ -79,14 +69,9 @@ def mlp_task(
             PDL=sched.PDL_FIRST,
         )
     elif may_run(sched.ONLY, DOWN) and (ttype == DOWN):
-        n0, ks = fields(row, DOWN)
+        n0, ks = fields(claim.row, DOWN)
         ok = task_partial(
-            rt,
-            row,
-            task,
-            epoch,
-            stuck_site,
-            budget_ns,
+            claim,
             x=ffn_buf.act + ks * dims.IK,
             w=ffn_w.w_down + ks * dims.IK,
             out=hand.kpart_f + ks * R * dims.D,
@@ -109,12 +94,7 @@ def mlp_task(
 @pinned(SYMBOLS)
 @triton.jit(noinline=True)
 def task_gate_up(
-    rt,
-    row,
-    task,
-    epoch,
-    stuck_site,
-    budget_ns,
+    claim,
     trace,
     x,
     w_gate,
@@ -152,14 +132,14 @@ def task_gate_up(
     if FOLD:
         XR = R * HC
     KK: tl.constexpr = D // KS
-    ok = task >= 0
+    ok = claim.task >= 0
     if FIRST:  # knob weights_first: both first weight chunks in flight, then the early waits (the loop left them)
         b_g0 = gemv_first_weights(w_gate + ks * KK, n0, I, D, BN, BK)
         b_u0 = gemv_first_weights(w_up + ks * KK, n0, I, D, BN, BK)
         pdl_wait(PDL)
-        ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, False)
+        ok = wait_task(claim, INTERPRET, POLL, THREADS, False)
         if TRACE:
-            stamp(trace, task, 1, INTERPRET)
+            stamp(trace, claim.task, 1, INTERPRET)
         g_s, u_s = gemv_tile_pair_from(
             b_g0, b_u0, x + ks * KK, D, w_gate + ks * KK, w_up + ks * KK, n0, XR, I, KK, D, BN, BK, INTERPRET, M
         )
@@ -177,8 +157,8 @@ def task_gate_up(
     elif ok:
         if (KS > 1) or FOLD:
             if TRACE:
-                stamp(trace, task, 4, INTERPRET)
-            ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, True)
+                stamp(trace, claim.task, 4, INTERPRET)
+            ok = wait_task(claim, INTERPRET, POLL, THREADS, True)
         if ok:
             for q in tl.static_range(1, KS):
                 g_s += tl.load(p_gup + (q * 2) * (32 * I), mask=m_gup, other=0.0)

@@ -39,13 +39,8 @@ SYMBOLS = "glm53ctl.kernels.kinds.layer.moe"
 @triton.jit
 def moe_task(
     ttype,
-    row,
-    task,
+    claim,
     ok,
-    epoch,
-    rt,
-    stuck_site,
-    budget_ns,
     ffn_w,
     ffn_buf,
     hand,
@@ -61,13 +56,13 @@ def moe_task(
     """The MoE's task `task`, if it is one: ROUTER, ROUTE, EXP_GU or EXP_DOWN. Returns ok, false where a late wait
     failed."""
     if may_run(sched.ONLY, ROUTER) and (ttype == ROUTER):
-        e0, ks = fields(row, ROUTER)
+        e0, ks = fields(claim.row, ROUTER)
         router_tile(
             outs.x_hat_f, ffn_w.w_r, ffn_buf.logits, e0, ks, R, moe.E, dims.D, moe.KS_RT, moe.BLOCK_E, moe.BK_RT,
             INTERPRET,
         )  # fmt: skip
     elif may_run(sched.ONLY, ROUTE) and (ttype == ROUTE):
-        r = fields(row, ROUTE)
+        r = fields(claim.row, ROUTE)
         task_route(
             logits=ffn_buf.logits,
             bias=ffn_w.r_bias,
@@ -78,7 +73,7 @@ def moe_task(
             n_slots=ffn_buf.n_slots,
             slot_of=ffn_buf.slot_of,
             arrive=hand.arrive + R * dims.HL,
-            epoch=epoch,
+            epoch=claim.epoch,
             r=r,
             R=R,
             E=moe.E,
@@ -89,25 +84,20 @@ def moe_task(
             NSLOT=moe.NSLOT,
         )
     elif may_run(sched.ONLY, EXP_GU) and (ttype == EXP_GU):
-        j, n0, ks = fields(row, EXP_GU)
+        j, n0, ks = fields(claim.row, EXP_GU)
         decided = False
         if moe.EACH:  # knob route=each: a routed slot decides its expert itself (the shared one needs none)
             decided = j != moe.NSLOT
         if decided:
             ok = task_decided_gate_up(
-                rt, row, task, epoch, stuck_site, budget_ns, hand.trace, outs.x_hat_f, ffn_w.w_eg, ffn_w.w_eu,
+                claim, hand.trace, outs.x_hat_f, ffn_w.w_eg, ffn_w.w_eu,
                 ffn_buf.gup_m, ffn_buf.act_m, ffn_buf.logits, ffn_w.r_bias, j, n0, ks, R, moe.E, dims.I, dims.D,
                 moe.E_ALL, moe.KS_RT, moe.TOPK, moe.SCALE, dims.BN_GU, dims.BK_GU, dims.LIMIT, dims.KS_GU,
                 sched.TRACE, INTERPRET, POLL, THREADS,
             )  # fmt: skip
         else:
             ok = task_expert_gate_up(
-                rt=rt,
-                row=row,
-                task=task,
-                epoch=epoch,
-                stuck_site=stuck_site,
-                budget_ns=budget_ns,
+                claim=claim,
                 trace=hand.trace,
                 x=outs.x_hat_f,
                 w_gate=ffn_w.w_eg,
@@ -134,7 +124,7 @@ def moe_task(
                 THREADS=THREADS,
             )
     elif may_run(sched.ONLY, EXP_DOWN) and (ttype == EXP_DOWN):
-        j, n0 = fields(row, EXP_DOWN)
+        j, n0 = fields(claim.row, EXP_DOWN)
         task_expert_down(
             ffn_buf.act_m, ffn_w.w_ed, ffn_buf.y_m, ffn_buf.slots, ffn_buf.n_slots, j, n0, R, moe.E, dims.I, dims.D,
             moe.NSLOT, moe.BN_DN, dims.BK_I, INTERPRET,
@@ -179,12 +169,7 @@ def task_route(
 @pinned(SYMBOLS)
 @triton.jit(noinline=True)
 def task_expert_gate_up(
-    rt,
-    row,
-    task,
-    epoch,
-    stuck_site,
-    budget_ns,
+    claim,
     trace,
     x,
     w_gate,
@@ -214,7 +199,7 @@ def task_expert_gate_up(
     (`slot_gate_up`), its expert read from the slots the routing made. True unless a wait failed."""
     expert, live = slot_expert(slots, n_slots, j, E, NSLOT)
     return slot_gate_up(
-        rt, row, task, epoch, stuck_site, budget_ns, trace, x, w_gate, w_up, gup, act, expert, live, j, n0, ks, R, I,
+        claim, trace, x, w_gate, w_up, gup, act, expert, live, j, n0, ks, R, I,
         D, BN, BK, LIMIT, KS, TRACE, INTERPRET, POLL, THREADS,
     )  # fmt: skip
 
@@ -222,7 +207,7 @@ def task_expert_gate_up(
 @pinned(SYMBOLS)
 @triton.jit(noinline=True)
 def task_decided_gate_up(
-    rt, row, task, epoch, stuck_site, budget_ns, trace, x, w_gate, w_up, gup, act, logits, bias, j, n0, ks, R,
+    claim, trace, x, w_gate, w_up, gup, act, logits, bias, j, n0, ks, R,
     E: tl.constexpr, I: tl.constexpr, D: tl.constexpr, E_ALL: tl.constexpr, KS_RT: tl.constexpr, TOPK: tl.constexpr,
     SCALE: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, LIMIT: tl.constexpr, KS: tl.constexpr,
     TRACE: tl.constexpr, INTERPRET: tl.constexpr, POLL: tl.constexpr, THREADS: tl.constexpr,
@@ -232,14 +217,14 @@ def task_decided_gate_up(
     routing's hand-off and its own length leave the path. Then as `task_expert_gate_up`."""
     expert, live = decided_slot_expert(logits, bias, j, R, E, KS_RT, E_ALL, TOPK, SCALE)
     return slot_gate_up(
-        rt, row, task, epoch, stuck_site, budget_ns, trace, x, w_gate, w_up, gup, act, expert, live, j, n0, ks, R, I,
+        claim, trace, x, w_gate, w_up, gup, act, expert, live, j, n0, ks, R, I,
         D, BN, BK, LIMIT, KS, TRACE, INTERPRET, POLL, THREADS,
     )  # fmt: skip
 
 
 @triton.jit
 def slot_gate_up(
-    rt, row, task, epoch, stuck_site, budget_ns, trace, x, w_gate, w_up, gup, act, expert, live, j, n0, ks, R,
+    claim, trace, x, w_gate, w_up, gup, act, expert, live, j, n0, ks, R,
     I: tl.constexpr, D: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, LIMIT: tl.constexpr, KS: tl.constexpr,
     TRACE: tl.constexpr, INTERPRET: tl.constexpr, POLL: tl.constexpr, THREADS: tl.constexpr,
 ):  # fmt: skip
@@ -255,7 +240,7 @@ def slot_gate_up(
     o_n = n0 + tl.arange(0, BN)
     p_gup = gup + (j * KS * 2 * 16 + o_m[:, None]) * I + o_n[None, :]
     m_gup = (o_m[:, None] < R) & (o_n[None, :] < I)
-    ok = task >= 0
+    ok = claim.task >= 0
     if ks != 0:
         if live:
             tl.store(p_gup + (ks * 2) * (16 * I), g, mask=m_gup)
@@ -263,8 +248,8 @@ def slot_gate_up(
     else:
         if KS > 1:
             if TRACE:
-                stamp(trace, task, 4, INTERPRET)
-            ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, True)
+                stamp(trace, claim.task, 4, INTERPRET)
+            ok = wait_task(claim, INTERPRET, POLL, THREADS, True)
         if ok & live:
             for q in tl.static_range(1, KS):
                 g += tl.load(p_gup + (q * 2) * (16 * I), mask=m_gup, other=0.0)

@@ -51,12 +51,7 @@ def task_gemv(
 @pinned(SYMBOLS)
 @triton.jit(noinline=True)
 def task_partial(
-    rt,
-    row,
-    task,
-    epoch,
-    stuck_site,
-    budget_ns,
+    claim,
     x,
     w,
     out,
@@ -76,11 +71,11 @@ def task_partial(
     """OPROJ / DOWN: output rows n0.. over one K slice (x, w already offset to it): out [R, N]. FIRST (knob
     weights_first): the tile's first K chunk is loaded, then the task waits for its input (its sites are late;
     chained, PDL: gdc_wait first), then it sums as gemv_tile does: the same bits. Returns ok."""
-    ok = task >= 0
+    ok = claim.task >= 0
     if FIRST:
         b_w0 = gemv_first_weights(w, n0, N, STRIDE, BN, BK)
         pdl_wait(PDL)
-        ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, True)
+        ok = wait_task(claim, INTERPRET, POLL, THREADS, True)
         acc = gemv_tile_from(b_w0, x, STRIDE, w, n0, R, N, K, STRIDE, BN, BK, INTERPRET)
     else:
         acc = gemv_tile(x, STRIDE, w, n0, R, N, K, STRIDE, BN, BK, INTERPRET)

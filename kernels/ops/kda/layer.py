@@ -30,13 +30,8 @@ SYMBOLS = "glm53ctl.kernels.kinds.layer.kda"
 @triton.jit
 def kda_task(
     ttype,
-    row,
-    task,
+    claim,
     ok,
-    epoch,
-    rt,
-    stuck_site,
-    budget_ns,
     H,
     attn_w,
     attn_state,
@@ -54,14 +49,9 @@ def kda_task(
     """The KDA half's task `task` (row: its table row), if it is one: INPROJ or KDA_HEAD. Returns ok, false where
     one of its late waits failed."""
     if may_run(sched.ONLY, INPROJ) and (ttype == INPROJ):
-        n0, ks = fields(row, INPROJ)
+        n0, ks = fields(claim.row, INPROJ)
         ok = task_inproj(
-            rt=rt,
-            row=row,
-            task=task,
-            epoch=epoch,
-            stuck_site=stuck_site,
-            budget_ns=budget_ns,
+            claim=claim,
             trace=hand.trace,
             x=H if sched.FOLD else outs.x_hat_a,
             w_in=attn_w.w_in,
@@ -89,9 +79,9 @@ def kda_task(
             PDL=sched.PDL_FIRST,
         )
     elif may_run(sched.ONLY, KDA_HEAD) and (ttype == KDA_HEAD):
-        h, r, part = fields(row, KDA_HEAD)
+        h, r, part = fields(claim.row, KDA_HEAD)
         task_kda(
-            epoch=epoch,
+            epoch=claim.epoch,
             y_in=attn_buf.y_in,
             lr=attn_buf.lr,
             w_fb=attn_w.w_fb,
@@ -153,12 +143,7 @@ def kda_write_back(attn_state, attn_buf, r, h, part, dims: tl.constexpr, INTERPR
 @pinned(SYMBOLS)
 @triton.jit(noinline=True)
 def task_inproj(
-    rt,
-    row,
-    task,
-    epoch,
-    stuck_site,
-    budget_ns,
+    claim,
     trace,
     x,
     w_in,
@@ -197,13 +182,13 @@ def task_inproj(
     if FOLD:
         XR = R * HC
     KK: tl.constexpr = D // KS
-    ok = task >= 0
+    ok = claim.task >= 0
     if FIRST:  # knob weights_first: the first weight chunk in flight, then the early waits (the loop left them)
         b_w0 = gemv_first_weights(w_in + ks * KK, n0, NIN, D, BN, BK)
         pdl_wait(PDL)
-        ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, False)
+        ok = wait_task(claim, INTERPRET, POLL, THREADS, False)
         if TRACE:
-            stamp(trace, task, 1, INTERPRET)
+            stamp(trace, claim.task, 1, INTERPRET)
         acc = gemv_tile_from(b_w0, x + ks * KK, D, w_in + ks * KK, n0, XR, NIN, KK, D, BN, BK, INTERPRET, M)
     else:
         acc = gemv_tile(x + ks * KK, D, w_in + ks * KK, n0, XR, NIN, KK, D, BN, BK, INTERPRET, M)
@@ -216,8 +201,8 @@ def task_inproj(
     elif ok:
         if (KS > 1) or FOLD:
             if TRACE:
-                stamp(trace, task, 4, INTERPRET)
-            ok = wait_task(rt, row, task, epoch, stuck_site, budget_ns, INTERPRET, POLL, THREADS, True)
+                stamp(trace, claim.task, 4, INTERPRET)
+            ok = wait_task(claim, INTERPRET, POLL, THREADS, True)
         if ok:
             for q in tl.static_range(1, KS):
                 acc += tl.load(p_ipp + q * (32 * NIN), mask=m_ipp, other=0.0)
