@@ -15,6 +15,7 @@ import json
 import os
 import re
 import subprocess
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -61,6 +62,9 @@ class KernelRecord:
     # order of appearance: equal where only names differ. ptxas allocates registers differently for other names,
     # so a moved function can change the cubin (and the speed, by a few percent: docs/perf/path/) with the same code
     code: str = ""
+    # of the machine code (the cubin's SASS, as nvdisasm prints it) with this project's functions' names numbered
+    # as in `code`: equal where the cubins differ in names alone, so the speed cannot ("" without nvdisasm)
+    sass: str = ""
 
 
 # what this build reports on: Triton 3.6 builds for NVIDIA GPUs of capability 8.0 and newer, and its wheel's ptxas
@@ -69,8 +73,8 @@ class KernelRecord:
 TARGETS = (80, 86, 87, 89, 90)
 
 
-# what a cached record holds: 2 added `code` (a record without it is built again)
-RECORD_FORMAT = 2
+# what a cached record holds: 2 added `code`, 3 `sass` (a record without them is built again)
+RECORD_FORMAT = 3
 
 # a mangled Triton function name (or one of its parameters): the module path and name, `.` spelled `_$_`
 _MANGLED = re.compile(r"glm53ctl_\$_[A-Za-z0-9_$]+")
@@ -81,6 +85,63 @@ def unnamed_ptx(ptx: str) -> str:
     appearance: what is left is the code."""
     names: dict[str, str] = {}
     return _MANGLED.sub(lambda m: names.setdefault(m.group(0), f"f{len(names)}"), ptx)
+
+
+def unnamed_sass(cubin: bytes, nvdisasm: Path | None) -> str:
+    """The cubin's machine code as nvdisasm prints it, without comments (addresses, encodings) and with spaces
+    collapsed: the kernel's entry, then each noinline function in the order the code reaches it, this project's
+    functions' names numbered in that order and each function's local labels in its own: equal where only the
+    names differ (a name can move a function within the cubin, and with it the labels' numbers). "" without
+    nvdisasm."""
+    if nvdisasm is None:
+        return ""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        p = subprocess.run([str(nvdisasm), "-c", f.name], capture_output=True, text=True)
+    if p.returncode:
+        raise BuildError(f"nvdisasm failed: {p.stderr.strip()}")
+    blocks: dict[str, list[str]] = {"": []}  # "" the entry's (and the file's header), then a block a function
+    body = blocks[""]
+    for line in (" ".join(re.sub(r"/\*.*?\*/", "", line).split()) for line in p.stdout.splitlines()):
+        if (m := re.fullmatch(r"\$\w+\$(glm53ctl_\$_\S+):", line)) is not None:  # a noinline function's entry
+            body = blocks.setdefault(m.group(1), [])
+        if line and not line.startswith("//"):
+            body.append(line)
+    order = [""]  # breadth first from the entry: the order the code reaches each function, whatever its name
+    for name in order:
+        for m in _MANGLED.finditer("\n".join(blocks.get(name, []))):
+            if m.group(0) not in order:
+                order.append(m.group(0))
+    number = {name: f"f{i}" for i, name in enumerate(order)}
+    return "\n".join(
+        _numbered(r"\.L_x_\d+", _MANGLED.sub(lambda m: number[m.group(0)], "\n".join(blocks[name])), ".L")
+        for name in order
+        if name in blocks
+    )
+
+
+def sass_of_cached(kernels: Path, entry: str, nvdisasm: Path | None) -> str:
+    """`unnamed_sass`'s digest of a kernel cache entry's cubin ("" where it is not there)."""
+    cubins = sorted((kernels / entry).glob("*.cubin"))
+    return _digest(unnamed_sass(cubins[0].read_bytes(), nvdisasm)) if cubins else ""
+
+
+def fill_sass(manifest: dict, kernels: Path) -> None:
+    """The machine code's digest (`sass`) of each kernel a manifest did not record it for (a build by a tree
+    before it was recorded), from that build's kernel cache `kernels`: so `build --against` an older ref can
+    still tell renamed from reallocated."""
+    nvdisasm = find_nvdisasm(find_ptxas())
+    for key in manifest["keys"]:
+        for rec in key["kernels"]:
+            if not rec.get("sass") and rec.get("entry"):
+                rec["sass"] = sass_of_cached(kernels, rec["entry"], nvdisasm)
+
+
+def _numbered(pattern: str, text: str, prefix: str) -> str:
+    """`text` with each match of `pattern` replaced by `prefix` and its number in order of first appearance."""
+    seen: dict[str, str] = {}
+    return re.sub(pattern, lambda m: seen.setdefault(m.group(0), f"{prefix}{len(seen)}"), text)
 
 
 def parse_target(target: str) -> int:
@@ -94,6 +155,16 @@ def parse_target(target: str) -> int:
             hint=f"one of {', '.join(f'sm_{c}' for c in TARGETS)}",
         )
     return capability
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16] if text else ""
+
+
+def find_nvdisasm(ptxas: Path) -> Path | None:
+    """nvdisasm beside ptxas (the triton wheel ships both), or None."""
+    path = ptxas.with_name("nvdisasm")
+    return path if path.is_file() and os.access(path, os.X_OK) else None
 
 
 def find_ptxas() -> Path:
@@ -259,6 +330,7 @@ def _compile_one(
             shared=compiled.metadata.shared,
             hash=hashlib.sha256(compiled.asm["cubin"]).hexdigest()[:16],
             code=hashlib.sha256(unnamed_ptx(compiled.asm["ptx"]).encode()).hexdigest()[:16],
+            sass=_digest(unnamed_sass(compiled.asm["cubin"], find_nvdisasm(ptxas))),
             compile_s=round(seconds, 3),
             **rep,
         )
@@ -338,6 +410,10 @@ def build(keys: list[ResolvedKey], target: int, out: Path, jobs: int, progress=N
     return manifest
 
 
+def _same(ra: dict | None, rb: dict | None, field: str) -> bool:
+    return bool(ra and rb and ra.get(field) and ra.get(field) == rb.get(field))
+
+
 def compare(ours: dict, theirs: dict) -> list[dict]:
     """Per key: changed / unchanged / new / gone against another manifest, with resource differences."""
     a = {e["key"]: e for e in theirs["keys"]}
@@ -367,10 +443,19 @@ def compare(ours: dict, theirs: dict) -> list[dict]:
                     {
                         "role": role,
                         **{f: [ra.get(f) if ra else None, rb.get(f) if rb else None] for f in fields},
-                        # the same PTX but for its functions' names (None: a side that did not record it)
-                        "same_code": bool(ra and rb and ra.get("code") and ra.get("code") == rb.get("code")),
+                        # the same PTX but for its functions' names (False: a side that did not record it)
+                        "same_code": _same(ra, rb, "code"),
+                        # the same machine code but for its functions' names
+                        "same_sass": _same(ra, rb, "sass"),
                     }
                 )
-        status = "unchanged" if not diff else "renamed" if all(d["same_code"] for d in diff) else "changed"
+        if not diff:
+            status = "unchanged"
+        elif all(d["same_sass"] for d in diff):
+            status = "renamed"  # names alone: the speed is REF's
+        elif all(d["same_code"] for d in diff):
+            status = "reallocated"  # REF's PTX, other machine code: ptxas's choices follow the names
+        else:
+            status = "changed"
         rows.append({"key": key, "status": status, "diff": diff})
     return rows

@@ -14,7 +14,7 @@ from glm53ctl.commands.keys import context_applies, context_of, parse_contexts
 from glm53ctl.errors import UsageError
 from glm53ctl.files import check_folder_writable, check_replaceable
 from glm53ctl.kernels.build import build as run_build
-from glm53ctl.kernels.build import compare, for_build, parse_target
+from glm53ctl.kernels.build import compare, fill_sass, for_build, parse_target
 from glm53ctl.kernels.checks import other_schedule
 from glm53ctl.kernels.kinds import get_kind, kernel_kinds, load_harness, selectable_kinds
 from glm53ctl.kernels.sizes import check_positions
@@ -147,6 +147,7 @@ def build(
         if p.returncode:
             raise UsageError(f"building {against} failed (exit {p.returncode})", hint="its error is above")
         theirs = json.loads(p.stdout)
+        fill_sass(theirs, out / "ref" / sha[:12] / "kernels")
     o.log(f"building {plural(len(keys), 'keys')} for {target} with {plural(jobs, 'processes', 'process')}")
     progress = Progress(len(keys))  # on stderr, --json or not: stdout carries the manifest alone
     try:
@@ -172,9 +173,14 @@ def build(
     rows_ = compare(manifest, theirs)
     changed = sum(r["status"] != "unchanged" for r in rows_)
     summary = f"{changed} of {plural(len(rows_), 'builds')} {'changes' if changed == 1 else 'change'} against {against}"
-    renamed = sum(r["status"] == "renamed" for r in rows_)
-    if renamed:  # ptxas's choices follow the functions' names: the code is REF's, the speed need not be
-        summary += f" ({renamed} only renamed: the same PTX but for its functions' names)"
+    said = {
+        "renamed": "only renamed: the same machine code but for its functions' names",
+        # ptxas's choices follow the functions' names: the code is REF's, the speed need not be
+        "reallocated": "reallocated: the same PTX but for its functions' names, other machine code",
+    }
+    notes = [f"{n} {said[s]}" for s in said if (n := sum(r["status"] == s for r in rows_))]
+    if notes:
+        summary += f" ({'; '.join(notes)})"
     o.json({"against": against, "summary": summary, "keys": rows_, "manifest": manifest})
     _table(o, manifest)
     o.table(

@@ -1,12 +1,15 @@
 """`glm53ctl build`: ahead-of-time builds for sm_90 on a CPU, and `--against` a git ref."""
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from glm53ctl.kernels.build import compare
+from glm53ctl.kernels.build import compare, fill_sass, find_nvdisasm, find_ptxas, sass_of_cached, unnamed_sass
 from glm53ctl.worktree import run_cli
 from tests.cli.conftest import edit, git
 from tests.helpers import invoke, invoke_json
@@ -203,7 +206,8 @@ def test_ptxas_report_is_parsed_to_its_figures():
 @pytest.mark.slow
 def test_against_tells_a_renamed_function_from_changed_code(repo, tmp_path):
     """HEAD renames a noinline task body (its mangled name is in the PTX and the cubin): the cubin changes, the
-    code does not, and `build --against` says so ("renamed"): ptxas's choices follow the names, so such a change
+    code and the machine code do not, and `build --against` says so ("renamed", the SASS compared with the names
+    numbered). Where ptxas chose other machine code for the same PTX, it would say "reallocated": such a change
     can move the speed by itself (docs/perf/path/2026-12-07-ptx-identity.md)."""
     path = "kernels/ops/kda/layer.py"
     text = (repo / path).read_text()
@@ -214,10 +218,28 @@ def test_against_tells_a_renamed_function_from_changed_code(repo, tmp_path):
     assert p.returncode == 0
     doc = json.loads(p.stdout)
     (row,) = doc["keys"]
-    assert row["status"] == "renamed" and all(d["same_code"] for d in row["diff"]), row
+    assert row["status"] == "renamed" and all(d["same_code"] and d["same_sass"] for d in row["diff"]), row
     assert doc["summary"] == (
-        "1 of 1 build changes against HEAD~1 (1 only renamed: the same PTX but for its functions' names)"
+        "1 of 1 build changes against HEAD~1 (1 only renamed: the same machine code but for its functions' names)"
     )
+
+
+def test_against_tells_renamed_reallocated_and_changed_code_apart():
+    """A key whose cubins differ: renamed where every differing kernel has REF's machine code (names aside),
+    reallocated where it has REF's PTX but other machine code, changed otherwise; a side without a record of
+    its SASS (an older manifest) is never called renamed."""
+
+    def manifest(code, sass):
+        rec = dict(role="launch", hash="new", registers=255, spill_stores=0, spill_loads=0, shared=0, stack=0)
+        return {"keys": [{"key": "k", "kernels": [rec | {"code": code, "sass": sass}]}]}
+
+    ref = manifest("c1", "s1")
+    ref["keys"][0]["kernels"][0]["hash"] = "old"
+    assert compare(ref, ref)[0]["status"] == "unchanged"
+    assert compare(manifest("c1", "s1"), ref)[0]["status"] == "renamed"
+    assert compare(manifest("c1", "s2"), ref)[0]["status"] == "reallocated"
+    assert compare(manifest("c1", ""), ref)[0]["status"] == "reallocated"
+    assert compare(manifest("c2", "s2"), ref)[0]["status"] == "changed"
 
 
 def test_a_launch_one_side_lists_alone_is_no_change_when_both_build_its_code():
@@ -261,3 +283,30 @@ def test_stages_of_their_own_code_build_smaller_kernels(capsys, tmp_path, monkey
     one = shared[0]
     assert all(k["registers"] <= one["registers"] and k["shared"] <= one["shared"] for k in own)
     assert min(k["registers"] for k in own) < one["registers"] and min(k["shared"] for k in own) < one["shared"]
+
+
+def _cubin_calling(tmp: Path, body_name: str, scale: int) -> bytes:
+    """The cubin (sm_90, compiled on this CPU, outside the interpreter: tests/cli/sass_probe.py) of a kernel
+    calling a noinline function named `body_name` in this project's namespace, which multiplies by `scale`."""
+    out = tmp / f"{body_name}_{scale}.cubin"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    subprocess.run([sys.executable, str(Path(__file__).with_name("sass_probe.py")), body_name, str(scale), str(out)],
+                   env=env, check=True)  # fmt: skip
+    assert b"glm53ctl" in out.read_bytes()
+    return out.read_bytes()
+
+
+def test_machine_code_is_compared_without_the_functions_names(tmp_path):
+    """`sass`: the same machine code under another function name digests alike, other code does not; and a
+    manifest from a tree that did not record it gets it from that build's kernel cache (`fill_sass`)."""
+    nvdisasm = find_nvdisasm(find_ptxas())
+    assert nvdisasm is not None  # the triton wheel ships it beside ptxas
+    a, b, c = (_cubin_calling(tmp_path, n, k) for n, k in (("task_one", 3), ("task_other_name", 3), ("task_one", 5)))
+    assert a != b
+    assert unnamed_sass(a, nvdisasm) == unnamed_sass(b, nvdisasm) != unnamed_sass(c, nvdisasm)
+    (tmp_path / "e1").mkdir()
+    (tmp_path / "e1" / "probe.cubin").write_bytes(b)
+    old = {"keys": [{"key": "k", "kernels": [{"role": "launch", "entry": "e1"}, {"role": "peer", "entry": "gone"}]}]}
+    fill_sass(old, tmp_path)
+    launch, peer = old["keys"][0]["kernels"]
+    assert launch["sass"] == sass_of_cached(tmp_path, "e1", nvdisasm) != "" and peer["sass"] == ""
