@@ -41,33 +41,9 @@ def mlp_task(
     if may_run(sched.ONLY, GU) and (ttype == GU):
         n0, ks = fields(claim.row, GU)
         ok = task_gate_up(
-            claim=claim,
-            trace=hand.trace,
-            x=outs.H1 if sched.FOLD else outs.x_hat_f,
-            w_gate=ffn_w.w_gate,
-            w_up=ffn_w.w_up,
-            pr=hand.pr + 16 * PR,
-            gup=ffn_buf.gup,
-            act=ffn_buf.act,
-            n0=n0,
-            ks=ks,
-            R=R,
-            D=dims.D,
-            HC=dims.HC,
-            I=dims.I,
-            BN=dims.BN_GU,
-            BK=dims.BK_GU,
-            LIMIT=dims.LIMIT,
-            M=dims.M,
-            KS=dims.KS_GU,
-            FOLD=sched.FOLD,
-            TRACE=sched.TRACE,
-            INTERPRET=INTERPRET,
-            POLL=POLL,
-            THREADS=THREADS,
-            FIRST=sched.WEIGHTS_FIRST,
-            PDL=sched.PDL_FIRST,
-        )
+            claim, hand.trace, outs.H1 if sched.FOLD else outs.x_hat_f, ffn_w.w_gate, ffn_w.w_up, hand.pr + 16 * PR,
+            ffn_buf.gup, ffn_buf.act, n0, ks, R, dims, sched, INTERPRET, POLL, THREADS,
+        )  # fmt: skip
     elif may_run(sched.ONLY, DOWN) and (ttype == DOWN):
         n0, ks = fields(claim.row, DOWN)
         ok = task_partial(
@@ -94,33 +70,9 @@ def mlp_task(
 @pinned(SYMBOLS)
 @triton.jit(noinline=True)
 def task_gate_up(
-    claim,
-    trace,
-    x,
-    w_gate,
-    w_up,
-    pr,
-    gup,
-    act,
-    n0,
-    ks,
-    R,
-    D: tl.constexpr,
-    HC: tl.constexpr,
-    I: tl.constexpr,
-    BN: tl.constexpr,
-    BK: tl.constexpr,
-    LIMIT: tl.constexpr,
-    M: tl.constexpr,
-    KS: tl.constexpr,
-    FOLD: tl.constexpr,
-    TRACE: tl.constexpr,
-    INTERPRET: tl.constexpr,
-    POLL: tl.constexpr,
-    THREADS: tl.constexpr,
-    FIRST: tl.constexpr = False,
-    PDL: tl.constexpr = False,
-):
+    claim, trace, x, w_gate, w_up, pr, gup, act, n0, ks, R, dims: tl.constexpr, sched: tl.constexpr,
+    INTERPRET: tl.constexpr, POLL: tl.constexpr, THREADS: tl.constexpr,
+):  # fmt: skip
     """GU: gate and up rows n0.. over K slice ks of KS (knob ksplit_gu), both in one K loop. A slice but the
     first stores its sums in `gup` [KS, 2, 32, I] and is done; slice 0 then waits (late) for them, adds them
     in slice order, and makes the clamped SwiGLU: act, bf16, for down_proj.
@@ -129,51 +81,80 @@ def task_gate_up(
     slice 0 then also waits (late) for the FFN gates and applies their pre and 1/RMS, as the folded
     in-projection does. True unless a wait failed."""
     XR = R
-    if FOLD:
-        XR = R * HC
-    KK: tl.constexpr = D // KS
+    if sched.FOLD:
+        XR = R * dims.HC
+    KS: tl.constexpr = dims.KS_GU  # its own constexpr: tl.static_range takes no field of a record
+    KK: tl.constexpr = dims.D // KS
     ok = claim.task >= 0
-    if FIRST:  # knob weights_first: both first weight chunks in flight, then the early waits (the loop left them)
-        b_g0 = gemv_first_weights(w_gate + ks * KK, n0, I, D, BN, BK)
-        b_u0 = gemv_first_weights(w_up + ks * KK, n0, I, D, BN, BK)
-        pdl_wait(PDL)
+    if (
+        sched.WEIGHTS_FIRST
+    ):  # knob weights_first: both first weight chunks in flight, then the early waits (the loop left them)
+        b_g0 = gemv_first_weights(w_gate + ks * KK, n0, dims.I, dims.D, dims.BN_GU, dims.BK_GU)
+        b_u0 = gemv_first_weights(w_up + ks * KK, n0, dims.I, dims.D, dims.BN_GU, dims.BK_GU)
+        pdl_wait(sched.PDL_FIRST)
         ok = wait_task(claim, INTERPRET, POLL, THREADS, False)
-        if TRACE:
+        if sched.TRACE:
             stamp(trace, claim.task, 1, INTERPRET)
         g_s, u_s = gemv_tile_pair_from(
-            b_g0, b_u0, x + ks * KK, D, w_gate + ks * KK, w_up + ks * KK, n0, XR, I, KK, D, BN, BK, INTERPRET, M
+            b_g0,
+            b_u0,
+            x + ks * KK,
+            dims.D,
+            w_gate + ks * KK,
+            w_up + ks * KK,
+            n0,
+            XR,
+            dims.I,
+            KK,
+            dims.D,
+            dims.BN_GU,
+            dims.BK_GU,
+            INTERPRET,
+            dims.M,
         )
     else:
         g_s, u_s = gemv_tile_pair(
-            x + ks * KK, D, w_gate + ks * KK, w_up + ks * KK, n0, XR, I, KK, D, BN, BK, INTERPRET, M
+            x + ks * KK,
+            dims.D,
+            w_gate + ks * KK,
+            w_up + ks * KK,
+            n0,
+            XR,
+            dims.I,
+            KK,
+            dims.D,
+            dims.BN_GU,
+            dims.BK_GU,
+            INTERPRET,
+            dims.M,
         )
-    o_s = tl.arange(0, M)
-    o_n = n0 + tl.arange(0, BN)
-    p_gup = gup + o_s[:, None] * I + o_n[None, :]
-    m_gup = (o_s[:, None] < XR) & (o_n[None, :] < I) & ok
+    o_s = tl.arange(0, dims.M)
+    o_n = n0 + tl.arange(0, dims.BN_GU)
+    p_gup = gup + o_s[:, None] * dims.I + o_n[None, :]
+    m_gup = (o_s[:, None] < XR) & (o_n[None, :] < dims.I) & ok
     if ks != 0:
-        tl.store(p_gup + (ks * 2) * (32 * I), g_s, mask=m_gup)
-        tl.store(p_gup + (ks * 2 + 1) * (32 * I), u_s, mask=m_gup)
+        tl.store(p_gup + (ks * 2) * (32 * dims.I), g_s, mask=m_gup)
+        tl.store(p_gup + (ks * 2 + 1) * (32 * dims.I), u_s, mask=m_gup)
     elif ok:
-        if (KS > 1) or FOLD:
-            if TRACE:
+        if (KS > 1) or sched.FOLD:
+            if sched.TRACE:
                 stamp(trace, claim.task, 4, INTERPRET)
             ok = wait_task(claim, INTERPRET, POLL, THREADS, True)
         if ok:
             for q in tl.static_range(1, KS):
-                g_s += tl.load(p_gup + (q * 2) * (32 * I), mask=m_gup, other=0.0)
-                u_s += tl.load(p_gup + (q * 2 + 1) * (32 * I), mask=m_gup, other=0.0)
-            if FOLD:
-                g = fold_rows(g_s, pr, R, HC, M, BN)
-                u = fold_rows(u_s, pr, R, HC, M, BN)
-                o_m = tl.arange(0, M // HC)
+                g_s += tl.load(p_gup + (q * 2) * (32 * dims.I), mask=m_gup, other=0.0)
+                u_s += tl.load(p_gup + (q * 2 + 1) * (32 * dims.I), mask=m_gup, other=0.0)
+            if sched.FOLD:
+                g = fold_rows(g_s, pr, R, dims.HC, dims.M, dims.BN_GU)
+                u = fold_rows(u_s, pr, R, dims.HC, dims.M, dims.BN_GU)
+                o_m = tl.arange(0, dims.M // dims.HC)
             else:
                 g = g_s
                 u = u_s
-                o_m = tl.arange(0, M)
+                o_m = tl.arange(0, dims.M)
             tl.store(
-                act + o_m[:, None] * I + o_n[None, :],
-                to_bf16(swiglu_act(g, u, LIMIT), INTERPRET),
-                mask=(o_m[:, None] < R) & (o_n[None, :] < I),
+                act + o_m[:, None] * dims.I + o_n[None, :],
+                to_bf16(swiglu_act(g, u, dims.LIMIT), INTERPRET),
+                mask=(o_m[:, None] < R) & (o_n[None, :] < dims.I),
             )
     return ok

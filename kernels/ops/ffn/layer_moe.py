@@ -64,25 +64,9 @@ def moe_task(
     elif may_run(sched.ONLY, ROUTE) and (ttype == ROUTE):
         r = fields(claim.row, ROUTE)
         task_route(
-            logits=ffn_buf.logits,
-            bias=ffn_w.r_bias,
-            ids=ffn_buf.ids,
-            wts=ffn_buf.wts,
-            on=ffn_buf.route_on,
-            slots=ffn_buf.slots,
-            n_slots=ffn_buf.n_slots,
-            slot_of=ffn_buf.slot_of,
-            arrive=hand.arrive + R * dims.HL,
-            epoch=claim.epoch,
-            r=r,
-            R=R,
-            E=moe.E,
-            KS=moe.KS_RT,
-            BLOCK_E=moe.E_ALL,
-            TOPK=moe.TOPK,
-            SCALE=moe.SCALE,
-            NSLOT=moe.NSLOT,
-        )
+            ffn_buf.logits, ffn_w.r_bias, ffn_buf.ids, ffn_buf.wts, ffn_buf.route_on, ffn_buf.slots, ffn_buf.n_slots,
+            ffn_buf.slot_of, hand.arrive + R * dims.HL, claim.epoch, r, R, moe,
+        )  # fmt: skip
     elif may_run(sched.ONLY, EXP_GU) and (ttype == EXP_GU):
         j, n0, ks = fields(claim.row, EXP_GU)
         decided = False
@@ -90,39 +74,14 @@ def moe_task(
             decided = j != moe.NSLOT
         if decided:
             ok = task_decided_gate_up(
-                claim, hand.trace, outs.x_hat_f, ffn_w.w_eg, ffn_w.w_eu,
-                ffn_buf.gup_m, ffn_buf.act_m, ffn_buf.logits, ffn_w.r_bias, j, n0, ks, R, moe.E, dims.I, dims.D,
-                moe.E_ALL, moe.KS_RT, moe.TOPK, moe.SCALE, dims.BN_GU, dims.BK_GU, dims.LIMIT, dims.KS_GU,
-                sched.TRACE, INTERPRET, POLL, THREADS,
+                claim, hand.trace, outs.x_hat_f, ffn_w.w_eg, ffn_w.w_eu, ffn_buf.gup_m, ffn_buf.act_m, ffn_buf.logits,
+                ffn_w.r_bias, j, n0, ks, R, dims, moe, sched, INTERPRET, POLL, THREADS,
             )  # fmt: skip
         else:
             ok = task_expert_gate_up(
-                claim=claim,
-                trace=hand.trace,
-                x=outs.x_hat_f,
-                w_gate=ffn_w.w_eg,
-                w_up=ffn_w.w_eu,
-                gup=ffn_buf.gup_m,
-                act=ffn_buf.act_m,
-                slots=ffn_buf.slots,
-                n_slots=ffn_buf.n_slots,
-                j=j,
-                n0=n0,
-                ks=ks,
-                R=R,
-                E=moe.E,
-                I=dims.I,
-                D=dims.D,
-                NSLOT=moe.NSLOT,
-                BN=dims.BN_GU,
-                BK=dims.BK_GU,
-                LIMIT=dims.LIMIT,
-                KS=dims.KS_GU,
-                TRACE=sched.TRACE,
-                INTERPRET=INTERPRET,
-                POLL=POLL,
-                THREADS=THREADS,
-            )
+                claim, hand.trace, outs.x_hat_f, ffn_w.w_eg, ffn_w.w_eu, ffn_buf.gup_m, ffn_buf.act_m, ffn_buf.slots,
+                ffn_buf.n_slots, j, n0, ks, R, dims, moe, sched, INTERPRET, POLL, THREADS,
+            )  # fmt: skip
     elif may_run(sched.ONLY, EXP_DOWN) and (ttype == EXP_DOWN):
         j, n0 = fields(claim.row, EXP_DOWN)
         task_expert_down(
@@ -135,124 +94,84 @@ def moe_task(
 @pinned(SYMBOLS)
 @triton.jit(noinline=True)
 def task_route(
-    logits,
-    bias,
-    ids,
-    wts,
-    on,
-    slots,
-    n_slots,
-    slot_of,
-    arrive,
-    epoch,
-    r,
-    R,
-    E: tl.constexpr,
-    KS: tl.constexpr,
-    BLOCK_E: tl.constexpr,
-    TOPK: tl.constexpr,
-    SCALE: tl.constexpr,
-    NSLOT: tl.constexpr,
-):
+    logits, bias, ids, wts, on, slots, n_slots, slot_of, arrive, epoch, r, R, moe: tl.constexpr,
+):  # fmt: skip
     """ROUTE (row r): the row's routing (`route_row`); the last row to arrive (`arrive_last`) makes the slots
     from every row's choice, so the tasks after wait on every row's ROUTE and find the slots made."""
-    route_row(logits, bias, ids, wts, on, r, E, KS, BLOCK_E, TOPK, SCALE)
+    route_row(logits, bias, ids, wts, on, r, moe.E, moe.KS_RT, moe.E_ALL, moe.TOPK, moe.SCALE)
     # every thread's stores before the release, and (one row) before make_slots reads `on` in another layout
     tl.debug_barrier()
     last = True
     if R > 1:
         last = arrive_last(arrive, epoch, R)
     if last:
-        make_slots(on, slots, n_slots, slot_of, R, E, BLOCK_E, NSLOT)
+        make_slots(on, slots, n_slots, slot_of, R, moe.E, moe.E_ALL, moe.NSLOT)
 
 
 @pinned(SYMBOLS)
 @triton.jit(noinline=True)
 def task_expert_gate_up(
-    claim,
-    trace,
-    x,
-    w_gate,
-    w_up,
-    gup,
-    act,
-    slots,
-    n_slots,
-    j,
-    n0,
-    ks,
-    R,
-    E: tl.constexpr,
-    I: tl.constexpr,
-    D: tl.constexpr,
-    NSLOT: tl.constexpr,
-    BN: tl.constexpr,
-    BK: tl.constexpr,
-    LIMIT: tl.constexpr,
-    KS: tl.constexpr,
-    TRACE: tl.constexpr,
-    INTERPRET: tl.constexpr,
-    POLL: tl.constexpr,
-    THREADS: tl.constexpr,
-):
+    claim, trace, x, w_gate, w_up, gup, act, slots, n_slots, j, n0, ks, R, dims: tl.constexpr, moe: tl.constexpr,
+    sched: tl.constexpr, INTERPRET: tl.constexpr, POLL: tl.constexpr, THREADS: tl.constexpr,
+):  # fmt: skip
     """EXP_GU (slot j, rows n0.. of the intermediate, K slice ks of KS: knob ksplit_gu): the slot's gate and up
     (`slot_gate_up`), its expert read from the slots the routing made. True unless a wait failed."""
-    expert, live = slot_expert(slots, n_slots, j, E, NSLOT)
+    expert, live = slot_expert(slots, n_slots, j, moe.E, moe.NSLOT)
     return slot_gate_up(
-        claim, trace, x, w_gate, w_up, gup, act, expert, live, j, n0, ks, R, I,
-        D, BN, BK, LIMIT, KS, TRACE, INTERPRET, POLL, THREADS,
-    )  # fmt: skip
+        claim, trace, x, w_gate, w_up, gup, act, expert, live, j, n0, ks, R, dims, sched, INTERPRET, POLL, THREADS
+    )
 
 
 @pinned(SYMBOLS)
 @triton.jit(noinline=True)
 def task_decided_gate_up(
-    claim, trace, x, w_gate, w_up, gup, act, logits, bias, j, n0, ks, R,
-    E: tl.constexpr, I: tl.constexpr, D: tl.constexpr, E_ALL: tl.constexpr, KS_RT: tl.constexpr, TOPK: tl.constexpr,
-    SCALE: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, LIMIT: tl.constexpr, KS: tl.constexpr,
-    TRACE: tl.constexpr, INTERPRET: tl.constexpr, POLL: tl.constexpr, THREADS: tl.constexpr,
+    claim, trace, x, w_gate, w_up, gup, act, logits, bias, j, n0, ks, R, dims: tl.constexpr, moe: tl.constexpr,
+    sched: tl.constexpr, INTERPRET: tl.constexpr, POLL: tl.constexpr, THREADS: tl.constexpr,
 ):  # fmt: skip
     """EXP_GU of a routed slot j under knob route=each: its expert decided here from the router's logits and bias
     (`decided_slot_expert`, the routing's own picks), so the task waits on the router, not on the routing: the
     routing's hand-off and its own length leave the path. Then as `task_expert_gate_up`."""
-    expert, live = decided_slot_expert(logits, bias, j, R, E, KS_RT, E_ALL, TOPK, SCALE)
+    expert, live = decided_slot_expert(logits, bias, j, R, moe.E, moe.KS_RT, moe.E_ALL, moe.TOPK, moe.SCALE)
     return slot_gate_up(
-        claim, trace, x, w_gate, w_up, gup, act, expert, live, j, n0, ks, R, I,
-        D, BN, BK, LIMIT, KS, TRACE, INTERPRET, POLL, THREADS,
-    )  # fmt: skip
+        claim, trace, x, w_gate, w_up, gup, act, expert, live, j, n0, ks, R, dims, sched, INTERPRET, POLL, THREADS
+    )
 
 
 @triton.jit
 def slot_gate_up(
-    claim, trace, x, w_gate, w_up, gup, act, expert, live, j, n0, ks, R,
-    I: tl.constexpr, D: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, LIMIT: tl.constexpr, KS: tl.constexpr,
-    TRACE: tl.constexpr, INTERPRET: tl.constexpr, POLL: tl.constexpr, THREADS: tl.constexpr,
+    claim, trace, x, w_gate, w_up, gup, act, expert, live, j, n0, ks, R, dims: tl.constexpr, sched: tl.constexpr,
+    INTERPRET: tl.constexpr, POLL: tl.constexpr, THREADS: tl.constexpr,
 ):  # fmt: skip
     """Slot j's gate and up over K slice ks of KS for expert `expert` (`expert_gate_up`; nothing where not
     `live`: a slot no row chose). A slice but the first stores its sums in `gup` [NSLOT + 1, KS, 2, 16, I] and is
     done; slice 0 then waits (late: every slice 0 does, chosen or not, so every site can be stuck) for them, adds
     them in slice order, and makes the slot's act. True unless a wait failed."""
+    # constexprs of their own: a shape or tl.static_range takes no field of a record
+    KS: tl.constexpr = dims.KS_GU
+    BN: tl.constexpr = dims.BN_GU
     g = tl.zeros((16, BN), dtype=tl.float32)
     u = tl.zeros((16, BN), dtype=tl.float32)
     if live:
-        g, u = expert_gate_up(x, w_gate, w_up, expert, n0, ks, R, I, D, KS, BN, BK, INTERPRET)
+        g, u = expert_gate_up(
+            x, w_gate, w_up, expert, n0, ks, R, dims.I, dims.D, dims.KS_GU, dims.BN_GU, dims.BK_GU, INTERPRET
+        )
     o_m = tl.arange(0, 16)
-    o_n = n0 + tl.arange(0, BN)
-    p_gup = gup + (j * KS * 2 * 16 + o_m[:, None]) * I + o_n[None, :]
-    m_gup = (o_m[:, None] < R) & (o_n[None, :] < I)
+    o_n = n0 + tl.arange(0, dims.BN_GU)
+    p_gup = gup + (j * dims.KS_GU * 2 * 16 + o_m[:, None]) * dims.I + o_n[None, :]
+    m_gup = (o_m[:, None] < R) & (o_n[None, :] < dims.I)
     ok = claim.task >= 0
     if ks != 0:
         if live:
-            tl.store(p_gup + (ks * 2) * (16 * I), g, mask=m_gup)
-            tl.store(p_gup + (ks * 2 + 1) * (16 * I), u, mask=m_gup)
+            tl.store(p_gup + (ks * 2) * (16 * dims.I), g, mask=m_gup)
+            tl.store(p_gup + (ks * 2 + 1) * (16 * dims.I), u, mask=m_gup)
     else:
-        if KS > 1:
-            if TRACE:
+        if dims.KS_GU > 1:
+            if sched.TRACE:
                 stamp(trace, claim.task, 4, INTERPRET)
             ok = wait_task(claim, INTERPRET, POLL, THREADS, True)
         if ok & live:
             for q in tl.static_range(1, KS):
-                g += tl.load(p_gup + (q * 2) * (16 * I), mask=m_gup, other=0.0)
-                u += tl.load(p_gup + (q * 2 + 1) * (16 * I), mask=m_gup, other=0.0)
-            store_act(g, u, act + j * 16 * I, n0, R, I, BN, LIMIT, INTERPRET)
+                g += tl.load(p_gup + (q * 2) * (16 * dims.I), mask=m_gup, other=0.0)
+                u += tl.load(p_gup + (q * 2 + 1) * (16 * dims.I), mask=m_gup, other=0.0)
+            store_act(g, u, act + j * 16 * dims.I, n0, R, dims.I, dims.BN_GU, dims.LIMIT, INTERPRET)
     return ok

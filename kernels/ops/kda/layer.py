@@ -51,67 +51,16 @@ def kda_task(
     if may_run(sched.ONLY, INPROJ) and (ttype == INPROJ):
         n0, ks = fields(claim.row, INPROJ)
         ok = task_inproj(
-            claim=claim,
-            trace=hand.trace,
-            x=H if sched.FOLD else outs.x_hat_a,
-            w_in=attn_w.w_in,
-            pr=hand.pr,
-            ipp=attn_buf.ipp,
-            y_in=attn_buf.y_in,
-            lr=attn_buf.lr,
-            n0=n0,
-            ks=ks,
-            R=R,
-            D=dims.D,
-            HC=dims.HC,
-            NIN=dims.NIN,
-            RG=dims.RG,
-            BN=dims.BN,
-            BK=dims.BK_IN,
-            M=dims.M,
-            KS=dims.KS_IN,
-            FOLD=sched.FOLD,
-            TRACE=sched.TRACE,
-            INTERPRET=INTERPRET,
-            POLL=POLL,
-            THREADS=THREADS,
-            FIRST=sched.WEIGHTS_FIRST,
-            PDL=sched.PDL_FIRST,
-        )
+            claim, hand.trace, H if sched.FOLD else outs.x_hat_a, attn_w.w_in, hand.pr, attn_buf.ipp, attn_buf.y_in,
+            attn_buf.lr, n0, ks, R, dims, sched, INTERPRET, POLL, THREADS,
+        )  # fmt: skip
     elif may_run(sched.ONLY, KDA_HEAD) and (ttype == KDA_HEAD):
         h, r, part = fields(claim.row, KDA_HEAD)
         task_kda(
-            epoch=claim.epoch,
-            y_in=attn_buf.y_in,
-            lr=attn_buf.lr,
-            w_fb=attn_w.w_fb,
-            w_gb=attn_w.w_gb,
-            conv_in=attn_state.conv_in,
-            conv_out=attn_state.conv_out,
-            conv_w=attn_w.conv_w,
-            A_log=attn_w.A_log,
-            dt_bias=attn_w.dt_bias,
-            o_norm=attn_w.o_norm,
-            S_in=attn_state.S_in,
-            S_out=attn_state.S_out,
-            z=attn_buf.z,
-            kscr=attn_buf.kscr,
-            arrive=hand.arrive,
-            h=h,
-            r=r,
-            part=part,
-            R=R,
-            lower_bound=consts.lower_bound,
-            eps=consts.norm_eps,
-            HL=dims.HL,
-            K=dims.K,
-            W=dims.W,
-            RG=dims.RG,
-            BK_R=dims.BK_R,
-            NV=dims.NV,
-            INTERPRET=INTERPRET,
-            WRITE_STATE=not sched.OPROJ_FIRST,
-        )
+            claim.epoch, attn_buf.y_in, attn_buf.lr, attn_w.w_fb, attn_w.w_gb, attn_state.conv_in, attn_state.conv_out,
+            attn_w.conv_w, attn_w.A_log, attn_w.dt_bias, attn_w.o_norm, attn_state.S_in, attn_state.S_out, attn_buf.z,
+            attn_buf.kscr, hand.arrive, h, r, part, R, consts.lower_bound, consts.norm_eps, dims, sched, INTERPRET,
+        )  # fmt: skip
     return ok
 
 
@@ -143,33 +92,9 @@ def kda_write_back(attn_state, attn_buf, r, h, part, dims: tl.constexpr, INTERPR
 @pinned(SYMBOLS)
 @triton.jit(noinline=True)
 def task_inproj(
-    claim,
-    trace,
-    x,
-    w_in,
-    pr,
-    ipp,
-    y_in,
-    lr,
-    n0,
-    ks,
-    R,
-    D: tl.constexpr,
-    HC: tl.constexpr,
-    NIN: tl.constexpr,
-    RG: tl.constexpr,
-    BN: tl.constexpr,
-    BK: tl.constexpr,
-    M: tl.constexpr,
-    KS: tl.constexpr,
-    FOLD: tl.constexpr,
-    TRACE: tl.constexpr,
-    INTERPRET: tl.constexpr,
-    POLL: tl.constexpr,
-    THREADS: tl.constexpr,
-    FIRST: tl.constexpr = False,
-    PDL: tl.constexpr = False,
-):
+    claim, trace, x, w_in, pr, ipp, y_in, lr, n0, ks, R, dims: tl.constexpr, sched: tl.constexpr,
+    INTERPRET: tl.constexpr, POLL: tl.constexpr, THREADS: tl.constexpr,
+):  # fmt: skip
     """INPROJ: rows n0.. of the fused in-projection over K slice ks of KS (knob ksplit_in), y_in fp32 and the
     low-rank f_a | g_a rows also in bf16 (lr). A slice but the first stores its sums in `ipp` [KS, 32, NIN] and
     is done; slice 0 waits (late) for them and adds them in slice order.
@@ -179,43 +104,62 @@ def task_inproj(
     y[r] = 1/RMS[r] * sum_j pre[r, j] * acc[r * HC + j] (x = sum_j pre_j H_j is linear in H). True unless a
     wait failed."""
     XR = R
-    if FOLD:
-        XR = R * HC
-    KK: tl.constexpr = D // KS
+    if sched.FOLD:
+        XR = R * dims.HC
+    KS: tl.constexpr = dims.KS_IN  # its own constexpr: tl.static_range takes no field of a record
+    KK: tl.constexpr = dims.D // KS
     ok = claim.task >= 0
-    if FIRST:  # knob weights_first: the first weight chunk in flight, then the early waits (the loop left them)
-        b_w0 = gemv_first_weights(w_in + ks * KK, n0, NIN, D, BN, BK)
-        pdl_wait(PDL)
+    if (
+        sched.WEIGHTS_FIRST
+    ):  # knob weights_first: the first weight chunk in flight, then the early waits (the loop left them)
+        b_w0 = gemv_first_weights(w_in + ks * KK, n0, dims.NIN, dims.D, dims.BN, dims.BK_IN)
+        pdl_wait(sched.PDL_FIRST)
         ok = wait_task(claim, INTERPRET, POLL, THREADS, False)
-        if TRACE:
+        if sched.TRACE:
             stamp(trace, claim.task, 1, INTERPRET)
-        acc = gemv_tile_from(b_w0, x + ks * KK, D, w_in + ks * KK, n0, XR, NIN, KK, D, BN, BK, INTERPRET, M)
+        acc = gemv_tile_from(
+            b_w0,
+            x + ks * KK,
+            dims.D,
+            w_in + ks * KK,
+            n0,
+            XR,
+            dims.NIN,
+            KK,
+            dims.D,
+            dims.BN,
+            dims.BK_IN,
+            INTERPRET,
+            dims.M,
+        )
     else:
-        acc = gemv_tile(x + ks * KK, D, w_in + ks * KK, n0, XR, NIN, KK, D, BN, BK, INTERPRET, M)
-    o_s = tl.arange(0, M)
-    o_n = n0 + tl.arange(0, BN)
-    p_ipp = ipp + o_s[:, None] * NIN + o_n[None, :]
-    m_ipp = (o_s[:, None] < XR) & (o_n[None, :] < NIN) & ok
+        acc = gemv_tile(
+            x + ks * KK, dims.D, w_in + ks * KK, n0, XR, dims.NIN, KK, dims.D, dims.BN, dims.BK_IN, INTERPRET, dims.M
+        )
+    o_s = tl.arange(0, dims.M)
+    o_n = n0 + tl.arange(0, dims.BN)
+    p_ipp = ipp + o_s[:, None] * dims.NIN + o_n[None, :]
+    m_ipp = (o_s[:, None] < XR) & (o_n[None, :] < dims.NIN) & ok
     if ks != 0:
-        tl.store(p_ipp + ks * (32 * NIN), acc, mask=m_ipp)
+        tl.store(p_ipp + ks * (32 * dims.NIN), acc, mask=m_ipp)
     elif ok:
-        if (KS > 1) or FOLD:
-            if TRACE:
+        if (KS > 1) or sched.FOLD:
+            if sched.TRACE:
                 stamp(trace, claim.task, 4, INTERPRET)
             ok = wait_task(claim, INTERPRET, POLL, THREADS, True)
         if ok:
             for q in tl.static_range(1, KS):
-                acc += tl.load(p_ipp + q * (32 * NIN), mask=m_ipp, other=0.0)
-            if FOLD:
-                y = fold_rows(acc, pr, R, HC, M, BN)
-                o_m = tl.arange(0, M // HC)
+                acc += tl.load(p_ipp + q * (32 * dims.NIN), mask=m_ipp, other=0.0)
+            if sched.FOLD:
+                y = fold_rows(acc, pr, R, dims.HC, dims.M, dims.BN)
+                o_m = tl.arange(0, dims.M // dims.HC)
             else:
                 y = acc
-                o_m = tl.arange(0, M)
+                o_m = tl.arange(0, dims.M)
             m_r = o_m[:, None] < R
-            tl.store(y_in + o_m[:, None] * NIN + o_n[None, :], y, mask=m_r & (o_n[None, :] < NIN))
-            m_lr = m_r & (o_n[None, :] < 2 * RG)
-            tl.store(lr + o_m[:, None] * (2 * RG) + o_n[None, :], to_bf16(y, INTERPRET), mask=m_lr)
+            tl.store(y_in + o_m[:, None] * dims.NIN + o_n[None, :], y, mask=m_r & (o_n[None, :] < dims.NIN))
+            m_lr = m_r & (o_n[None, :] < 2 * dims.RG)
+            tl.store(lr + o_m[:, None] * (2 * dims.RG) + o_n[None, :], to_bf16(y, INTERPRET), mask=m_lr)
     return ok
 
 
@@ -234,52 +178,24 @@ def _last_part(arrive, epoch, r, h, HL: tl.constexpr, NV: tl.constexpr):
 @pinned(SYMBOLS)
 @triton.jit(noinline=True)
 def task_kda(
-    epoch,
-    y_in,
-    lr,
-    w_fb,
-    w_gb,
-    conv_in,
-    conv_out,
-    conv_w,
-    A_log,
-    dt_bias,
-    o_norm,
-    S_in,
-    S_out,
-    z,
-    kscr,
-    arrive,
-    h,
-    r,
-    part,
-    R,
-    lower_bound,
-    eps,
-    HL: tl.constexpr,
-    K: tl.constexpr,
-    W: tl.constexpr,
-    RG: tl.constexpr,
-    BK_R: tl.constexpr,
-    NV: tl.constexpr,
-    INTERPRET: tl.constexpr,
-    WRITE_STATE: tl.constexpr,
-):
+    epoch, y_in, lr, w_fb, w_gb, conv_in, conv_out, conv_w, A_log, dt_bias, o_norm, S_in, S_out, z, kscr, arrive, h, r,
+    part, R, lower_bound, eps, dims: tl.constexpr, sched: tl.constexpr, INTERPRET: tl.constexpr,
+):  # fmt: skip
     """KDA: part `part` (of NV, knob kda_split) of head h of row r: f_b and g_b for the head (each a [16, K]
     GEMV over the low-rank rows), the delta rule on the part's value columns (their o to `kscr`). The head's
     last part to arrive (`arrive_last`) makes its z from every part's o: the gated RMSNorm. No part waits for
     another: the last one finds the others' o already there."""
-    P: tl.constexpr = HL * K
-    NIN: tl.constexpr = 2 * RG + HL + 3 * P
+    P: tl.constexpr = dims.HL * dims.K
+    NIN: tl.constexpr = 2 * dims.RG + dims.HL + 3 * P
     sel = tl.arange(0, 16)[:, None] == r
-    f_h = gemv_tile(lr, 2 * RG, w_fb, h * K, R, P, RG, RG, K, BK_R, INTERPRET)
-    og_h = gemv_tile(lr + RG, 2 * RG, w_gb, h * K, R, P, RG, RG, K, BK_R, INTERPRET)
+    f_h = gemv_tile(lr, 2 * dims.RG, w_fb, h * dims.K, R, P, dims.RG, dims.RG, dims.K, dims.BK_R, INTERPRET)
+    og_h = gemv_tile(lr + dims.RG, 2 * dims.RG, w_gb, h * dims.K, R, P, dims.RG, dims.RG, dims.K, dims.BK_R, INTERPRET)
     kda_head(
-        y_in + 2 * RG + HL,
+        y_in + 2 * dims.RG + dims.HL,
         NIN,
-        K,
-        3 * K,
-        tl.load(y_in + r * NIN + 2 * RG + h),
+        dims.K,
+        3 * dims.K,
+        tl.load(y_in + r * NIN + 2 * dims.RG + h),
         tl.sum(tl.where(sel, f_h, 0.0), axis=0),
         conv_in,
         conv_out,
@@ -293,13 +209,13 @@ def task_kda(
         h,
         part,
         lower_bound,
-        HL,
-        K,
-        W,
-        NV,
+        dims.HL,
+        dims.K,
+        dims.W,
+        dims.NV,
         INTERPRET,
-        WRITE_STATE,
+        not sched.OPROJ_FIRST,
     )
-    last = _last_part(arrive, epoch, r, h, HL, NV)
+    last = _last_part(arrive, epoch, r, h, dims.HL, dims.NV)
     if last:
-        kda_norm(kscr, tl.sum(tl.where(sel, og_h, 0.0), axis=0), o_norm, z, r, h, eps, HL, K, INTERPRET)
+        kda_norm(kscr, tl.sum(tl.where(sel, og_h, 0.0), axis=0), o_norm, z, r, h, eps, dims.HL, dims.K, INTERPRET)
