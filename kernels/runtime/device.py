@@ -237,6 +237,12 @@ def task_row(rt, task):
 
 
 @triton.jit
+def claim_of(rt, task, epoch, stuck_site, budget_ns):
+    """The claimed task `task` (`Claim`), its row loaded (`task_row`)."""
+    return Claim(rt, task_row(rt, task), task, epoch, stuck_site, budget_ns)
+
+
+@triton.jit
 def row_type(row):
     """A task's type (its row's first word: kernels/runtime/tasks.py); its fields are its op's to unpack
     (`kernels/ops/<op>/tasks.py`)."""

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from glm53ctl.kernels.numerics import FP32, FP64, Numerics, rel_rms
-from glm53ctl.kernels.ops.dsa import (
+from glm53ctl.kernels.ops.dsa.naive import (
     dsa_attention,
     dsa_attention_prefill,
     index_scores,

@@ -130,8 +130,9 @@ class DenseHarness(KindHarness):
         launch(x.H, self.w[q], *self.rank_state(x, q))
         return launch.conv_out.clone(), launch.S_out.clone()
 
-    def __call__(self, x: LayerInput, peers=None, poison: bool = False, **guard) -> dict[str, torch.Tensor]:
-        """One launch of rank 0 (after the peers' partials): every output and the whole layer's state writes."""
+    def ready(self, x, peers, poison: bool):
+        """Rank 0's launch made ready for x: x on the device, the peers' partials (run here unless given) set, the
+        outputs poisoned if asked. Returns x, the peers and the launch."""
         x = x.to(self.device)
         peers = self.peer_partials(x) if peers is None and self.tp > 1 else peers
         launch = self.launch
@@ -139,6 +140,11 @@ class DenseHarness(KindHarness):
             launch.set_peers(peers.parts_a, peers.parts_f)
         if poison:
             launch.poison()
+        return x, peers, launch
+
+    def __call__(self, x: LayerInput, peers=None, poison: bool = False, **guard) -> dict[str, torch.Tensor]:
+        """One launch of rank 0 (after the peers' partials): every output and the whole layer's state writes."""
+        x, peers, launch = self.ready(x, peers, poison)
         out = {n: t.clone() for n, t in launch(x.H, self.w[0], *self.rank_state(x, 0), **guard).items()}
         writes = [(launch.conv_out, launch.S_out)] + (peers.writes if peers is not None else [])
         out["kda.conv"] = conv_join([c for c, _ in writes])

@@ -60,9 +60,8 @@ def embed_kernel(
     n_done = 0
     task = device.first_task(ctl, n_tasks, n_programs, INTERPRET, ONE_TASK)
     while task >= 0:
-        row = device.task_row(rt, task)
-        ttype = device.row_type(row)
-        claim = device.Claim(rt, row, task, epoch, stuck_site, budget_ns)
+        claim = device.claim_of(rt, task, epoch, stuck_site, budget_ns)
+        row, ttype = claim.row, device.row_type(claim.row)
         d0 = fields(row, EMBED_GATHER)
         ok = device.wait_task(claim, INTERPRET, POLL, THREADS, False)
         if REMOTE:

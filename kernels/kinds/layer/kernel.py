@@ -287,9 +287,8 @@ def layer_kernel(
     pend_p = 0
     task = device.first_task(ctl, n_tasks, n_programs, INTERPRET, ONE_TASK)
     while task >= 0:
-        row = device.task_row(rt, task)
-        ttype = device.row_type(row)
-        claim = device.Claim(rt, row, task, epoch, stuck_site, budget_ns)
+        claim = device.claim_of(rt, task, epoch, stuck_site, budget_ns)
+        row, ttype = claim.row, device.row_type(claim.row)
         if sched.TRACE:
             device.stamp(hand.trace, task, 0, INTERPRET)
         if sched.PREFETCH and not INTERPRET:  # the interpreter has no inline asm; a prefetch changes no bits

@@ -152,13 +152,7 @@ class SparseHarness(KdaHarness):
     def __call__(self, x: SparseInput, peers=None, poison: bool = False, **guard) -> dict[str, torch.Tensor]:
         """One launch of rank 0 (after the peers' partials): every output, and the caches' rows at each row's
         position (the pooled key's at the pool it completes, or its last complete one)."""
-        x = x.to(self.device)
-        peers = self.peer_partials(x) if peers is None and self.tp > 1 else peers
-        launch = self.launch
-        if peers is not None:
-            launch.set_peers(peers.parts_a, peers.parts_f)
-        if poison:
-            launch.poison()
+        x, _, launch = self.ready(x, peers, poison)
         cache = self._run(launch, x, self.w[0], **guard)
         out = {n: t.clone() for n, t in launch.out.items()}
         self._last = (x.pos.cpu(), self._untouched(x.cache, cache, x.pos))

@@ -72,9 +72,8 @@ def tail_kernel(
     n_done = 0
     task = device.first_task(ctl, n_tasks, n_programs, INTERPRET, ONE_TASK)
     while task >= 0:
-        row = device.task_row(rt, task)
-        ttype = device.row_type(row)
-        claim = device.Claim(rt, row, task, epoch, stuck_site, budget_ns)
+        claim = device.claim_of(rt, task, epoch, stuck_site, budget_ns)
+        row, ttype = claim.row, device.row_type(claim.row)
         nxt = task * 0 - 1
         ahead = 0
         # a task's early sites; a folded GEMV task's NORM sites are late: waited after its stream (below)

@@ -82,17 +82,8 @@ def add_tail(
     return out
 
 
-def build_table(
-    rows: int,
-    v_local: int,
-    tp: int,
-    block_n: int,
-    handoff: str,
-    gathers: str = "first",
-    split: str = "tiles",
-    grid: int = 1,
-    fold: bool = False,
-) -> TaskTable:
+def build_table(rows: int, v_local: int, tp: int, *layout, **named) -> TaskTable:
+    """The tail's own table: `add_tail`'s tasks (its arguments after the table's) alone."""
     t = TaskTable("tail", peers=tp - 1)
-    add_tail(t, rows, v_local, tp, block_n, handoff, gathers, split, grid, fold)
+    add_tail(t, rows, v_local, tp, *layout, **named)
     return t

@@ -23,20 +23,9 @@ SYMBOLS = "glm53ctl.kernels.kinds.layer.mlp"
 
 @triton.jit
 def mlp_task(
-    ttype,
-    claim,
-    ok,
-    ffn_w,
-    ffn_buf,
-    hand,
-    outs,
-    R,
-    dims: tl.constexpr,
-    sched: tl.constexpr,
-    INTERPRET: tl.constexpr,
-    POLL: tl.constexpr,
-    THREADS: tl.constexpr,
-):
+    ttype, claim, ok, ffn_w, ffn_buf, hand, outs, R, dims: tl.constexpr, sched: tl.constexpr, INTERPRET: tl.constexpr,
+    POLL: tl.constexpr, THREADS: tl.constexpr,
+):  # fmt: skip
     """The dense MLP's task `task`, if it is one: GU or DOWN. Returns ok, false where a late wait failed."""
     if may_run(sched.ONLY, GU) and (ttype == GU):
         n0, ks = fields(claim.row, GU)
@@ -47,23 +36,10 @@ def mlp_task(
     elif may_run(sched.ONLY, DOWN) and (ttype == DOWN):
         n0, ks = fields(claim.row, DOWN)
         ok = task_partial(
-            claim,
-            x=ffn_buf.act + ks * dims.IK,
-            w=ffn_w.w_down + ks * dims.IK,
-            out=hand.kpart_f + ks * R * dims.D,
-            n0=n0,
-            R=R,
-            N=dims.D,
-            K=dims.IK,
-            STRIDE=dims.I,
-            BN=dims.BN_O,
-            BK=dims.BK_I,
-            INTERPRET=INTERPRET,
-            POLL=POLL,
-            THREADS=THREADS,
-            FIRST=sched.WEIGHTS_FIRST,
-            PDL=sched.PDL_FIRST,
-        )
+            claim, x=ffn_buf.act + ks * dims.IK, w=ffn_w.w_down + ks * dims.IK, out=hand.kpart_f + ks * R * dims.D,
+            n0=n0, R=R, N=dims.D, K=dims.IK, STRIDE=dims.I, BN=dims.BN_O, BK=dims.BK_I, INTERPRET=INTERPRET, POLL=POLL,
+            THREADS=THREADS, FIRST=sched.WEIGHTS_FIRST, PDL=sched.PDL_FIRST,
+        )  # fmt: skip
     return ok
 
 
@@ -86,9 +62,8 @@ def task_gate_up(
     KS: tl.constexpr = dims.KS_GU  # its own constexpr: tl.static_range takes no field of a record
     KK: tl.constexpr = dims.D // KS
     ok = claim.task >= 0
-    if (
-        sched.WEIGHTS_FIRST
-    ):  # knob weights_first: both first weight chunks in flight, then the early waits (the loop left them)
+    # knob weights_first: both first weight chunks in flight, then the early waits (the loop left them)
+    if sched.WEIGHTS_FIRST:
         b_g0 = gemv_first_weights(w_gate + ks * KK, n0, dims.I, dims.D, dims.BN_GU, dims.BK_GU)
         b_u0 = gemv_first_weights(w_up + ks * KK, n0, dims.I, dims.D, dims.BN_GU, dims.BK_GU)
         pdl_wait(sched.PDL_FIRST)
@@ -96,38 +71,14 @@ def task_gate_up(
         if sched.TRACE:
             stamp(trace, claim.task, 1, INTERPRET)
         g_s, u_s = gemv_tile_pair_from(
-            b_g0,
-            b_u0,
-            x + ks * KK,
-            dims.D,
-            w_gate + ks * KK,
-            w_up + ks * KK,
-            n0,
-            XR,
-            dims.I,
-            KK,
-            dims.D,
-            dims.BN_GU,
-            dims.BK_GU,
-            INTERPRET,
-            dims.M,
-        )
+            b_g0, b_u0, x + ks * KK, dims.D, w_gate + ks * KK, w_up + ks * KK, n0, XR, dims.I, KK, dims.D, dims.BN_GU,
+            dims.BK_GU, INTERPRET, dims.M,
+        )  # fmt: skip
     else:
         g_s, u_s = gemv_tile_pair(
-            x + ks * KK,
-            dims.D,
-            w_gate + ks * KK,
-            w_up + ks * KK,
-            n0,
-            XR,
-            dims.I,
-            KK,
-            dims.D,
-            dims.BN_GU,
-            dims.BK_GU,
-            INTERPRET,
-            dims.M,
-        )
+            x + ks * KK, dims.D, w_gate + ks * KK, w_up + ks * KK, n0, XR, dims.I, KK, dims.D, dims.BN_GU, dims.BK_GU,
+            INTERPRET, dims.M,
+        )  # fmt: skip
     o_s = tl.arange(0, dims.M)
     o_n = n0 + tl.arange(0, dims.BN_GU)
     p_gup = gup + o_s[:, None] * dims.I + o_n[None, :]

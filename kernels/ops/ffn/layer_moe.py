@@ -38,21 +38,9 @@ SYMBOLS = "glm53ctl.kernels.kinds.layer.moe"
 
 @triton.jit
 def moe_task(
-    ttype,
-    claim,
-    ok,
-    ffn_w,
-    ffn_buf,
-    hand,
-    outs,
-    R,
-    dims: tl.constexpr,
-    moe: tl.constexpr,
-    sched: tl.constexpr,
-    INTERPRET: tl.constexpr,
-    POLL: tl.constexpr,
-    THREADS: tl.constexpr,
-):
+    ttype, claim, ok, ffn_w, ffn_buf, hand, outs, R, dims: tl.constexpr, moe: tl.constexpr, sched: tl.constexpr,
+    INTERPRET: tl.constexpr, POLL: tl.constexpr, THREADS: tl.constexpr,
+):  # fmt: skip
     """The MoE's task `task`, if it is one: ROUTER, ROUTE, EXP_GU or EXP_DOWN. Returns ok, false where a late wait
     failed."""
     if may_run(sched.ONLY, ROUTER) and (ttype == ROUTER):

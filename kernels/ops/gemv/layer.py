@@ -51,23 +51,10 @@ def task_gemv(
 @pinned(SYMBOLS)
 @triton.jit(noinline=True)
 def task_partial(
-    claim,
-    x,
-    w,
-    out,
-    n0,
-    R,
-    N: tl.constexpr,
-    K: tl.constexpr,
-    STRIDE: tl.constexpr,
-    BN: tl.constexpr,
-    BK: tl.constexpr,
-    INTERPRET: tl.constexpr,
-    POLL: tl.constexpr,
-    THREADS: tl.constexpr,
-    FIRST: tl.constexpr,
+    claim, x, w, out, n0, R, N: tl.constexpr, K: tl.constexpr, STRIDE: tl.constexpr, BN: tl.constexpr,
+    BK: tl.constexpr, INTERPRET: tl.constexpr, POLL: tl.constexpr, THREADS: tl.constexpr, FIRST: tl.constexpr,
     PDL: tl.constexpr,
-):
+):  # fmt: skip
     """OPROJ / DOWN: output rows n0.. over one K slice (x, w already offset to it): out [R, N]. FIRST (knob
     weights_first): the tile's first K chunk is loaded, then the task waits for its input (its sites are late;
     chained, PDL: gdc_wait first), then it sums as gemv_tile does: the same bits. Returns ok."""

@@ -29,23 +29,9 @@ SYMBOLS = "glm53ctl.kernels.kinds.layer.kda"
 
 @triton.jit
 def kda_task(
-    ttype,
-    claim,
-    ok,
-    H,
-    attn_w,
-    attn_state,
-    attn_buf,
-    hand,
-    outs,
-    consts,
-    R,
-    dims: tl.constexpr,
-    sched: tl.constexpr,
-    INTERPRET: tl.constexpr,
-    POLL: tl.constexpr,
-    THREADS: tl.constexpr,
-):
+    ttype, claim, ok, H, attn_w, attn_state, attn_buf, hand, outs, consts, R, dims: tl.constexpr, sched: tl.constexpr,
+    INTERPRET: tl.constexpr, POLL: tl.constexpr, THREADS: tl.constexpr,
+):  # fmt: skip
     """The KDA half's task `task` (row: its table row), if it is one: INPROJ or KDA_HEAD. Returns ok, false where
     one of its late waits failed."""
     if may_run(sched.ONLY, INPROJ) and (ttype == INPROJ):
@@ -109,29 +95,17 @@ def task_inproj(
     KS: tl.constexpr = dims.KS_IN  # its own constexpr: tl.static_range takes no field of a record
     KK: tl.constexpr = dims.D // KS
     ok = claim.task >= 0
-    if (
-        sched.WEIGHTS_FIRST
-    ):  # knob weights_first: the first weight chunk in flight, then the early waits (the loop left them)
+    # knob weights_first: the first weight chunk in flight, then the early waits (the loop left them)
+    if sched.WEIGHTS_FIRST:
         b_w0 = gemv_first_weights(w_in + ks * KK, n0, dims.NIN, dims.D, dims.BN, dims.BK_IN)
         pdl_wait(sched.PDL_FIRST)
         ok = wait_task(claim, INTERPRET, POLL, THREADS, False)
         if sched.TRACE:
             stamp(trace, claim.task, 1, INTERPRET)
         acc = gemv_tile_from(
-            b_w0,
-            x + ks * KK,
-            dims.D,
-            w_in + ks * KK,
-            n0,
-            XR,
-            dims.NIN,
-            KK,
-            dims.D,
-            dims.BN,
-            dims.BK_IN,
-            INTERPRET,
+            b_w0, x + ks * KK, dims.D, w_in + ks * KK, n0, XR, dims.NIN, KK, dims.D, dims.BN, dims.BK_IN, INTERPRET,
             dims.M,
-        )
+        )  # fmt: skip
     else:
         acc = gemv_tile(
             x + ks * KK, dims.D, w_in + ks * KK, n0, XR, dims.NIN, KK, dims.D, dims.BN, dims.BK_IN, INTERPRET, dims.M
