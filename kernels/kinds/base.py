@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+from collections import namedtuple
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -27,6 +28,9 @@ class Knob:
     default: object
     cls: KnobClass
     help: str
+    # the layer kernel's code reads it as it is: it travels in the launch's constexprs whole, with every such knob
+    # of its kind (`KnobRecord.code()`, the kernel's `sched.KNOB.<name>`), and needs no field of its own elsewhere
+    code: bool = False
 
 
 # The runtime's knobs, shared by the kinds (grid 0: three programs per SM on a GPU, 4 programs in the
@@ -66,6 +70,7 @@ class KnobRecord(Mapping):
     knob's default is refused when the record is made."""
 
     DECLARED: ClassVar[dict[str, Knob]] = {}
+    CODE: ClassVar[type] = namedtuple("NoKnobs", [])  # its kind's `code` knobs' named tuple
 
     def __post_init__(self) -> None:
         for name, knob in self.DECLARED.items():
@@ -93,6 +98,11 @@ class KnobRecord(Mapping):
     def replace(self, **changes) -> KnobRecord:
         return dataclasses.replace(self, **changes)
 
+    def code(self) -> tuple:
+        """The knobs the kernel's code reads as they are (`Knob.code`), as a named tuple: a constexpr the layer
+        kernel gets whole (`sched.KNOB`), each read by name in the body that acts on it."""
+        return self.CODE(*(getattr(self, n) for n in self.CODE._fields))
+
     def __reduce__(self):  # pickled by kind (worker and rank processes are sent keys): its class is made at run time
         return (_knob_record, (self.KIND, dict(self)))
 
@@ -107,6 +117,7 @@ def knob_record(kind: str, knobs: dict[str, Knob]) -> type[KnobRecord]:
         name, fields, bases=(KnobRecord,), frozen=True, eq=False, namespace={"__hash__": KnobRecord.__hash__}
     )
     cls.DECLARED, cls.KIND, cls.__module__ = dict(knobs), kind, __name__
+    cls.CODE = namedtuple(name + "Code", [n for n, k in knobs.items() if k.code])
     return cls
 
 

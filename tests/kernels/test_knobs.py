@@ -1,7 +1,12 @@
+from dataclasses import replace
+
 import pytest
 
 from glm53ctl.errors import ConfigError, UsageError
-from glm53ctl.kernels.kinds import KINDS, kernel_kinds
+from glm53ctl.kernels.kinds import KINDS, get_kind, kernel_kinds
+from glm53ctl.kernels.kinds.base import knob_record
+from glm53ctl.kernels.kinds.layer.launch import LayerLaunch
+from glm53ctl.kernels.spec import load_model
 from glm53ctl.tuning.knobs import RUNTIME_KNOBS, check_knobs, defaults, kind_knobs, resolve_grid
 
 
@@ -160,3 +165,18 @@ def test_kernels_read_knobs_by_field_not_by_string():
             ):
                 found.append(f"{path.name}:{node.lineno}")
     assert not found, found
+
+
+def test_a_knob_the_code_reads_reaches_the_layer_kernel_whole():
+    """A knob declared `code=True` needs nothing but its declaration and the body that reads it: the record carries
+    it into the launch's constexprs (`sched.KNOB.<name>`), with its value at the key, and no other knob is there."""
+    kind = get_kind("dense")
+    declared = kind.all_knobs()
+    assert all(not k.code for k in declared.values())  # today every knob the code reads has a field of its own
+    probe = replace(next(iter(declared.values())), name="probe", values=(0, 1), default=0, code=True)
+    record = knob_record("dense", {**declared, "probe": probe})
+    assert record().code() == record.CODE(probe=0) and record.CODE._fields == ("probe",)
+    knobs = record().replace(probe=1)
+    sched = LayerLaunch(load_model("tiny"), 1, 1, knobs, "cpu").constexprs()["sched"]
+    assert sched.KNOB.probe == 1 and sched.KNOB._fields == ("probe",)
+    assert LayerLaunch(load_model("tiny"), 1, 1, kind.record(), "cpu").constexprs()["sched"].KNOB == ()

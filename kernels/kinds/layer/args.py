@@ -295,6 +295,8 @@ class Schedule(NamedTuple):
     # the task types this launch's code holds (runtime/tasks.py `types_mask`; knob stage_code=own: a stage's
     # own); 0: every type, one code for every launch of the layer
     ONLY: int = 0
+    # the kind's knobs the code reads as they are (`Knob.code`: `KNOB.<name>`), whole
+    KNOB: tuple = ()
 
 
 def pick(group: type[NamedTuple], tensors: dict) -> NamedTuple:

@@ -289,6 +289,7 @@ class LayerLaunch(PersistentLaunch):
                 SEL_ONE=bool(d.mla and d.SEL.ROW),
                 GATE_EARLY=self.knobs.gate_loads == "early",
                 ONLY=types_mask(self.code_types) if self.knobs.stage_code == "own" and self.code_types else 0,
+                KNOB=self.knobs.code(),
             ),
             "MLA": d.mla,
             "MOE": d.moe,
