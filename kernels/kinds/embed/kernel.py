@@ -13,37 +13,11 @@ from glm53ctl.kernels.runtime.tasks import fields
 
 @triton.jit(do_not_specialize=["stuck_site", "budget_ns", "rank", "mute", "peer_words"])
 def embed_kernel(
-    rt,
-    tokens,
-    table,
-    partial,
-    peer_partials,
-    H,
-    peer_slots,
-    peer_flags,
-    arrive,
-    R,
-    rank,
-    mute,
-    vocab_offset,
-    n_tasks,
-    n_peers,
-    peer_words,
-    n_programs,
-    stuck_site,
-    budget_ns,
-    D: tl.constexpr,
-    HC: tl.constexpr,
-    V_LOCAL: tl.constexpr,
-    TP: tl.constexpr,
-    CHUNK: tl.constexpr,
-    INTERPRET: tl.constexpr,
-    POLL: tl.constexpr,
-    THREADS: tl.constexpr,
-    PDL: tl.constexpr,
-    ONE_TASK: tl.constexpr,
-    REMOTE: tl.constexpr,
-):
+    rt, tokens, table, partial, peer_partials, H, peer_slots, peer_flags, arrive, R, rank, mute, vocab_offset,
+    n_tasks, n_peers, peer_words, n_programs, stuck_site, budget_ns, D: tl.constexpr, HC: tl.constexpr,
+    V_LOCAL: tl.constexpr, TP: tl.constexpr, CHUNK: tl.constexpr, INTERPRET: tl.constexpr, POLL: tl.constexpr,
+    THREADS: tl.constexpr, PDL: tl.constexpr, ONE_TASK: tl.constexpr, REMOTE: tl.constexpr,
+):  # fmt: skip
     ctl, flags = rt.ctl, rt.flags  # the runtime's buffers (runtime/launch.py RuntimeBuffers)
     if PDL:  # a stage of separate-pdl: the token ids are the launch's input, so nothing to ask for first
         device.pdl_enter(INTERPRET)

@@ -19,15 +19,9 @@ class EmbedLaunch(PersistentLaunch):
     kernel = embed_kernel
 
     def __init__(
-        self,
-        spec,
-        tp: int,
-        rows: int,
-        knobs: KnobRecord,
-        device,
-        partial_only: bool = False,
+        self, spec, tp: int, rows: int, knobs: KnobRecord, device, partial_only: bool = False,
         links: PeerLinks | None = None,
-    ) -> None:
+    ) -> None:  # fmt: skip
         self.spec, self.tp, self.rows, self.knobs = spec, tp, rows, knobs
         self.D, self.v_local = spec.hidden, spec.shards(tp).vocab
         self.chunk = min(knobs.chunk, self.D)

@@ -49,15 +49,9 @@ class TailLaunch(PersistentLaunch):
     kernel = tail_kernel
 
     def __init__(
-        self,
-        spec,
-        tp: int,
-        rows: int,
-        knobs: KnobRecord,
-        device,
-        partial_only: bool = False,
+        self, spec, tp: int, rows: int, knobs: KnobRecord, device, partial_only: bool = False,
         links: PeerLinks | None = None,
-    ) -> None:
+    ) -> None:  # fmt: skip
         self.spec, self.tp, self.rows, self.knobs = spec, tp, rows, knobs
         self.D, self.v_local = spec.hidden, spec.shards(tp).vocab
         self.partial_only = partial_only

@@ -108,30 +108,10 @@ def mla_row(
 
 @triton.jit
 def _mla_row_kernel(
-    y,
-    qr,
-    wi,
-    latent,
-    index_key,
-    index_gate,
-    pooled,
-    q_norm,
-    kv_norm,
-    k_w,
-    k_b,
-    ape,
-    pos,
-    eps,
-    ln_eps,
-    QL: tl.constexpr,
-    QLP: tl.constexpr,
-    C: tl.constexpr,
-    IH: tl.constexpr,
-    HI: tl.constexpr,
-    KP: tl.constexpr,
-    LMAX: tl.constexpr,
-    INTERPRET: tl.constexpr,
-):
+    y, qr, wi, latent, index_key, index_gate, pooled, q_norm, kv_norm, k_w, k_b, ape, pos, eps, ln_eps,
+    QL: tl.constexpr, QLP: tl.constexpr, C: tl.constexpr, IH: tl.constexpr, HI: tl.constexpr, KP: tl.constexpr,
+    LMAX: tl.constexpr, INTERPRET: tl.constexpr,
+):  # fmt: skip
     r = tl.program_id(0)
     mla_row(
         y, qr, wi, latent, index_key, index_gate, pooled, q_norm, kv_norm, k_w, k_b, ape, r, tl.load(pos + r),

@@ -153,25 +153,9 @@ def mla_task(
 @pinned(SYMBOLS)
 @triton.jit(noinline=True)
 def task_mla_row(
-    y_a,
-    qr,
-    wi,
-    caches,
-    norms,
-    pos,
-    r,
-    part,
-    eps,
-    ln_eps,
-    QL: tl.constexpr,
-    QLP: tl.constexpr,
-    C: tl.constexpr,
-    IH: tl.constexpr,
-    HI: tl.constexpr,
-    KP: tl.constexpr,
-    LMAX: tl.constexpr,
-    INTERPRET: tl.constexpr,
-):
+    y_a, qr, wi, caches, norms, pos, r, part, eps, ln_eps, QL: tl.constexpr, QLP: tl.constexpr, C: tl.constexpr,
+    IH: tl.constexpr, HI: tl.constexpr, KP: tl.constexpr, LMAX: tl.constexpr, INTERPRET: tl.constexpr,
+):  # fmt: skip
     """MLA_ROW (row r, part): part 0 q_a's norm (what q_b reads); part 1 the head weights and the cache writes at
     its position (`mla_row`). caches: (latent, index_key, index_gate, pooled); norms: (q_a's, kv_a's, the key's
     LayerNorm weight and bias, the pool ape)."""

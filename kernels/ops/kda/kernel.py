@@ -236,31 +236,9 @@ def kda_core_kernel(
     P: tl.constexpr = H * K
     o_k = tl.arange(0, K)
     kda_head(
-        u,
-        3 * P,
-        P,
-        K,
-        tl.load(b + r * H + h),
-        tl.load(f + r * P + h * K + o_k),
-        conv_in,
-        conv_out,
-        conv_w,
-        A_log,
-        dt_bias,
-        S_in,
-        S_out,
-        scr,
-        r,
-        h,
-        0,
-        lower_bound,
-        H,
-        K,
-        W,
-        1,
-        INTERPRET,
-        True,
-    )
+        u, 3 * P, P, K, tl.load(b + r * H + h), tl.load(f + r * P + h * K + o_k), conv_in, conv_out, conv_w, A_log,
+        dt_bias, S_in, S_out, scr, r, h, 0, lower_bound, H, K, W, 1, INTERPRET, True,
+    )  # fmt: skip
     kda_norm(scr, tl.load(og + r * P + h * K + o_k), o_norm_w, z, r, h, eps, H, K, INTERPRET)
 
 

@@ -55,24 +55,10 @@ def kda_write_back(attn_state, attn_buf, r, h, part, dims: tl.constexpr, INTERPR
     """Knob oproj_first: head h of row r's new states (part `part`), recomputed from S_in with the same operations
     as its task (the same bits), after the task its program ran next (an o_proj tile)."""
     kda_write_state(
-        scr=attn_buf.kscr,
-        u=attn_buf.y_in + dims.HDR,
-        u_row=dims.NIN,
-        u_part=dims.K,
-        u_head=3 * dims.K,
-        conv_in=attn_state.conv_in,
-        conv_out=attn_state.conv_out,
-        S_in=attn_state.S_in,
-        S_out=attn_state.S_out,
-        r=r,
-        h=h,
-        part=part,
-        H=dims.HL,
-        K=dims.K,
-        W=dims.W,
-        NV=dims.NV,
-        INTERPRET=INTERPRET,
-    )
+        scr=attn_buf.kscr, u=attn_buf.y_in + dims.HDR, u_row=dims.NIN, u_part=dims.K, u_head=3 * dims.K,
+        conv_in=attn_state.conv_in, conv_out=attn_state.conv_out, S_in=attn_state.S_in, S_out=attn_state.S_out, r=r,
+        h=h, part=part, H=dims.HL, K=dims.K, W=dims.W, NV=dims.NV, INTERPRET=INTERPRET,
+    )  # fmt: skip
 
 
 @pinned(SYMBOLS)
@@ -165,31 +151,10 @@ def task_kda(
     f_h = gemv_tile(lr, 2 * dims.RG, w_fb, h * dims.K, R, P, dims.RG, dims.RG, dims.K, dims.BK_R, INTERPRET)
     og_h = gemv_tile(lr + dims.RG, 2 * dims.RG, w_gb, h * dims.K, R, P, dims.RG, dims.RG, dims.K, dims.BK_R, INTERPRET)
     kda_head(
-        y_in + 2 * dims.RG + dims.HL,
-        NIN,
-        dims.K,
-        3 * dims.K,
-        tl.load(y_in + r * NIN + 2 * dims.RG + h),
-        tl.sum(tl.where(sel, f_h, 0.0), axis=0),
-        conv_in,
-        conv_out,
-        conv_w,
-        A_log,
-        dt_bias,
-        S_in,
-        S_out,
-        kscr,
-        r,
-        h,
-        part,
-        lower_bound,
-        dims.HL,
-        dims.K,
-        dims.W,
-        dims.NV,
-        INTERPRET,
-        not sched.OPROJ_FIRST,
-    )
+        y_in + 2 * dims.RG + dims.HL, NIN, dims.K, 3 * dims.K, tl.load(y_in + r * NIN + 2 * dims.RG + h),
+        tl.sum(tl.where(sel, f_h, 0.0), axis=0), conv_in, conv_out, conv_w, A_log, dt_bias, S_in, S_out, kscr, r,
+        h, part, lower_bound, dims.HL, dims.K, dims.W, dims.NV, INTERPRET, not sched.OPROJ_FIRST,
+    )  # fmt: skip
     last = _last_part(arrive, epoch, r, h, dims.HL, dims.NV)
     if last:
         kda_norm(kscr, tl.sum(tl.where(sel, og_h, 0.0), axis=0), o_norm, z, r, h, eps, dims.HL, dims.K, INTERPRET)

@@ -137,22 +137,9 @@ def hc_post_cols(a, H, post, comb, H_out, r, o_c, D: tl.constexpr, HC: tl.conste
 
 @triton.jit
 def gate_kernel(
-    H,
-    fn,
-    base,
-    scale,
-    norm_w,
-    x_hat,
-    post,
-    comb,
-    hc_eps,
-    norm_eps,
-    D: tl.constexpr,
-    HC: tl.constexpr,
-    ITERS: tl.constexpr,
-    CH: tl.constexpr,
-    INTERPRET: tl.constexpr,
-):
+    H, fn, base, scale, norm_w, x_hat, post, comb, hc_eps, norm_eps, D: tl.constexpr, HC: tl.constexpr,
+    ITERS: tl.constexpr, CH: tl.constexpr, INTERPRET: tl.constexpr,
+):  # fmt: skip
     """Row program_id(0)'s gate, chunk by chunk as the layer kinds' tasks make it (the same sums in the same
     order)."""
     r = tl.program_id(0)
@@ -194,22 +181,9 @@ def gate(H, fn, base, scale, norm_w, spec, chunk: int = 128):
     post = torch.empty(R, hc, dtype=torch.float32, device=H.device)
     comb = torch.empty(R, hc, hc, dtype=torch.float32, device=H.device)
     gate_kernel[(R,)](
-        H,
-        fn,
-        base,
-        scale,
-        norm_w,
-        x_hat,
-        post,
-        comb,
-        spec.mhc.eps,
-        spec.model.rms_norm_eps,
-        D=D,
-        HC=hc,
-        ITERS=spec.mhc.sinkhorn_iters,
-        CH=min(chunk, D),
-        INTERPRET=interpreting(),
-    )
+        H, fn, base, scale, norm_w, x_hat, post, comb, spec.mhc.eps, spec.model.rms_norm_eps, D=D, HC=hc,
+        ITERS=spec.mhc.sinkhorn_iters, CH=min(chunk, D), INTERPRET=interpreting(),
+    )  # fmt: skip
     return x_hat, post, comb
 
 
