@@ -180,6 +180,16 @@ def _run(argv: list[str] | None) -> int:
         usage = _usage_error(e)
         if usage is not None:
             return usage
+        if _out_of_memory(e) and not interrupts.stopped():
+            if os.environ.get("GLM53CTL_DEBUG") == "1":
+                traceback.print_exc()
+            first = str(e).split(". ")[0]
+            print_error(
+                f"the GPU ran out of memory: {first}",
+                "ask for fewer keys at once (--kind, --tp, --rows), or use a GPU with more memory; GLM53CTL_DEBUG=1 "
+                "shows where",
+            )
+            return EXIT_USAGE
         if not interrupts.stopped():
             raise
         if os.environ.get("GLM53CTL_DEBUG") == "1":
@@ -192,6 +202,11 @@ def _run(argv: list[str] | None) -> int:
         print_error(stop.message)
         return stop.exit_code
     return code if isinstance(code, int) else 0
+
+
+def _out_of_memory(e: Exception) -> bool:
+    """torch's CUDA out-of-memory error (known by name: the CLI does not import torch for itself)."""
+    return type(e).__name__ == "OutOfMemoryError" and type(e).__module__.startswith("torch")
 
 
 def _usage_error(e: Exception) -> int | None:

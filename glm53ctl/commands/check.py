@@ -450,7 +450,16 @@ def _per_key(fn, weights, keys, jobs: int, *args, costs: list[float] | None = No
     the log and the keys not yet done go on in fresh workers."""
     order = sorted(range(len(keys)), key=lambda i: -costs[i]) if costs and jobs > 1 else range(len(keys))
     if jobs <= 1 and not reaped:
+        import torch  # the CLI imports torch where a command runs, not to start
+
+        group = None
         for i in order:
+            if weights is not None and torch.cuda.is_available() and (keys[i].kind, keys[i].tp) != group:
+                # another kind or width reads other tensors: the last ones' go, or the GPU holds every kind's
+                # shards of every width at once (12 keys of three kinds at TP4 and TP8 filled an 80 GB H100)
+                group = (keys[i].kind, keys[i].tp)
+                weights.drop_raw()
+                torch.cuda.empty_cache()
             yield i, fn(keys[i], *args, weights=weights)
         return
     pending = list(order)

@@ -276,3 +276,27 @@ def test_counts_agree_with_their_nouns():
         if bare.search(line)
     ]
     assert not found, "\n".join(found)
+
+
+def test_a_gpu_out_of_memory_is_said_in_one_line(monkeypatch, capsys):
+    """torch's CUDA out-of-memory error from any command (check --against over many keys filled an 80 GB H100):
+    `Error:` with torch's first sentence and a hint, exit 2, no traceback; any other error still propagates."""
+    import torch
+
+    from glm53ctl import cli
+
+    def full(**_):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.13 GiB. GPU 0 has a total capacity")
+
+    monkeypatch.setattr(cli, "app", full)
+    assert cli._run(["check"]) == 2
+    err = capsys.readouterr().err
+    assert "Error: the GPU ran out of memory: CUDA out of memory" in err and "fewer keys" in err
+    assert "Traceback" not in err and "Tried to allocate" not in err
+
+    def other(**_):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(cli, "app", other)
+    with pytest.raises(RuntimeError):
+        cli._run(["check"])

@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -74,3 +75,26 @@ def test_workers_heartbeats_never_run_together_on_one_line():
     assert len(lines) > 20 and all(whole.fullmatch(line) and len(set(line[8:308])) == 1 for line in lines), [
         line[:80] for line in lines if not whole.fullmatch(line)
     ][:3]
+
+
+def test_one_process_on_a_gpu_keeps_one_kind_and_widths_weights_at_a_time(monkeypatch):
+    """In one process on a GPU, the checkpoint-layout tensors of the keys before go when the kind or the width
+    changes (12 keys of three kinds at TP4 and TP8 filled an 80 GB H100), and stay within one; on a CPU they stay."""
+    import torch
+
+    from glm53ctl.commands.check import _per_key
+
+    class Drawn:
+        drops = 0
+
+        def drop_raw(self):
+            self.drops += 1
+
+    keys = [SimpleNamespace(kind=k, tp=t) for k, t in (("dense", 4), ("dense", 4), ("dense", 8), ("kda", 8))]
+    weights = Drawn()
+    assert [i for i, _ in _per_key(lambda key, weights: key, weights, keys, 1)] == [0, 1, 2, 3]
+    assert weights.drops == 0  # no GPU here
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    assert [i for i, _ in _per_key(lambda key, weights: key, weights, keys, 1)] == [0, 1, 2, 3]
+    assert weights.drops == 3  # before dense TP4, dense TP8 and kda TP8
