@@ -12,8 +12,8 @@ import triton.language as tl
 from glm53ctl.kernels.ops.ffn.kernel import swiglu_act
 from glm53ctl.kernels.ops.ffn.tasks import DOWN, GU
 from glm53ctl.kernels.ops.gemv.kernel import gemv_first_weights, gemv_tile_pair, gemv_tile_pair_from
-from glm53ctl.kernels.ops.gemv.layer import PR, fold_rows, task_partial
-from glm53ctl.kernels.runtime.device import pdl_wait, stamp, wait_task
+from glm53ctl.kernels.ops.gemv.layer import PR, fold_rows, gemv_rows, task_partial, wait_after_weights
+from glm53ctl.kernels.runtime.device import stamp, wait_task
 from glm53ctl.kernels.runtime.tasks import fields, may_run
 from glm53ctl.kernels.tlx import pinned, to_bf16
 
@@ -56,20 +56,15 @@ def task_gate_up(
     x: x̂ [R, D], or (FOLD, as for the in-projection) H1's R * HC stream rows against w_gate and w_up ⊙ norm_w:
     slice 0 then also waits (late) for the FFN gates and applies their pre and 1/RMS, as the folded
     in-projection does. True unless a wait failed."""
-    XR = R
-    if sched.FOLD:
-        XR = R * dims.HC
+    ok = claim.task >= 0
+    XR = gemv_rows(R, dims, sched)
     KS: tl.constexpr = dims.KS_GU  # its own constexpr: tl.static_range takes no field of a record
     KK: tl.constexpr = dims.D // KS
-    ok = claim.task >= 0
     # knob weights_first: both first weight chunks in flight, then the early waits (the loop left them)
     if sched.WEIGHTS_FIRST:
         b_g0 = gemv_first_weights(w_gate + ks * KK, n0, dims.I, dims.D, dims.BN_GU, dims.BK_GU)
         b_u0 = gemv_first_weights(w_up + ks * KK, n0, dims.I, dims.D, dims.BN_GU, dims.BK_GU)
-        pdl_wait(sched.PDL_FIRST)
-        ok = wait_task(claim, INTERPRET, POLL, THREADS, False)
-        if sched.TRACE:
-            stamp(trace, claim.task, 1, INTERPRET)
+        ok = wait_after_weights(claim, trace, sched, INTERPRET, POLL, THREADS)
         g_s, u_s = gemv_tile_pair_from(
             b_g0, b_u0, x + ks * KK, dims.D, w_gate + ks * KK, w_up + ks * KK, n0, XR, dims.I, KK, dims.D, dims.BN_GU,
             dims.BK_GU, INTERPRET, dims.M,

@@ -6,13 +6,35 @@ import triton
 import triton.language as tl
 
 from glm53ctl.kernels.ops.gemv.kernel import gemv_first_weights, gemv_tile, gemv_tile_from, sum_streams
-from glm53ctl.kernels.runtime.device import pdl_wait, wait_task
+from glm53ctl.kernels.runtime.device import pdl_wait, stamp, wait_task
 from glm53ctl.kernels.tlx import pinned
 
 # the symbols of the noinline task bodies below (tlx.pinned: a move keeps their cubins)
 SYMBOLS = "glm53ctl.kernels.kinds.layer.shared"
 
 PR = tl.constexpr(8)  # floats per row of the gates' pre [HC] and 1/RMS (buffer "pr")
+
+
+@triton.jit
+def gemv_rows(R, dims: tl.constexpr, sched: tl.constexpr):
+    """A K-sliced GEMV task's input rows: R, or (knob `norm` fold) H's R * HC stream rows."""
+    XR = R
+    if sched.FOLD:
+        XR = R * dims.HC
+    return XR
+
+
+@triton.jit
+def wait_after_weights(
+    claim, trace, sched: tl.constexpr, INTERPRET: tl.constexpr, POLL: tl.constexpr, THREADS: tl.constexpr
+):
+    """Knob weights_first, a body's first weight chunks in flight: gdc_wait where chained by PDL, then the task's
+    early waits (the claim loop left them to the body), stamped in a trace. True unless a wait failed."""
+    pdl_wait(sched.PDL_FIRST)
+    ok = wait_task(claim, INTERPRET, POLL, THREADS, False)
+    if sched.TRACE:
+        stamp(trace, claim.task, 1, INTERPRET)
+    return ok
 
 
 @triton.jit

@@ -12,14 +12,14 @@ import triton
 import triton.language as tl
 
 from glm53ctl.kernels.ops.gemv.kernel import gemv_first_weights, gemv_tile, gemv_tile_from
-from glm53ctl.kernels.ops.gemv.layer import fold_rows
+from glm53ctl.kernels.ops.gemv.layer import fold_rows, gemv_rows, wait_after_weights
 from glm53ctl.kernels.ops.kda.kernel import (
     kda_head,
     kda_norm,
     kda_write_state,
 )
 from glm53ctl.kernels.ops.kda.tasks import INPROJ, KDA_HEAD
-from glm53ctl.kernels.runtime.device import arrive_last, pdl_wait, stamp, wait_task
+from glm53ctl.kernels.runtime.device import arrive_last, stamp, wait_task
 from glm53ctl.kernels.runtime.tasks import fields, may_run
 from glm53ctl.kernels.tlx import pinned, to_bf16
 
@@ -75,19 +75,14 @@ def task_inproj(
     against w_in ⊙ norm_w, needing nothing from the gate: slice 0 then also waits (late) for the gates and makes
     y[r] = 1/RMS[r] * sum_j pre[r, j] * acc[r * HC + j] (x = sum_j pre_j H_j is linear in H). True unless a
     wait failed."""
-    XR = R
-    if sched.FOLD:
-        XR = R * dims.HC
+    XR = gemv_rows(R, dims, sched)
     KS: tl.constexpr = dims.KS_IN  # its own constexpr: tl.static_range takes no field of a record
     KK: tl.constexpr = dims.D // KS
     ok = claim.task >= 0
     # knob weights_first: the first weight chunk in flight, then the early waits (the loop left them)
     if sched.WEIGHTS_FIRST:
         b_w0 = gemv_first_weights(w_in + ks * KK, n0, dims.NIN, dims.D, dims.BN, dims.BK_IN)
-        pdl_wait(sched.PDL_FIRST)
-        ok = wait_task(claim, INTERPRET, POLL, THREADS, False)
-        if sched.TRACE:
-            stamp(trace, claim.task, 1, INTERPRET)
+        ok = wait_after_weights(claim, trace, sched, INTERPRET, POLL, THREADS)
         acc = gemv_tile_from(
             b_w0, x + ks * KK, dims.D, w_in + ks * KK, n0, XR, dims.NIN, KK, dims.D, dims.BN, dims.BK_IN, INTERPRET,
             dims.M,
