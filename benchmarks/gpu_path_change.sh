@@ -13,7 +13,7 @@ pack() { tar czf "$FINAL/results.tgz" -C "$OUT" .; }
 [ -n "${PYTHONPATH:-}" ] || . benchmarks/gpu_setup.sh
 for set in "$@"; do
   IFS=: read -r kinds tps rows space trials limit <<< "$set"
-  name="tune-${kinds//,/-}-tp${tps//,/-}-r${rows//,/-}"
+  name="tune-${kinds//,/-}-tp${tps//,/-}-r${rows//,/-}-${space//,/-}"
   ctx=""; [[ $kinds == *sparse* ]] && ctx="--context 4096"  # a context for the kinds that read caches only
   timeout "${limit:-${TUNE_S:-200}}" glm53ctl tune -m glm53_flash --kind "$kinds" --tp "$tps" --rows "$rows" $ctx \
     --space "$space" --trials "${trials:-2}" --top 1 --write --json > "$OUT/$name.json" 2> "$OUT/$name.err"
