@@ -183,9 +183,9 @@ def _run(argv: list[str] | None) -> int:
         if _out_of_memory(e) and not interrupts.stopped():
             if os.environ.get("GLM53CTL_DEBUG") == "1":
                 traceback.print_exc()
-            first = str(e).split(". ")[0]
+            said = ". ".join(str(e).split(". ")[:2])  # torch's first two sentences: what it asked for
             print_error(
-                f"the GPU ran out of memory: {first}",
+                f"the GPU ran out of memory: {said}",
                 "ask for fewer keys at once (--kind, --tp, --rows), or use a GPU with more memory; GLM53CTL_DEBUG=1 "
                 "shows where",
             )

@@ -280,7 +280,8 @@ def test_counts_agree_with_their_nouns():
 
 def test_a_gpu_out_of_memory_is_said_in_one_line(monkeypatch, capsys):
     """torch's CUDA out-of-memory error from any command (check --against over many keys filled an 80 GB H100):
-    `Error:` with torch's first sentence and a hint, exit 2, no traceback; any other error still propagates."""
+    `Error:` with torch's first two sentences (what it asked for) and a hint, exit 2, no traceback; any other error
+    still propagates."""
     import torch
 
     from glm53ctl import cli
@@ -291,8 +292,8 @@ def test_a_gpu_out_of_memory_is_said_in_one_line(monkeypatch, capsys):
     monkeypatch.setattr(cli, "app", full)
     assert cli._run(["check"]) == 2
     err = capsys.readouterr().err
-    assert "Error: the GPU ran out of memory: CUDA out of memory" in err and "fewer keys" in err
-    assert "Traceback" not in err and "Tried to allocate" not in err
+    assert "Error: the GPU ran out of memory: CUDA out of memory. Tried to allocate 1.13 GiB" in err
+    assert "fewer keys" in err and "Traceback" not in err and "total capacity" not in err
 
     def other(**_):
         raise RuntimeError("a bug")
