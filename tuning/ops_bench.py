@@ -20,7 +20,7 @@ from glm53ctl.kernels.kinds.layer.shared import gate_runner
 from glm53ctl.kernels.ops.dsa.attend import sparse_mla_launch
 from glm53ctl.kernels.ops.dsa.indexer import scores_runner
 from glm53ctl.kernels.ops.dsa.naive import mla_scale
-from glm53ctl.kernels.ops.dsa.select import ROW_POOLS, ROW_SELECT, select_runner
+from glm53ctl.kernels.ops.dsa.select import select_runner
 from glm53ctl.kernels.ops.ffn.moe import ROUTER_SLICES, route_runner
 from glm53ctl.kernels.ops.kda.kernel import kda_core
 from glm53ctl.tuning import measure
@@ -36,14 +36,12 @@ class OpBench:
     most: int | None = None  # the largest size it takes (None: any)
 
 
-def _select(spec, pools: int, device, row: bool = False, early: bool = False, bits: int = 8) -> Callable:
-    """One row's selection over `pools` pools of random scores, its caches full (pools x kpool tokens); `row`: in
-    one program (knob select=row, row4, rowsort: its threshold by `bits`); `early`: each pass's scores loaded
-    before its pick (knob select=early)."""
+def _select(spec, pools: int, device) -> Callable:
+    """One row's selection over `pools` pools of random scores, its caches full (pools x kpool tokens)."""
     g = torch.Generator(device="cpu").manual_seed(pools)
     scores = torch.randn(1, pools, generator=g).to(device)
     n = torch.tensor([pools * spec.indexer.kpool])
-    return select_runner(scores, n, spec, row=row, early=early, bits=bits)
+    return select_runner(scores, n, spec)
 
 
 def _route(spec, rows: int, device) -> Callable:
@@ -79,15 +77,14 @@ def _kda_head(spec, heads: int, device) -> Callable:
     return _with_inputs(lambda: kda_core(*inputs, spec), *inputs)
 
 
-def _gate(spec, rows: int, device, early: bool = False) -> Callable:
+def _gate(spec, rows: int, device) -> Callable:
     """The mHC gate of `rows` rows as the layer lays it out: a MIX task a row and column chunk (128 columns), then
-    a GATE task a chunk and the COMB task (kinds/layer/shared.py `gate_runner`: two launches); `early`: the gate
-    tasks of knob gate_loads=early."""
+    a GATE task a chunk and the COMB task (kinds/layer/shared.py `gate_runner`: two launches)."""
     hc, D, rnd = spec.mhc.streams, spec.hidden, _random(rows, device)
     H = rnd(rows, hc, D, dtype=torch.bfloat16)
     fn, base = rnd((2 + hc) * hc, hc * D, scale=(hc * D) ** -0.5), rnd((2 + hc) * hc, scale=0.1)
     scale, norm_w = 1 + rnd(3, scale=0.1), (1 + rnd(D, scale=0.1)).to(torch.bfloat16)
-    return _with_inputs(gate_runner(H, fn, base, scale, norm_w, spec, early=early), H, fn, base, scale, norm_w)
+    return _with_inputs(gate_runner(H, fn, base, scale, norm_w, spec), H, fn, base, scale, norm_w)
 
 
 def _scores(spec, pools: int, device) -> Callable:
@@ -112,35 +109,12 @@ def _mla_attention(spec, heads: int, device) -> Callable:
     return _with_inputs(lambda: sparse_mla_launch(q, latent, idx, scale), q, latent, idx, scale)
 
 
-# how select_row finds its threshold at each BITS (kernels/ops/dsa/select.py, SelectDims.BITS)
-ROW_THRESHOLDS = {8: "four 8-bit passes of a 256-bin histogram", 4: "eight 4-bit passes of comparisons", 0: "a sort"}
-
 OPS = {
     "select": OpBench(
         "the exact top-k of a row's pools and their tokens (ops/dsa/select.py: four radix passes and the take)",
         "pools",
         (256, 1024, 4096, 16384, 32768),
         _select,
-        5,
-    ),
-    **{
-        f"select_{value}": OpBench(
-            f"the same top-k in one program a row, every key in registers, its threshold by "
-            f"{ROW_THRESHOLDS[bits]} (knob select={value})",
-            "pools",
-            (256, 1024, 4096),
-            lambda spec, pools, device, bits=bits: _select(spec, pools, device, row=True, bits=bits),
-            1,
-            most=ROW_POOLS,
-        )
-        for value, bits in ROW_SELECT.items()
-    },
-    "select_early": OpBench(
-        "the same top-k over parts, each pass and the take loading their part's scores before their pick (knob "
-        "select=early)",
-        "pools",
-        (256, 1024, 4096, 16384, 32768),
-        lambda spec, pools, device: _select(spec, pools, device, early=True),
         5,
     ),
     "route": OpBench(
@@ -164,14 +138,6 @@ OPS = {
         "rows",
         (1, 2, 4, 8),
         _gate,
-        2,
-        most=16,
-    ),
-    "gate_early": OpBench(
-        "the same with the gate tasks asking for every load first (knob gate_loads=early)",
-        "rows",
-        (1, 2, 4, 8),
-        lambda spec, rows, device: _gate(spec, rows, device, early=True),
         2,
         most=16,
     ),

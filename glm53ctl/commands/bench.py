@@ -96,12 +96,10 @@ def bench(
         typer.Option(
             "--op",
             metavar="OP,...",
-            help="Time an op's body alone instead of launches: select (the top-k over --sizes pools), select_row "
-            "(the same in one program a row), select_row4 and select_rowsort (knob select=row4, rowsort), "
-            "select_early (knob select=early), route (the routing of --sizes rows), kda_head (the KDA core of "
-            "--sizes heads), gate (the mHC gate of --sizes rows), gate_early (knob gate_loads=early), scores (the "
-            "index scores of --sizes pools), mla_attention (the sparse MLA of --sizes heads); its plain launches in "
-            "a CUDA graph.",
+            help="Time an op's body alone instead of launches: select (the top-k over --sizes pools), route (the "
+            "routing of --sizes rows), kda_head (the KDA core of --sizes heads), gate (the mHC gate of --sizes "
+            "rows), scores (the index scores of --sizes pools), mla_attention (the sparse MLA of --sizes heads); its "
+            "plain launches in a CUDA graph.",
         ),
     ] = None,
     sizes: Annotated[

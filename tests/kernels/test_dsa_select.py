@@ -7,29 +7,19 @@ import pytest
 import torch
 
 from glm53ctl.kernels.ops.dsa.naive import select_token_rows
-from glm53ctl.kernels.ops.dsa.select import ROW_POOLS, ROW_SELECT, select_dims, select_launch
+from glm53ctl.kernels.ops.dsa.select import select_launch
 from glm53ctl.kernels.spec import load_model
 
 pytestmark = pytest.mark.interpreter
 
 
 def _check(scores: torch.Tensor, n: list[int], spec, parts: tuple[int, ...]) -> torch.Tensor:
-    """The selection over parts of each size in `parts` (pools), also with each part's scores loaded before its
-    pick (knob select=early), and in one program a row (knob select=row, row4, rowsort: each body of the
-    threshold) where the row's pools fit one: the
-    reference's tokens, whatever the parts."""
+    """The selection over parts of each size in `parts` (pools): the reference's tokens, whatever the parts."""
     nn = torch.tensor(n)
     want = select_token_rows(scores, nn, spec)
     for part in parts:
         got = select_launch(scores, nn, spec, part=part)
         assert torch.equal(got.long(), want), (part, got, want)
-        assert select_dims(scores.shape[1], part, early=True).EARLY == (part <= 1024)
-        got = select_launch(scores, nn, spec, part=part, early=True)
-        assert torch.equal(got.long(), want), ("early", part, got, want)
-    if scores.shape[1] <= ROW_POOLS:
-        for value, bits in ROW_SELECT.items():  # select=row, row4, rowsort
-            got = select_launch(scores, nn, spec, row=True, bits=bits)
-            assert torch.equal(got.long(), want), (value, got, want)
     return got
 
 
@@ -65,20 +55,6 @@ def test_a_128k_context_at_glm53_flash_width():
     scores[0, 1000:3000] = scores[0, 999]  # a run of equal scores somewhere in the top
     got = _check(scores, n, spec, parts=(1024,))
     assert (got[0, :2048] >= 0).all() and (got[0, 2048:] == -1).all() and (got[2] >= 0).all()
-
-
-def test_one_program_a_row_at_glm53_flash_width():
-    """knob select=row: a row's 1,024 pools (4K tokens) and 4,096 (16K, the most one program holds) in one program,
-    with exact ties at the threshold, rows below the width and a row at its pools' end; 32,768 pools (128K) stay
-    over parts."""
-    spec = load_model("glm53_flash")
-    g = torch.Generator().manual_seed(4)
-    for pools, n in ((1024, [4096, 4003, 2051, 2052, 17]), (4096, [16384, 16001, 8193, 4096])):
-        scores = torch.relu(torch.randn(len(n), pools, generator=g))
-        scores[0, 100:900] = scores[0, 99]  # a run of equal scores across the threshold
-        assert select_dims(pools, row=True).ROW == pools
-        _check(scores, n, spec, parts=())
-    assert select_dims(32768, row=True).ROW == 0
 
 
 def test_the_stock_baselines_selection_is_the_references():

@@ -62,7 +62,7 @@ def test_the_defaults_are_the_measured_ones():
     }
     dense |= {"block_n_out": 32, "box_words": 32, "oproj_first": 0, "kda_split": 0, "chunk_cols": 128, "ksplit": 2}
     dense |= {"ksplit_gu": 2, "ksplit_in": 1, "block_k": 128, "maxnreg": 0, "prefetch": 3, "weights_first": 0}
-    dense |= {"ffn_mix": "auto", "stage_code": "shared", "gate_loads": "late"}
+    dense |= {"ffn_mix": "auto", "stage_code": "shared"}
     assert defaults("dense") == dense | {"norm": "auto"}
     assert defaults("model") == {"grid": 0, "launch": "parts", "chain": "stream"}
 

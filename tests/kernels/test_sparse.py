@@ -80,15 +80,9 @@ def test_tied_index_scores_take_the_lower_pools():
         {"block_n_down": 16, "block_n_in": 16},
         {"weights_first": 1},
         {"route": "each", "launch": "stages"},
-        {"select": "row"},
-        {"select": "row", "launch": "stages", "grid": 64},
-        {"select": "early"},
-        {"select": "row4"},
-        {"select": "rowsort", "launch": "stages", "grid": 64},
+        {"launch": "stages", "grid": 64},
         {"down_stage": "gate_up", "route": "each", "launch": "stages"},
-        {"select": "early", "launch": "stages", "grid": 64},
-        {"gate_loads": "early", "route": "each"},
-        {"select": "row", "launch": "stages", "stage_code": "own"},
+        {"launch": "stages", "stage_code": "own"},
     ],
 )
 def test_schedule_knobs_keep_every_bit(weights, knobs):
@@ -116,53 +110,3 @@ def test_the_mla_sites_stuck_are_named(weights):
     for s in sites.values():
         res = fault_key(weights, resolved("sparse", 2, 1), s, budget_ns=10**6, wall_s=60)
         assert res.ok and res.named == 1 and res.retries_equal == 1, res.problems
-
-
-def test_select_row_is_one_task_a_row_and_its_site_is_named(weights):
-    """knob select=row: a row's selection is one task (no passes) waiting on every score task of its row, within
-    the bounds against the reference at contexts below and above the selection width (rows 4); its site stuck is
-    named and the retried launch is a clean one's bits."""
-    key = resolved("sparse", 1, 4, {"select": "row"})
-    k = SparseHarness(weights, key)
-    t = k.launch.table
-    types = [task[0] for task in t.tasks]
-    assert dsa.SEL_PASS.value not in types and dsa.SELECT.value not in types and types.count(dsa.SEL_ROW.value) == 4
-    rows = [i for i, ty in enumerate(types) if ty == dsa.SEL_ROW.value]
-    for i in rows:
-        (site,) = t.sites_of(i)
-        assert {types[p] for p in site.producers} == {dsa.SCORE.value}
-    _check(k, seed=17)
-    key = resolved("sparse", 2, 1, {"select": "row"})
-    t = SparseHarness(weights, key).launch.table
-    site = t.first_site[next(i for i, task in enumerate(t.tasks) if task[0] == dsa.SEL_ROW.value)]
-    res = fault_key(weights, key, site, budget_ns=10**6, wall_s=60)
-    assert res.ok and res.named == 1 and res.retries_equal == 1, res.problems
-
-
-def test_each_selection_invariant_fails_on_its_broken_output(weights):
-    """What `check` proves of the selection beyond the bounds (the routing's: tests/kernels/test_kda.py), each
-    shown failing on the launch's own outputs with one thing broken."""
-    k = SparseHarness(weights, resolved("sparse", 8, 2, {"grid": 3}))
-    out = _check(k, seed=9)
-    ref = k.reference(k.inputs(seed=9)[0])
-    broken = lambda **changed: [n for n, ok in k.invariants(out | changed, ref).items() if not ok]  # noqa: E731
-    assert broken() == []
-    idx = out["dsa.idx"]
-    r = int((idx >= 0).sum(-1).argmax())  # the row with the most pools selected
-    assert int((idx[r] >= 0).sum()) >= 2
-    same = "selection equals the reference's (near-ties followed)"
-    valid = "selection ascending, in range, -1 padded"
-    swapped = idx.clone()
-    swapped[r, [0, 1]] = idx[r, [1, 0]]
-    assert broken(**{"dsa.idx": swapped}) == [same, valid]
-    beyond = idx.clone()
-    n = int((idx[r] >= 0).sum())
-    beyond[r, n - 1] = 1 << 20  # past the row's token count
-    assert broken(**{"dsa.idx": beyond}) == [same, valid]
-    if n < idx.shape[1]:
-        unpadded = idx.clone()
-        unpadded[r, n:] = 0
-        assert broken(**{"dsa.idx": unpadded}) == [same, valid]
-    pos, _ = k._last
-    k._last = (pos, False)  # a cache written elsewhere than at the rows' positions
-    assert broken() == ["caches written at each row's position only"]

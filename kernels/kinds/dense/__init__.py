@@ -51,15 +51,6 @@ KNOBS = (
         "0: the most of 4, 2, 1 whose parts the grid's programs cover",
     ),
     Knob(
-        "gate_loads",
-        ("late", "early"),
-        "late",
-        "schedule",
-        "the mHC gate tasks (attention's and FFN's) ask for the gate's and the norm's weights and their chunk of the "
-        "streams after the partials' sums (late: three round trips in turn), or all at once, first (early); the "
-        "same bits",
-    ),
-    Knob(
         "chunk_cols",
         (64, 128, 256),
         128,

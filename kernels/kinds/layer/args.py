@@ -290,8 +290,6 @@ class Schedule(NamedTuple):
     FOLD: bool
     MIX_TASK: bool
     TRACE: bool
-    SEL_ONE: bool  # MLA's selection a task a row (knob select=row, where the caches' pools fit one program)
-    GATE_EARLY: bool  # the gate tasks ask for every load first (knob gate_loads=early)
     # the task types this launch's code holds (runtime/tasks.py `types_mask`; knob stage_code=own: a stage's
     # own); 0: every type, one code for every launch of the layer
     ONLY: int = 0

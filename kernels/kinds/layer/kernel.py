@@ -16,9 +16,9 @@ import triton
 import triton.language as tl
 
 from glm53ctl.kernels.kinds.layer.prefetch import prefetch
-from glm53ctl.kernels.kinds.layer.shared import task_gate, task_gate_early, task_mix, task_own, task_push, task_reduce
+from glm53ctl.kernels.kinds.layer.shared import task_gate, task_mix, task_own, task_push, task_reduce
 from glm53ctl.kernels.ops.dsa.layer import mla_task
-from glm53ctl.kernels.ops.dsa.tasks import MLA_A, SEL_PASS, SEL_ROW, WUV
+from glm53ctl.kernels.ops.dsa.tasks import MLA_A, SEL_PASS, WUV
 from glm53ctl.kernels.ops.ffn.layer_mlp import mlp_task
 from glm53ctl.kernels.ops.ffn.layer_moe import moe_task
 from glm53ctl.kernels.ops.ffn.tasks import DOWN, EXP_DOWN, GU, ROUTER
@@ -43,19 +43,15 @@ from glm53ctl.kernels.runtime.tasks import fields, may_run
 
 # each half's task types (MLA's and KDA's; the MoE's and the dense MLP's): with knob stage_code=own a stage's kernel
 # holds a half's dispatch only where it runs one of them (`may_run`)
-ATTN_HALF = tl.constexpr(
-    (*range(MLA_A.value, WUV.value + 1), SEL_PASS.value, SEL_ROW.value, INPROJ.value, KDA_HEAD.value)
-)
+ATTN_HALF = tl.constexpr((*range(MLA_A.value, WUV.value + 1), SEL_PASS.value, INPROJ.value, KDA_HEAD.value))
 FFN_HALF = tl.constexpr((*range(ROUTER.value, EXP_DOWN.value + 1), GU.value, DOWN.value))
 
 
 @triton.jit
 def _gate(
-    ttype, row, H, gates, hand, outs, consts, ffn: tl.constexpr, dims: tl.constexpr, EARLY: tl.constexpr,
-    INTERPRET: tl.constexpr,
+    ttype, row, H, gates, hand, outs, consts, ffn: tl.constexpr, dims: tl.constexpr, INTERPRET: tl.constexpr
 ):  # fmt: skip
-    """A gate or comb task of the attention gate (ffn false: on H) or of the FFN gate (on H1); EARLY (knob
-    gate_loads=early): its body asks for every load first (`task_gate_early`)."""
+    """A gate or comb task of the attention gate (ffn false: on H) or of the FFN gate (on H1)."""
     r, c = fields(row, GATE_A)  # a gate's fields; a comb's r, its c 0
     if ffn:
         x, base, scale, norm_w = outs.H1, gates.base_f, gates.scale_f, gates.norm_f
@@ -68,20 +64,18 @@ def _gate(
     mixp, ssp = hand.mixp + at * (dims.NCH * 16 * 32), hand.ssp + at * (dims.NCH * 16)
     gramp, pr = hand.gram + at * (dims.NCH * 16 * dims.HC * dims.HC), hand.pr + at * (16 * PR)
     comb_task = ttype == (COMB_F if ffn else COMB_A)
-    (task_gate_early if EARLY else task_gate)(
+    task_gate(
         mixp, ssp, gramp, x, base, scale, norm_w, x_hat, post, comb, pr, r, c, comb_task, consts.hc_eps,
         consts.norm_eps, dims.D, dims.HC, dims.ITERS, dims.NCH, dims.CH, INTERPRET,
     )  # fmt: skip
 
 
 @triton.jit
-def _is_attn_half(ttype, MLA: tl.constexpr, SEL_ONE: tl.constexpr):
-    """Whether a task is the attention half's own: MLA's (its types are consecutive ids; SEL_ONE: the selection a
-    task a row, knob select=row) or KDA's."""
+def _is_attn_half(ttype, MLA: tl.constexpr):
+    """Whether a task is the attention half's own: MLA's (its types are consecutive ids, and the selection's
+    passes) or KDA's."""
     if MLA:
         yes = ((ttype >= MLA_A) & (ttype <= WUV)) | (ttype == SEL_PASS)
-        if SEL_ONE:
-            yes = yes | (ttype == SEL_ROW)
     else:
         yes = (ttype == INPROJ) | (ttype == KDA_HEAD)
     return yes
@@ -155,8 +149,8 @@ def _run_task(
         task_mix(H=H, fn=gates.fn_a, mixp=hand.mixp, ssp=hand.ssp, gramp=hand.gram, c=c, r=r, D=D, HC=dims.HC,
                  CH=dims.CH)  # fmt: skip
     elif may_run(ONLY, GATE_A, COMB_A) and ((ttype == GATE_A) | (ttype == COMB_A)):
-        _gate(ttype, row, H, gates, hand, outs, consts, False, dims, sched.GATE_EARLY, INTERPRET)
-    elif may_run(ONLY, ATTN_HALF) and _is_attn_half(ttype, MLA, sched.SEL_ONE):
+        _gate(ttype, row, H, gates, hand, outs, consts, False, dims, INTERPRET)
+    elif may_run(ONLY, ATTN_HALF) and _is_attn_half(ttype, MLA):
         if MLA:
             mla_task(ttype, row, H, attn_w, attn_state, attn_buf, outs, consts, R, dims, mla, ONLY, INTERPRET)
         else:
@@ -187,7 +181,7 @@ def _run_task(
             r=r, D=D, HC=dims.HC, CH=dims.CH,
         )  # fmt: skip
     elif may_run(ONLY, GATE_F, COMB_F) and ((ttype == GATE_F) | (ttype == COMB_F)):
-        _gate(ttype, row, H, gates, hand, outs, consts, True, dims, sched.GATE_EARLY, INTERPRET)
+        _gate(ttype, row, H, gates, hand, outs, consts, True, dims, INTERPRET)
     elif may_run(ONLY, FFN_HALF) and _is_ffn_half(ttype, MOE):
         if MOE:
             ok = moe_task(ttype, claim, ok, ffn_w, ffn_buf, hand, outs, R, dims,

@@ -286,8 +286,6 @@ class LayerLaunch(PersistentLaunch):
                 FOLD=self.fold,
                 MIX_TASK=mix_tasks(self.knobs, self.rows, d.HC),
                 TRACE=self.tracing,
-                SEL_ONE=bool(d.mla and d.SEL.ROW),
-                GATE_EARLY=self.knobs.gate_loads == "early",
                 ONLY=types_mask(self.code_types) if self.knobs.stage_code == "own" and self.code_types else 0,
                 KNOB=self.knobs.code(),
             ),

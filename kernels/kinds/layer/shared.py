@@ -17,10 +17,8 @@ from glm53ctl.kernels.ops.gemv.layer import PR
 from glm53ctl.kernels.ops.mhc.kernel import (
     gate_comb,
     gate_pre,
-    gate_pre_of,
     gate_scale,
     gate_x_hat,
-    gate_x_hat_of,
     hc_post_cols,
     mix_row,
 )
@@ -83,43 +81,6 @@ def task_gate(
             tl.store(pr + r * PR + o_j, b_pre)
             tl.store(pr + r * PR + HC, rstd)
         gate_x_hat(H + r * (HC * D), b_pre, rstd, norm_w, x_hat, r, c * CH + tl.arange(0, CH), D, HC, INTERPRET)
-
-
-@pinned(SYMBOLS)
-@triton.jit(noinline=True)
-def task_gate_early(mixp, ssp, gramp, H, base, scale, norm_w, x_hat, post, comb, pr, r, c, comb_task, hc_eps, norm_eps,
-                    D: tl.constexpr, HC: tl.constexpr, ITERS: tl.constexpr, NCH: tl.constexpr, CH: tl.constexpr,
-                    INTERPRET: tl.constexpr):  # fmt: skip
-    """`task_gate` with knob gate_loads=early: every load asked for at once, first (the chunks' partials, the
-    streams' chunk, the gate's and the norm's weights: the stored chain does three round trips in turn, this one
-    one), then the same operations (the same bits). A COMB task reads its own chunk's columns too, unused."""
-    o_m = tl.arange(0, 32)
-    o_j = tl.arange(0, HC)
-    o_g = o_j[:, None] * HC + o_j[None, :]
-    o_d = tl.minimum(c, NCH - 1) * CH + tl.arange(0, CH)  # a COMB task's c may be past the chunks
-    b_hs = ()
-    for j in tl.static_range(HC):
-        b_hs = b_hs + (tl.load(H + (r * HC + j) * D + o_d).to(tl.float32),)
-    b_w = tl.load(norm_w + o_d).to(tl.float32)
-    s_pre, s_post = tl.load(scale), tl.load(scale + 1)
-    b_pre_w, b_post_w = tl.load(base + o_j), tl.load(base + HC + o_j)
-    mix = tl.zeros((32,), dtype=tl.float32)
-    ss = 0.0
-    gram = tl.zeros((HC, HC), dtype=tl.float32)
-    for k in tl.static_range(NCH):
-        mix += tl.load(mixp + (k * 16 + r) * 32 + o_m)
-        ss += tl.load(ssp + k * 16 + r)
-        gram += tl.load(gramp + (k * 16 + r) * (HC * HC) + o_g)
-    mix = gate_scale(mix, ss, norm_eps, D, HC)
-    if comb_task:
-        gate_comb(mix, base, scale, comb, r, hc_eps, HC, ITERS)
-    else:
-        b_pre, b_post, rstd = gate_pre_of(mix, gram, s_pre, s_post, b_pre_w, b_post_w, hc_eps, norm_eps, D, HC)
-        if c == 0:
-            tl.store(post + r * HC + o_j, b_post)
-            tl.store(pr + r * PR + o_j, b_pre)
-            tl.store(pr + r * PR + HC, rstd)
-        gate_x_hat_of(b_hs, b_w, b_pre, rstd, x_hat, r, o_d, D, HC, INTERPRET)
 
 
 @triton.jit
@@ -281,20 +242,18 @@ def _mix_kernel(H, fn, mixp, ssp, gramp, D: tl.constexpr, HC: tl.constexpr, CH: 
 def _gate_kernel(
     mixp, ssp, gramp, H, base, scale, norm_w, x_hat, post, comb, pr, hc_eps, norm_eps, D: tl.constexpr,
     HC: tl.constexpr, ITERS: tl.constexpr, NCH: tl.constexpr, CH: tl.constexpr, INTERPRET: tl.constexpr,
-    EARLY: tl.constexpr,
 ):  # fmt: skip
-    """Program (chunk c, row r): the GATE task of chunk c, or the COMB task at c = NCH (EARLY: knob
-    gate_loads=early's body)."""
+    """Program (chunk c, row r): the GATE task of chunk c, or the COMB task at c = NCH."""
     c, r = tl.program_id(0), tl.program_id(1)
-    (task_gate_early if EARLY else task_gate)(mixp, ssp, gramp, H, base, scale, norm_w, x_hat, post, comb, pr, r, c,
-                                              c == NCH, hc_eps, norm_eps, D, HC, ITERS, NCH, CH, INTERPRET)  # fmt: skip
+    task_gate(mixp, ssp, gramp, H, base, scale, norm_w, x_hat, post, comb, pr, r, c, c == NCH, hc_eps, norm_eps, D, HC,
+              ITERS, NCH, CH, INTERPRET)  # fmt: skip
 
 
-def gate_runner(H, fn, base, scale, norm_w, spec, chunk: int = 128, early: bool = False) -> Callable:
+def gate_runner(H, fn, base, scale, norm_w, spec, chunk: int = 128) -> Callable:
     """The mHC gate of H [R, hc, D] bf16 as the layer runs it: a MIX task per row and column chunk (its mix
     logits, sums of squares and Gram partials), then a GATE task per chunk (x̂'s chunk; chunk 0 post) and a COMB
     task per row, each a program; made once, launched at each call into the same buffers. Returns (x̂, post,
-    comb), as ops/mhc's `gate`. `early`: the gate tasks of knob gate_loads=early."""
+    comb), as ops/mhc's `gate`."""
     R, hc, D = H.shape
     assert R <= 16, "the gates' partials hold 16 rows a chunk (the layer's buffers)"
     CH = min(chunk, D // 4)
@@ -306,7 +265,7 @@ def gate_runner(H, fn, base, scale, norm_w, spec, chunk: int = 128, early: bool 
     post, comb, pr = torch.empty(R, hc, **f32), torch.empty(R, hc, hc, **f32), torch.empty(16, PR.value, **f32)
     consts = dict(D=D, HC=hc, CH=CH)
     eps = (spec.mhc.eps, spec.model.rms_norm_eps)
-    gate_consts = consts | dict(ITERS=spec.mhc.sinkhorn_iters, NCH=NCH, INTERPRET=interpreting(), EARLY=early)
+    gate_consts = consts | dict(ITERS=spec.mhc.sinkhorn_iters, NCH=NCH, INTERPRET=interpreting())
 
     def run():
         _mix_kernel[(NCH, R)](H, fn, mixp, ssp, gramp, **consts)

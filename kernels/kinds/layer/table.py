@@ -52,7 +52,7 @@ import math
 
 from glm53ctl.kernels.kinds.base import KnobRecord
 from glm53ctl.kernels.ops.dsa import tasks as dsa
-from glm53ctl.kernels.ops.dsa.select import ROW_SELECT, select_dims
+from glm53ctl.kernels.ops.dsa.select import select_dims
 from glm53ctl.kernels.ops.ffn import tasks as ffn
 from glm53ctl.kernels.ops.ffn.moe import ROUTER_SLICES, ROUTER_TILE, n_slots_for
 from glm53ctl.kernels.ops.gemv.kernel import folds
@@ -200,12 +200,7 @@ class Dims:
         self.BP = 16
         self.NSB = -(-(slots // self.KP) // self.BP)
         # the selection's sizes (kernels/ops/dsa/select.py): SEL.NQ_ROW parts of SEL.PART pools cover the caches'
-        self.SEL = select_dims(
-            slots // self.KP,
-            row=knobs.select in ROW_SELECT,
-            early=knobs.select == "early",
-            bits=ROW_SELECT.get(knobs.select, 8),
-        )
+        self.SEL = select_dims(slots // self.KP)
         self.TB = knobs.token_block  # tokens per attention task (numeric: the combine's order)
         self.NB = -(-self.WIDTH // self.TB)
         self.HB = max(16, min(64, 1 << (self.HQ - 1).bit_length()))  # heads per attention task, a tl.dot tile
@@ -410,9 +405,6 @@ def _add_mla(
     selects = []
     for r in range(rows):
         scores = [(b * d.BP, (b + 1) * d.BP, add(dsa.Score(r, b), waits=[row_tasks[r], *qi])) for b in range(d.NSB)]
-        if d.SEL.ROW:  # knob select=row: the row's whole selection in one task, after all its scores
-            selects.append([add(dsa.SelectRow(r), waits=[x for *_, x in scores])])
-            continue
         # the selection over parts of the pools: pass 0 of a part waits on its scores, pass i on every part's
         # pass i - 1, the tokens of each part on every part's last pass
         parts = range(d.SEL.NQ_ROW)

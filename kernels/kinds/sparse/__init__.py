@@ -6,8 +6,7 @@ kernels/ops/dsa; the table's `_add_mla`) and the MoE as its FFN half (`kda`'s). 
 harness (the caches and positions a key takes) and its stock-PyTorch baseline.
 
 Knobs: `kda`'s (those only the KDA attention reads give the same launch here, so `tune` times them once),
-`token_block`, the tokens per attention task, and `select`, the indexer's top-k over parts of a row's pools or in
-one task a row.
+and `token_block`, the tokens per attention task.
 """
 
 from glm53ctl.kernels.kinds.base import Knob
@@ -34,18 +33,6 @@ KNOBS = KDA_KNOBS + (
         64,
         "numeric",
         "selected tokens per attention task (its log-sum-exp partial; the combine adds the blocks in order)",
-    ),
-    Knob(
-        "select",
-        ("parts", "row", "early", "row4", "rowsort"),
-        "parts",
-        "schedule",
-        "the indexer's top-k: four radix passes and the take as tasks over parts of a row's pools (hand-offs "
-        "between them), or one task a row holding every key where the caches hold at most 4,096 pools (16K tokens), "
-        "its threshold by four 8-bit passes of a 256-bin histogram (row), eight 4-bit passes of comparisons "
-        "(row4) or a sort of the keys (rowsort), or as parts with each pass and the take loading their part's "
-        "scores before they pick the digit from the passes before (early: the two loads overlap, where a part is "
-        "one block of at most 1,024 pools)",
     ),
 )
 

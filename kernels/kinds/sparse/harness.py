@@ -32,7 +32,7 @@ from glm53ctl.kernels.weights import Weights
 
 # the separate-launches baseline: the gates, MLA's steps, the reduces and FFN gates, the MoE
 SPARSE_STAGES = STAGES[:2] + ((dsa.MLA_A,), (dsa.MLA_ROW,), (dsa.MLA_QB,), (dsa.ABSORB, dsa.SCORE))
-SPARSE_STAGES += ((dsa.SEL_PASS, dsa.SELECT, dsa.SEL_ROW), (dsa.ATTN,), (dsa.COMBINE,), (dsa.WUV,), (OPROJ,))
+SPARSE_STAGES += ((dsa.SEL_PASS, dsa.SELECT), (dsa.ATTN,), (dsa.COMBINE,), (dsa.WUV,), (OPROJ,))
 SPARSE_STAGES += STAGES[5:7] + ((ROUTER,), (ROUTE,), (EXP_GU,), (EXP_DOWN,), (RED_F,))
 CACHE_NAMES = ("latent", "index_key", "index_gate", "pooled_key")
 

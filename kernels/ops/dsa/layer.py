@@ -18,7 +18,7 @@ import triton.language as tl
 from glm53ctl.kernels.ops.dsa.attend import attend_block, combine_blocks
 from glm53ctl.kernels.ops.dsa.indexer import scores_block
 from glm53ctl.kernels.ops.dsa.kernel import mla_row
-from glm53ctl.kernels.ops.dsa.select import select_pass, select_row, select_take
+from glm53ctl.kernels.ops.dsa.select import select_pass, select_take
 from glm53ctl.kernels.ops.dsa.tasks import (
     ABSORB,
     ATTN,
@@ -28,7 +28,6 @@ from glm53ctl.kernels.ops.dsa.tasks import (
     MLA_ROW,
     SCORE,
     SEL_PASS,
-    SEL_ROW,
     SELECT,
     WUV,
 )
@@ -49,10 +48,6 @@ def mla_task(
     """The MLA half's task, if it is one (row: its table row) of the types the launch's code holds (ONLY:
     runtime/tasks.py `may_run`)."""
     w, c, b = attn_w, attn_state, attn_buf
-    if mla.SEL.ROW:  # knob select=row: the body exists only where the selection is a task a row
-        if may_run(ONLY, SEL_ROW) and (ttype == SEL_ROW):
-            r = fields(row, SEL_ROW)
-            task_select_row(b.scores, b.idx, c.pos, r, mla.KP, mla.TOPP, mla.WIDTH, mla.LMAX, mla.SEL.ROW, mla.SEL.BITS)
     if may_run(ONLY, MLA_A) and (ttype == MLA_A):
         n0 = fields(row, MLA_A)
         task_gemv(
@@ -108,21 +103,13 @@ def mla_task(
     elif may_run(ONLY, SEL_PASS) and (ttype == SEL_PASS):
         r, step, part = fields(row, SEL_PASS)
         sel = (b.sel_hist, b.sel_state, b.sel_above)
-        if mla.SEL.EARLY:  # knob select=early: bodies of their own, so the default's keep their symbols
-            task_select_pass_early(b.scores, sel, c.pos, r, step, part, mla.KP, mla.TOPP, mla.LMAX, mla.SEL.PART,
-                                   mla.SEL.NQ, mla.SEL.BLOCK)  # fmt: skip
-        else:
-            task_select_pass(b.scores, sel, c.pos, r, step, part, mla.KP, mla.TOPP, mla.LMAX, mla.SEL.PART, mla.SEL.NQ,
-                             mla.SEL.BLOCK)  # fmt: skip
+        task_select_pass(b.scores, sel, c.pos, r, step, part, mla.KP, mla.TOPP, mla.LMAX, mla.SEL.PART, mla.SEL.NQ,
+                         mla.SEL.BLOCK)  # fmt: skip
     elif may_run(ONLY, SELECT) and (ttype == SELECT):
         r, part = fields(row, SELECT)
         sel = (b.sel_hist, b.sel_state, b.sel_above)
-        if mla.SEL.EARLY:
-            task_select_early(b.scores, b.idx, sel, c.pos, r, part, mla.KP, mla.TOPP, mla.WIDTH, mla.LMAX,
-                              mla.SEL.PART, mla.SEL.NQ, mla.SEL.BLOCK)  # fmt: skip
-        else:
-            task_select(b.scores, b.idx, sel, c.pos, r, part, mla.KP, mla.TOPP, mla.WIDTH, mla.LMAX, mla.SEL.PART,
-                        mla.SEL.NQ, mla.SEL.BLOCK)  # fmt: skip
+        task_select(b.scores, b.idx, sel, c.pos, r, part, mla.KP, mla.TOPP, mla.WIDTH, mla.LMAX, mla.SEL.PART,
+                    mla.SEL.NQ, mla.SEL.BLOCK)  # fmt: skip
     elif may_run(ONLY, ATTN) and (ttype == ATTN):
         r, group, block = fields(row, ATTN)
         task_attn(
@@ -273,36 +260,6 @@ def task_select_pass(
         select_pass(s, h, st, ab, n, q, 2, KP, TOPP, PART, NQ, BLOCK)
     else:
         select_pass(s, h, st, ab, n, q, 3, KP, TOPP, PART, NQ, BLOCK)
-
-
-@pinned(SYMBOLS)
-@triton.jit(noinline=True)
-def task_select_pass_early(scores, sel, pos, r, i, q, KP: tl.constexpr, TOPP: tl.constexpr, LMAX: tl.constexpr,
-                           PART: tl.constexpr, NQ: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
-    """SEL_PASS with knob select=early: `select_pass` loading the part's scores before its pick."""
-    s, n = scores + r * (LMAX // KP), tl.load(pos + r) + 1
-    h, st, ab = sel[0] + r * (4 * NQ * 256), sel[1] + r * 8, sel[2] + r * (4 * NQ)
-    for k in tl.static_range(4):  # the pass a constexpr: one branch a pass
-        if i == k:
-            select_pass(s, h, st, ab, n, q, k, KP, TOPP, PART, NQ, BLOCK, 1)
-
-
-@pinned(SYMBOLS)
-@triton.jit(noinline=True)
-def task_select_early(scores, idx, sel, pos, r, q, KP: tl.constexpr, TOPP: tl.constexpr, WIDTH: tl.constexpr,
-                      LMAX: tl.constexpr, PART: tl.constexpr, NQ: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
-    """SELECT with knob select=early: `select_take` loading the part's scores before its pick."""
-    select_take(scores + r * (LMAX // KP), idx + r * WIDTH, sel[0] + r * (4 * NQ * 256), sel[1] + r * 8,
-                sel[2] + r * (4 * NQ), tl.load(pos + r) + 1, q, KP, TOPP, WIDTH, PART, NQ, BLOCK, 1)  # fmt: skip
-
-
-@pinned(SYMBOLS)
-@triton.jit(noinline=True)
-def task_select_row(scores, idx, pos, r, KP: tl.constexpr, TOPP: tl.constexpr, WIDTH: tl.constexpr,
-                    LMAX: tl.constexpr, ROW: tl.constexpr, BITS: tl.constexpr):  # fmt: skip
-    """SEL_ROW (row r): the row's whole selection in one program (`select_row`: knob select=row, row4, rowsort,
-    where the caches' pools fit one)."""
-    select_row(scores + r * (LMAX // KP), idx + r * WIDTH, tl.load(pos + r) + 1, KP, TOPP, WIDTH, ROW, BITS)
 
 
 @pinned(SYMBOLS)

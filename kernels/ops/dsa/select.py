@@ -44,14 +44,6 @@ class SelectDims(NamedTuple):
     NQ: int  # NQ_ROW up to a power of two: the histograms' part axis
     BLOCK: int  # scores a program reads at once: at most 1024 (4 warps took 57 µs over 8,192 pools against 107
     # in blocks of 4096, H200, docs/perf/sparse.md)
-    ROW: int = 0  # the pools one program holds where a row's selection is one task (`select_row`); 0: over parts
-    # 1 (knob select=early, where a part is one block): each pass and the take load their part's scores before they
-    # pick the digit from the passes before, so the two loads overlap; 0: after it
-    EARLY: int = 0
-    # where ROW: how one program finds the threshold (knob select): 8, four 8-bit radix passes of a 256-bin
-    # histogram each (row); 4, eight 4-bit passes whose 16 digit counts are comparisons summed over the keys
-    # (row4); 0, the keys ranked by a sort in the program (rowsort)
-    BITS: int = 8
 
 
 def select_part(pools: int) -> int:
@@ -60,29 +52,11 @@ def select_part(pools: int) -> int:
     return max(256, triton.next_power_of_2(-(-pools // 32)))
 
 
-# the most pools a row's selection takes in one program (`select_row`): 16K tokens; 4,096 keys are 32 registers a
-# thread at 4 warps
-ROW_POOLS = 4096
-
-# knob select's values that make a row's selection one program, and the threshold's body of each (SelectDims.BITS)
-ROW_SELECT = {"row": 8, "row4": 4, "rowsort": 0}
-
-
-def select_dims(
-    pools: int, part: int | None = None, row: bool = False, early: bool = False, bits: int = 8
-) -> SelectDims:
-    """The selection's sizes for caches of `pools` pools, over parts of `part` pools (default `select_part`);
-    `row` (knob select=row, row4, rowsort): one program a row where the caches hold at most ROW_POOLS pools, its
-    threshold found by `bits` (SelectDims.BITS); `early` (knob select=early): the scores loaded before the pick
-    where a part is one block."""
+def select_dims(pools: int, part: int | None = None) -> SelectDims:
+    """The selection's sizes for caches of `pools` pools, over parts of `part` pools (default `select_part`)."""
     part = part or select_part(pools)
     parts = -(-pools // part)
-    one = triton.next_power_of_2(pools) if row and pools <= ROW_POOLS else 0
-    block = min(part, 1024)
-    early = int(early and part == block)  # a part of one block
-    return SelectDims(
-        PART=part, NQ_ROW=parts, NQ=triton.next_power_of_2(parts), BLOCK=block, ROW=one, EARLY=early, BITS=bits
-    )
+    return SelectDims(PART=part, NQ_ROW=parts, NQ=triton.next_power_of_2(parts), BLOCK=min(part, 1024))
 
 
 @triton.jit
@@ -108,23 +82,6 @@ def _digit_counts(scores, lo, hi, prefix, SHIFT: tl.constexpr, BLOCK: tl.constex
             match = match & ((key >> (SHIFT + 8)) == (prefix >> (SHIFT + 8)))
         counts += tl.histogram(((key >> SHIFT) & 255).to(tl.int32), 256, mask=match).to(tl.int32)
     return counts
-
-
-@triton.jit
-def _part_keys(scores, lo, hi, BLOCK: tl.constexpr):
-    """The keys of pools lo..hi - 1 (a part of at most BLOCK pools: select=early) and which are pools."""
-    o_p = lo + tl.arange(0, BLOCK)
-    m = o_p < hi
-    return score_key(tl.load(scores + o_p, mask=m, other=0.0)), m
-
-
-@triton.jit
-def _key_counts(key, m, prefix, SHIFT: tl.constexpr):
-    """`_digit_counts` of keys already loaded (`_part_keys`)."""
-    match = m
-    if SHIFT < 24:
-        match = match & ((key >> (SHIFT + 8)) == (prefix >> (SHIFT + 8)))
-    return tl.histogram(((key >> SHIFT) & 255).to(tl.int32), 256, mask=match).to(tl.int32)
 
 
 @triton.jit
@@ -156,17 +113,14 @@ def select_pass(
     PART: tl.constexpr,
     NQ: tl.constexpr,
     BLOCK: tl.constexpr,
-    EARLY: tl.constexpr = 0,
 ):
     """Pass I (0..3) of part q of a row (n cached tokens): scores [>= P] fp32; hist [4, NQ, 256] int32 (pass,
     part, digit); state [4, 2] int32 (the prefix and `left` before pass I, kept by part 0); above [4, NQ] int32
-    (the pools of a part above the threshold by pass I's digit). PART, NQ, BLOCK, EARLY: `SelectDims`'s fields, by
+    (the pools of a part above the threshold by pass I's digit). PART, NQ, BLOCK: `SelectDims`'s fields, by
     their names (a record cannot cross into a noinline task, the compiler's tuples being values)."""
     P = n // KP
     lo = q * PART
     if (P > TOPP) & (lo < P):
-        if EARLY:  # the part's scores asked for before the pick's histograms: the two loads overlap
-            key, m = _part_keys(scores, lo, tl.minimum(lo + PART, P), BLOCK)
         n_parts = tl.cdiv(P, PART)
         prefix = tl.zeros((), dtype=tl.uint32)
         left = TOPP + 0 * P
@@ -182,10 +136,7 @@ def select_pass(
             if q == 0:
                 tl.store(state + I * 2, prefix.to(tl.int32, bitcast=True))
                 tl.store(state + I * 2 + 1, left)
-        if EARLY:
-            counts = _key_counts(key, m, prefix, 24 - 8 * I)
-        else:
-            counts = _digit_counts(scores, lo, tl.minimum(lo + PART, P), prefix, 24 - 8 * I, BLOCK)
+        counts = _digit_counts(scores, lo, tl.minimum(lo + PART, P), prefix, 24 - 8 * I, BLOCK)
         tl.store(hist + (I * NQ + q) * 256 + tl.arange(0, 256), counts)
 
 
@@ -217,16 +168,13 @@ def select_take(
     PART: tl.constexpr,
     NQ: tl.constexpr,
     BLOCK: tl.constexpr,
-    EARLY: tl.constexpr = 0,
 ):
     """Part q of a row's selected tokens into idx [WIDTH] int32 (n cached tokens), after its four passes
-    (`select_pass`'s buffers). WIDTH: TOPP * KP + KP - 1, the most a row selects. PART, NQ, BLOCK, EARLY:
+    (`select_pass`'s buffers). WIDTH: TOPP * KP + KP - 1, the most a row selects. PART, NQ, BLOCK:
     `SelectDims`'s fields."""
     P = n // KP
     lo = q * PART
     o_b = tl.arange(0, BLOCK)
-    if EARLY:  # the part's scores asked for before the pick's loads
-        key_e, m_e = _part_keys(scores, lo, tl.minimum(lo + PART, P), BLOCK)
     # where this part's pools go: `taken` pools before it, `at` of them at the threshold; `left`: how many pools
     # at the threshold are taken
     prefix = tl.zeros((), dtype=tl.uint32)
@@ -253,11 +201,8 @@ def select_take(
     # those at it the first `left`
     for p0 in range(lo, tl.minimum(lo + PART, P), BLOCK):
         o_p = p0 + o_b
-        if EARLY:  # one block: p0 is lo
-            key, m = key_e, m_e
-        else:
-            m = o_p < tl.minimum(lo + PART, P)
-            key = score_key(tl.load(scores + o_p, mask=m, other=0.0))
+        m = o_p < tl.minimum(lo + PART, P)
+        key = score_key(tl.load(scores + o_p, mask=m, other=0.0))
         eq_p = m & (key == prefix)
         take = m & ((key > prefix) | (eq_p & (at + tl.cumsum(eq_p.to(tl.int32), axis=0) <= left)) | (P <= TOPP))
         slot = taken + tl.cumsum(take.to(tl.int32), axis=0) - 1
@@ -270,111 +215,37 @@ def select_take(
 
 
 @triton.jit
-def _row_radix(key, m, P, TOPP: tl.constexpr, BITS: tl.constexpr):
-    """`select_row`'s threshold by radix passes of BITS bits over keys in registers: the TOPP-th largest key
-    (prefix) and how many of the pools equal to it are taken (left). A pass's digit counts: a 256-bin histogram
-    (BITS 8), or, fewer bins, each digit's count summed from comparisons (no histogram)."""
-    prefix = tl.zeros((), dtype=tl.uint32)
-    left = TOPP + 0 * P
-    if P > TOPP:
-        NB: tl.constexpr = 1 << BITS
-        o_d = tl.arange(0, NB)
-        for i in tl.static_range(32 // BITS):
-            match = m
-            if i > 0:  # the digits found so far: the bits above this one
-                match = match & ((key >> (32 - BITS * i)) == (prefix >> (32 - BITS * i)))
-            digit = ((key >> (32 - BITS * (i + 1))) & (NB - 1)).to(tl.int32)
-            if BITS == 8:
-                counts = tl.histogram(digit, 256, mask=match).to(tl.int32)
-            else:
-                counts = tl.sum(((digit[None, :] == o_d[:, None]) & match[None, :]).to(tl.int32), axis=1)
-            # `_pick` over one part: the largest digit whose count of pools at or above it reaches `left`
-            above = tl.sum(counts, axis=0) - tl.cumsum(counts, axis=0)
-            d = tl.max(tl.where(above + counts >= left, o_d, -1), axis=0)
-            left -= tl.sum(tl.where(o_d > d, counts, 0), axis=0)
-            prefix = prefix | (d.to(tl.uint32) << (32 - BITS * (i + 1)))
-    return prefix, left
-
-
-@triton.jit
-def select_row(scores, idx, n, KP: tl.constexpr, TOPP: tl.constexpr, WIDTH: tl.constexpr, ROW: tl.constexpr,
-               BITS: tl.constexpr):  # fmt: skip
-    """A row's selected tokens into idx [WIDTH] int32 (n cached tokens, its P <= ROW pools' scores [>= P] fp32),
-    by one program holding every key: the threshold in registers (BITS: `_row_radix`'s passes, or 0: a sort of
-    the keys packed with their pool index), then the take, in pool order. The selection of `select_pass` and
-    `select_take` over parts (the same threshold, the same pools taken in the same slots), with no buffers between
-    the steps and no hand-offs: where a row's pools fit one program (knob select=row, row4, rowsort)."""
-    P = n // KP
-    o_p = tl.arange(0, ROW)
-    m = o_p < P
-    key = score_key(tl.load(scores + o_p, mask=m, other=0.0))
-    if BITS == 0:
-        # score descending, then pool index ascending: the index's complement below the key; 0 for no pool
-        packed = tl.where(m, (key.to(tl.uint64) << 32) | (o_p ^ -1).to(tl.uint32, bitcast=True).to(tl.uint64), 0)
-        nth = tl.max(tl.where(o_p == TOPP - 1, tl.sort(packed, descending=True), 0), axis=0)
-        take = m & ((packed >= nth) | (P <= TOPP))
-    else:
-        prefix, left = _row_radix(key, m, P, TOPP, BITS)
-        # the pools above the threshold, and of those at it the first `left`; every pool while P <= TOPP
-        eq_p = m & (key == prefix)
-        take = m & ((key > prefix) | (eq_p & (tl.cumsum(eq_p.to(tl.int32), axis=0) <= left)) | (P <= TOPP))
-    slot = tl.cumsum(take.to(tl.int32), axis=0) - 1
-    for j in tl.static_range(KP):
-        tl.store(idx + slot * KP + j, o_p * KP + j, mask=take)
-    write_tail(idx, n, P, KP, TOPP, WIDTH, ROW)
-
-
-@triton.jit
-def _row_kernel(scores, idx, n, stride, KP: tl.constexpr, TOPP: tl.constexpr, WIDTH: tl.constexpr,
-                ROW: tl.constexpr, BITS: tl.constexpr):  # fmt: skip
-    """Program r: row r."""
-    r = tl.program_id(0)
-    select_row(scores + r * stride, idx + r * WIDTH, tl.load(n + r), KP, TOPP, WIDTH, ROW, BITS)
-
-
-@triton.jit
 def _pass_kernel(scores, hist, state, above, n, stride, I: tl.constexpr, KP: tl.constexpr, TOPP: tl.constexpr,
-                 PART: tl.constexpr, NQ: tl.constexpr, BLOCK: tl.constexpr, EARLY: tl.constexpr):  # fmt: skip
+                 PART: tl.constexpr, NQ: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
     """Program (part, row)."""
     q, r = tl.program_id(0), tl.program_id(1)
     select_pass(scores + r * stride, hist + r * (4 * NQ * 256), state + r * 8, above + r * (4 * NQ), tl.load(n + r),
-                q, I, KP, TOPP, PART, NQ, BLOCK, EARLY)  # fmt: skip
+                q, I, KP, TOPP, PART, NQ, BLOCK)  # fmt: skip
 
 
 @triton.jit
 def _take_kernel(scores, idx, hist, state, above, n, stride, KP: tl.constexpr, TOPP: tl.constexpr,
-                 WIDTH: tl.constexpr, PART: tl.constexpr, NQ: tl.constexpr, BLOCK: tl.constexpr,
-                 EARLY: tl.constexpr):  # fmt: skip
+                 WIDTH: tl.constexpr, PART: tl.constexpr, NQ: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
     """Program (part, row)."""
     q, r = tl.program_id(0), tl.program_id(1)
     select_take(scores + r * stride, idx + r * WIDTH, hist + r * (4 * NQ * 256), state + r * 8,
-                above + r * (4 * NQ), tl.load(n + r), q, KP, TOPP, WIDTH, PART, NQ, BLOCK, EARLY)  # fmt: skip
+                above + r * (4 * NQ), tl.load(n + r), q, KP, TOPP, WIDTH, PART, NQ, BLOCK)  # fmt: skip
 
 
-def select_launch(scores: torch.Tensor, n: torch.Tensor, spec, **how) -> torch.Tensor:
+def select_launch(scores: torch.Tensor, n: torch.Tensor, spec, part: int | None = None) -> torch.Tensor:
     """Every row's selected tokens: scores [R, >= max P] fp32 (a row's pools past its P unread), n [R] cached
     tokens -> idx [R, index_width] int32, as the reference's `select_token_rows`; over parts of `part` pools
-    (`select_part` of the scores' width by default), a launch a pass, or as `how` says (`select_runner`'s `part`,
-    `row`, `early`, `bits`). The buffers start as garbage: nothing read is left from before."""
-    return select_runner(scores, n, spec, **how)()
+    (`select_part` of the scores' width by default), a launch a pass. The buffers start as garbage: nothing read is
+    left from before."""
+    return select_runner(scores, n, spec, part)()
 
 
-def select_runner(
-    scores: torch.Tensor,
-    n: torch.Tensor,
-    spec,
-    part: int | None = None,
-    row: bool = False,
-    early: bool = False,
-    bits: int = 8,
-) -> Callable[[], torch.Tensor]:
+def select_runner(scores: torch.Tensor, n: torch.Tensor, spec, part: int | None = None) -> Callable[[], torch.Tensor]:
     """`select_launch` made once (its buffers, garbage to start with) and launched at each call into the same
-    buffers, returning idx: what `bench --op select` times in a CUDA graph, allocating nothing per call. `row`:
-    one program a row (`select_row`, knob select=row, row4, rowsort: its threshold by `bits`) where the scores'
-    width allows; `early` (knob select=early): each pass loads its part's scores before its pick."""
+    buffers, returning idx: what `bench --op select` times in a CUDA graph, allocating nothing per call."""
     R, width = scores.shape
     ix = spec.indexer
-    sel = select_dims(width, part, row, early, bits)
+    sel = select_dims(width, part)
     nq = sel.NQ
     dev = scores.device
     idx = torch.empty(R, spec.index_width, dtype=torch.int32, device=dev)
@@ -383,13 +254,9 @@ def select_runner(
     above = torch.randint(-9, 9, (R, 4, nq), dtype=torch.int32, device=dev)
     s = scores.float().contiguous()
     nn = n.to(torch.int32).to(dev).contiguous()
-    consts = dict(KP=ix.kpool, TOPP=spec.index_pools, PART=sel.PART, NQ=sel.NQ, BLOCK=sel.BLOCK, EARLY=sel.EARLY)
+    consts = dict(KP=ix.kpool, TOPP=spec.index_pools, PART=sel.PART, NQ=sel.NQ, BLOCK=sel.BLOCK)
 
     def run() -> torch.Tensor:
-        if sel.ROW:
-            _row_kernel[(R,)](s, idx, nn, s.stride(0), KP=ix.kpool, TOPP=spec.index_pools, WIDTH=spec.index_width,
-                              ROW=sel.ROW, BITS=sel.BITS)  # fmt: skip
-            return idx
         for i in range(4):
             _pass_kernel[(nq, R)](s, hist, state, above, nn, s.stride(0), I=i, **consts)
         _take_kernel[(nq, R)](s, idx, hist, state, above, nn, s.stride(0), WIDTH=spec.index_width, **consts)

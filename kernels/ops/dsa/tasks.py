@@ -106,12 +106,3 @@ class SelectPass(Task, id=35, name="index select pass"):
 
 
 SEL_PASS = SelectPass.constexpr()
-
-
-class SelectRow(Task, id=36, name="index select row"):
-    """A row's whole selection in one program, where its pools fit one (knob select=row)."""
-
-    r: int  # the row
-
-
-SEL_ROW = SelectRow.constexpr()

@@ -83,29 +83,6 @@ def gate_x_hat(p_h, b_pre, rstd, norm_w, x_hat, r, o_d, D: tl.constexpr, HC: tl.
 
 
 @triton.jit
-def gate_pre_of(mix, gram, s_pre, s_post, b_pre_w, b_post_w, hc_eps, norm_eps, D: tl.constexpr, HC: tl.constexpr):
-    """`gate_pre` from the gate's weights already loaded: scale[0], scale[1], base[:HC] and base[HC:2HC] (the
-    same operations, so the same bits)."""
-    o_m = tl.arange(0, 32)
-    o_c = tl.arange(0, HC)
-    pre = tl.sigmoid(_pick(mix, o_m, o_c) * s_pre + b_pre_w) + hc_eps
-    post = 2.0 * tl.sigmoid(_pick(mix, o_m, HC + o_c) * s_post + b_post_w)
-    rstd = 1.0 / tl.sqrt(tl.sum(tl.sum(pre[:, None] * gram * pre[None, :], axis=1), axis=0) / D + norm_eps)
-    return pre, post, rstd
-
-
-@triton.jit
-def gate_x_hat_of(b_hs, b_w, b_pre, rstd, x_hat, r, o_d, D: tl.constexpr, HC: tl.constexpr, INTERPRET: tl.constexpr):
-    """`gate_x_hat` from row r's streams over columns o_d already loaded (b_hs: HC fp32 vectors) and the norm's
-    weight b_w (fp32): the same sums in the same order."""
-    o_c = tl.arange(0, HC)
-    x = tl.zeros(o_d.shape, dtype=tl.float32)
-    for j in tl.static_range(HC):
-        x += tl.sum(tl.where(o_c == j, b_pre, 0.0), axis=0) * b_hs[j]
-    tl.store(x_hat + r * D + o_d, to_bf16(x * rstd * b_w, INTERPRET))
-
-
-@triton.jit
 def gate_comb(mix, base, scale, comb, r, hc_eps, HC: tl.constexpr, ITERS: tl.constexpr):
     """The gate's comb [HC, HC] of row r from its mix logits: row softmax, column normalisation, and ITERS - 1
     (row, column) rounds (Sinkhorn). Its column sums cross warps: a barrier a round, several µs in all."""
