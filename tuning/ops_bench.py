@@ -20,7 +20,7 @@ from glm53ctl.kernels.kinds.layer.shared import gate_runner
 from glm53ctl.kernels.ops.dsa.attend import sparse_mla_launch
 from glm53ctl.kernels.ops.dsa.indexer import scores_runner
 from glm53ctl.kernels.ops.dsa.naive import mla_scale
-from glm53ctl.kernels.ops.dsa.select import select_runner
+from glm53ctl.kernels.ops.dsa.select import LOCAL_POOLS, select_runner
 from glm53ctl.kernels.ops.ffn.moe import ROUTER_SLICES, route_runner
 from glm53ctl.kernels.ops.kda.kernel import kda_core
 from glm53ctl.tuning import measure
@@ -36,12 +36,13 @@ class OpBench:
     most: int | None = None  # the largest size it takes (None: any)
 
 
-def _select(spec, pools: int, device) -> Callable:
-    """One row's selection over `pools` pools of random scores, its caches full (pools x kpool tokens)."""
+def _select(spec, pools: int, device, passes: int = 4) -> Callable:
+    """One row's selection over `pools` pools of random scores, its caches full (pools x kpool tokens); `passes`:
+    the radix passes that are launches of their own (knob select_passes)."""
     g = torch.Generator(device="cpu").manual_seed(pools)
     scores = torch.randn(1, pools, generator=g).to(device)
     n = torch.tensor([pools * spec.indexer.kpool])
-    return select_runner(scores, n, spec)
+    return select_runner(scores, n, spec, passes=passes)
 
 
 def _route(spec, rows: int, device) -> Callable:
@@ -117,6 +118,18 @@ OPS = {
         _select,
         5,
     ),
+    **{
+        f"select{k}": OpBench(
+            f"the same top-k with {k} of its radix passes as launches, each part's take finding the threshold's "
+            f"other digits over every pool's key (knob select_passes={k})",
+            "pools",
+            (256, 1024, 4096),
+            lambda spec, pools, device, k=k: _select(spec, pools, device, passes=k),
+            k + 1,
+            most=LOCAL_POOLS,
+        )
+        for k in (3, 2, 1, 0)
+    },
     "route": OpBench(
         "the routing: each row's top-k experts from its router logits (ops/ffn/moe.py, a program a row)",
         "rows",

@@ -96,7 +96,8 @@ def bench(
         typer.Option(
             "--op",
             metavar="OP,...",
-            help="Time an op's body alone instead of launches: select (the top-k over --sizes pools), route (the "
+            help="Time an op's body alone instead of launches: select (the top-k over --sizes pools), select3 .. "
+            "select0 (with 3 .. 0 radix passes as launches: knob select_passes), route (the "
             "routing of --sizes rows), kda_head (the KDA core of --sizes heads), gate (the mHC gate of --sizes "
             "rows), scores (the index scores of --sizes pools), mla_attention (the sparse MLA of --sizes heads); its "
             "plain launches in a CUDA graph.",

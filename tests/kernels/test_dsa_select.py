@@ -7,19 +7,22 @@ import pytest
 import torch
 
 from glm53ctl.kernels.ops.dsa.naive import select_token_rows
-from glm53ctl.kernels.ops.dsa.select import select_launch
+from glm53ctl.kernels.ops.dsa.select import LOCAL_POOLS, select_dims, select_launch
 from glm53ctl.kernels.spec import load_model
 
 pytestmark = pytest.mark.interpreter
 
 
-def _check(scores: torch.Tensor, n: list[int], spec, parts: tuple[int, ...]) -> torch.Tensor:
-    """The selection over parts of each size in `parts` (pools): the reference's tokens, whatever the parts."""
+def _check(scores: torch.Tensor, n: list[int], spec, parts: tuple[int, ...], passes=(4, 3, 2, 1, 0)) -> torch.Tensor:
+    """The selection over parts of each size in `parts` (pools), with each number of `passes` as launches of their
+    own (knob select_passes: the take finds the other digits over every key): the reference's tokens, whatever
+    the parts and the passes."""
     nn = torch.tensor(n)
     want = select_token_rows(scores, nn, spec)
     for part in parts:
-        got = select_launch(scores, nn, spec, part=part)
-        assert torch.equal(got.long(), want), (part, got, want)
+        for k in passes:
+            got = select_launch(scores, nn, spec, part=part, passes=k)
+            assert torch.equal(got.long(), want), (part, k, got, want)
     return got
 
 
@@ -55,6 +58,21 @@ def test_a_128k_context_at_glm53_flash_width():
     scores[0, 1000:3000] = scores[0, 999]  # a run of equal scores somewhere in the top
     got = _check(scores, n, spec, parts=(1024,))
     assert (got[0, :2048] >= 0).all() and (got[0, 2048:] == -1).all() and (got[2] >= 0).all()
+
+
+def test_fewer_passes_at_glm53_flash_width():
+    """knob select_passes: 1,024 pools (4K tokens) and 4,096 (16K, the most it takes) over the layer's parts, the
+    take finding 1 to 4 digits itself over every key, with a run of equal scores across the threshold, rows below
+    the width and one at its pools' end; past LOCAL_POOLS the passes stay 4."""
+    spec = load_model("glm53_flash")
+    g = torch.Generator().manual_seed(4)
+    for pools, n in ((1024, [4096, 4003, 2051, 2052, 17]), (4096, [16384, 16001, 8193, 4096])):
+        scores = torch.relu(torch.randn(len(n), pools, generator=g))
+        scores[0, 100:900] = scores[0, 99]  # a run of equal scores across the threshold
+        scores[1, ::7] = -0.0
+        assert select_dims(pools, passes=1).PASSES == 1
+        _check(scores, n, spec, parts=(None,), passes=(3, 1, 0))
+    assert select_dims(LOCAL_POOLS * 2, passes=1).PASSES == 4
 
 
 def test_the_stock_baselines_selection_is_the_references():

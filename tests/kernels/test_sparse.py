@@ -83,6 +83,9 @@ def test_tied_index_scores_take_the_lower_pools():
         {"launch": "stages", "grid": 64},
         {"down_stage": "gate_up", "route": "each", "launch": "stages"},
         {"launch": "stages", "stage_code": "own"},
+        {"select_passes": 3},
+        {"select_passes": 1, "route": "each"},
+        {"select_passes": 0, "launch": "stages", "grid": 64},
     ],
 )
 def test_schedule_knobs_keep_every_bit(weights, knobs):
@@ -110,3 +113,26 @@ def test_the_mla_sites_stuck_are_named(weights):
     for s in sites.values():
         res = fault_key(weights, resolved("sparse", 2, 1), s, budget_ns=10**6, wall_s=60)
         assert res.ok and res.named == 1 and res.retries_equal == 1, res.problems
+
+
+def test_select_passes_drop_the_passes_and_the_takes_site_is_named(weights):
+    """knob select_passes: with 2 passes, each part's take waits on every part's second pass; with none, on every
+    score task of its row, and no pass is a task; within the bounds against the reference at contexts below and
+    above the selection width (rows 4); the take's site stuck is named and the retried launch is a clean one's
+    bits."""
+    for passes, producer in ((2, dsa.SEL_PASS.value), (0, dsa.SCORE.value)):
+        k = SparseHarness(weights, resolved("sparse", 1, 4, {"select_passes": passes}))
+        t = k.launch.table
+        types = [task[0] for task in t.tasks]
+        assert types.count(dsa.SEL_PASS.value) == 4 * passes * k.launch.d.SEL.NQ_ROW
+        for i in (i for i, ty in enumerate(types) if ty == dsa.SELECT.value):
+            (site,) = t.sites_of(i)
+            assert {types[p] for p in site.producers} == {producer}
+            if passes:
+                assert {t.tasks[p][2] for p in site.producers} == {passes - 1}  # the step field: the last pass
+        _check(k, seed=17)
+    key = resolved("sparse", 2, 1, {"select_passes": 0})
+    t = SparseHarness(weights, key).launch.table
+    site = t.first_site[next(i for i, task in enumerate(t.tasks) if task[0] == dsa.SELECT.value)]
+    res = fault_key(weights, key, site, budget_ns=10**6, wall_s=60)
+    assert res.ok and res.named == 1 and res.retries_equal == 1, res.problems

@@ -16,10 +16,11 @@ from tests.kernels.test_kda_kernel import reference as kda_reference
 pytestmark = pytest.mark.interpreter
 
 
+@pytest.mark.parametrize("op", ["select", "select3", "select0"])
 @pytest.mark.parametrize("pools", [3, 16, 40])
-def test_the_selection_alone_is_the_references_at_every_call(pools):
+def test_the_selection_alone_is_the_references_at_every_call(pools, op):
     spec = load_model("tiny")
-    run = OPS["select"].make(spec, pools, "cpu")
+    run = OPS[op].make(spec, pools, "cpu")
     g = torch.Generator().manual_seed(pools)
     scores = torch.randn(1, pools, generator=g)  # what make draws
     want = select_token_rows(scores, torch.tensor([pools * spec.indexer.kpool]), spec).to(torch.int32)

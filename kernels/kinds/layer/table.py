@@ -200,7 +200,7 @@ class Dims:
         self.BP = 16
         self.NSB = -(-(slots // self.KP) // self.BP)
         # the selection's sizes (kernels/ops/dsa/select.py): SEL.NQ_ROW parts of SEL.PART pools cover the caches'
-        self.SEL = select_dims(slots // self.KP)
+        self.SEL = select_dims(slots // self.KP, passes=knobs.select_passes)
         self.TB = knobs.token_block  # tokens per attention task (numeric: the combine's order)
         self.NB = -(-self.WIDTH // self.TB)
         self.HB = max(16, min(64, 1 << (self.HQ - 1).bit_length()))  # heads per attention task, a tl.dot tile
@@ -406,12 +406,16 @@ def _add_mla(
     for r in range(rows):
         scores = [(b * d.BP, (b + 1) * d.BP, add(dsa.Score(r, b), waits=[row_tasks[r], *qi])) for b in range(d.NSB)]
         # the selection over parts of the pools: pass 0 of a part waits on its scores, pass i on every part's
-        # pass i - 1, the tokens of each part on every part's last pass
+        # pass i - 1, the tokens of each part on every part's last pass (knob select_passes: SEL.PASSES of the
+        # four; with none, on every score of the row)
         parts = range(d.SEL.NQ_ROW)
-        sel = [
-            add(dsa.SelectPass(r, 0, q), waits=_covering(scores, q * d.SEL.PART, (q + 1) * d.SEL.PART)) for q in parts
-        ]
-        for i in range(1, 4):
+        sel = [x for *_, x in scores]
+        if d.SEL.PASSES:
+            sel = [
+                add(dsa.SelectPass(r, 0, q), waits=_covering(scores, q * d.SEL.PART, (q + 1) * d.SEL.PART))
+                for q in parts
+            ]
+        for i in range(1, d.SEL.PASSES):
             sel = [add(dsa.SelectPass(r, i, q), waits=sel) for q in parts]
         selects.append([add(dsa.Select(r, q), waits=sel) for q in parts])
     groups = range(0, d.HQ, d.HB)

@@ -6,7 +6,7 @@ kernels/ops/dsa; the table's `_add_mla`) and the MoE as its FFN half (`kda`'s). 
 harness (the caches and positions a key takes) and its stock-PyTorch baseline.
 
 Knobs: `kda`'s (those only the KDA attention reads give the same launch here, so `tune` times them once),
-and `token_block`, the tokens per attention task.
+`token_block`, the tokens per attention task, and `select_passes`, the top-k's radix passes that are tasks.
 """
 
 from glm53ctl.kernels.kinds.base import Knob
@@ -33,6 +33,15 @@ KNOBS = KDA_KNOBS + (
         64,
         "numeric",
         "selected tokens per attention task (its log-sum-exp partial; the combine adds the blocks in order)",
+    ),
+    Knob(
+        "select_passes",
+        (4, 3, 2, 1, 0),
+        4,
+        "schedule",
+        "radix passes of the indexer's top-k as tasks over parts of a row's pools, each a hand-off; with fewer "
+        "(where the caches hold at most 4,096 pools), each part's take finds the threshold's other digits itself, "
+        "a 256-bin histogram over every pool's key each, instead of waiting for a pass",
     ),
 )
 

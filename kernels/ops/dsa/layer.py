@@ -18,7 +18,7 @@ import triton.language as tl
 from glm53ctl.kernels.ops.dsa.attend import attend_block, combine_blocks
 from glm53ctl.kernels.ops.dsa.indexer import scores_block
 from glm53ctl.kernels.ops.dsa.kernel import mla_row
-from glm53ctl.kernels.ops.dsa.select import select_pass, select_take
+from glm53ctl.kernels.ops.dsa.select import select_pass, select_take, select_take_local
 from glm53ctl.kernels.ops.dsa.tasks import (
     ABSORB,
     ATTN,
@@ -108,8 +108,12 @@ def mla_task(
     elif may_run(ONLY, SELECT) and (ttype == SELECT):
         r, part = fields(row, SELECT)
         sel = (b.sel_hist, b.sel_state, b.sel_above)
-        task_select(b.scores, b.idx, sel, c.pos, r, part, mla.KP, mla.TOPP, mla.WIDTH, mla.LMAX, mla.SEL.PART,
-                    mla.SEL.NQ, mla.SEL.BLOCK)  # fmt: skip
+        if mla.SEL.PASSES < 4:  # knob select_passes: a body of its own, so the default's keeps its symbol
+            task_select_local(b.scores, b.idx, sel, c.pos, r, part, mla.KP, mla.TOPP, mla.WIDTH, mla.LMAX, mla.SEL.PART,
+                              mla.SEL.NQ, mla.SEL.BLOCK, mla.SEL.PASSES, mla.SEL.ALL)  # fmt: skip
+        else:
+            task_select(b.scores, b.idx, sel, c.pos, r, part, mla.KP, mla.TOPP, mla.WIDTH, mla.LMAX, mla.SEL.PART,
+                        mla.SEL.NQ, mla.SEL.BLOCK)  # fmt: skip
     elif may_run(ONLY, ATTN) and (ttype == ATTN):
         r, group, block = fields(row, ATTN)
         task_attn(
@@ -284,6 +288,17 @@ def task_select(
         scores + r * (LMAX // KP), idx + r * WIDTH, sel[0] + r * (4 * NQ * 256), sel[1] + r * 8, sel[2] + r * (4 * NQ),
         tl.load(pos + r) + 1, q, KP, TOPP, WIDTH, PART, NQ, BLOCK,
     )  # fmt: skip
+
+
+@pinned(SYMBOLS)
+@triton.jit(noinline=True)
+def task_select_local(scores, idx, sel, pos, r, q, KP: tl.constexpr, TOPP: tl.constexpr, WIDTH: tl.constexpr,
+                      LMAX: tl.constexpr, PART: tl.constexpr, NQ: tl.constexpr, BLOCK: tl.constexpr,
+                      PASSES: tl.constexpr, ALL: tl.constexpr):  # fmt: skip
+    """SELECT (row r, part q) after PASSES < 4 passes (knob select_passes): `select_take_local`, the threshold's
+    other digits found here over every pool's key."""
+    select_take_local(scores + r * (LMAX // KP), idx + r * WIDTH, sel[0] + r * (4 * NQ * 256), sel[1] + r * 8,
+                      tl.load(pos + r) + 1, q, KP, TOPP, WIDTH, PART, NQ, BLOCK, PASSES, ALL)  # fmt: skip
 
 
 @pinned(SYMBOLS)

@@ -44,6 +44,10 @@ class SelectDims(NamedTuple):
     NQ: int  # NQ_ROW up to a power of two: the histograms' part axis
     BLOCK: int  # scores a program reads at once: at most 1024 (4 warps took 57 µs over 8,192 pools against 107
     # in blocks of 4096, H200, docs/perf/sparse.md)
+    # the radix passes that are tasks of their own (knob select_passes): 4, or fewer where the caches hold at most
+    # LOCAL_POOLS pools, the take then finding the threshold's last 4 - PASSES digits itself over every pool's key
+    PASSES: int = 4
+    ALL: int = 1024  # with PASSES < 4, the pools a take reads at once over the row (the row's, up to 1,024)
 
 
 def select_part(pools: int) -> int:
@@ -52,11 +56,25 @@ def select_part(pools: int) -> int:
     return max(256, triton.next_power_of_2(-(-pools // 32)))
 
 
-def select_dims(pools: int, part: int | None = None) -> SelectDims:
-    """The selection's sizes for caches of `pools` pools, over parts of `part` pools (default `select_part`)."""
+# the most pools a row's caches may hold for the take to find digits itself (knob select_passes): each take program
+# then reads every pool's key once a digit, 16K tokens at most (4,096 pools)
+LOCAL_POOLS = 4096
+
+
+def select_dims(pools: int, part: int | None = None, passes: int = 4) -> SelectDims:
+    """The selection's sizes for caches of `pools` pools, over parts of `part` pools (default `select_part`), with
+    `passes` radix passes as tasks (knob select_passes) where the caches hold at most LOCAL_POOLS pools (else 4)."""
     part = part or select_part(pools)
     parts = -(-pools // part)
-    return SelectDims(PART=part, NQ_ROW=parts, NQ=triton.next_power_of_2(parts), BLOCK=min(part, 1024))
+    passes = passes if pools <= LOCAL_POOLS else 4
+    return SelectDims(
+        PART=part,
+        NQ_ROW=parts,
+        NQ=triton.next_power_of_2(parts),
+        BLOCK=min(part, 1024),
+        PASSES=passes,
+        ALL=min(triton.next_power_of_2(pools), 1024),
+    )
 
 
 @triton.jit
@@ -92,11 +110,19 @@ def _pick(hist, n_parts, prefix, left, SHIFT: tl.constexpr, NQ: tl.constexpr):
     o_q = tl.arange(0, NQ)
     o_d = tl.arange(0, 256)
     parts = tl.load(hist + o_q[:, None] * 256 + o_d[None, :], mask=o_q[:, None] < n_parts, other=0)
-    counts = tl.sum(parts, axis=0)
+    d, prefix, left = _pick_counts(tl.sum(parts, axis=0), prefix, left, SHIFT)
+    return parts, d, prefix, left
+
+
+@triton.jit
+def _pick_counts(counts, prefix, left, SHIFT: tl.constexpr):
+    """The digit at SHIFT from a row's digit counts [256]: the largest digit whose count of pools at or above it
+    reaches `left`; the prefix and `left` after it."""
+    o_d = tl.arange(0, 256)
     above = tl.sum(counts, axis=0) - tl.cumsum(counts, axis=0)
     d = tl.max(tl.where(above + counts >= left, o_d, -1), axis=0)
     left -= tl.sum(tl.where(o_d > d, counts, 0), axis=0)
-    return parts, d, prefix | (d.to(tl.uint32) << SHIFT), left
+    return d, prefix | (d.to(tl.uint32) << SHIFT), left
 
 
 @triton.jit
@@ -174,7 +200,6 @@ def select_take(
     `SelectDims`'s fields."""
     P = n // KP
     lo = q * PART
-    o_b = tl.arange(0, BLOCK)
     # where this part's pools go: `taken` pools before it, `at` of them at the threshold; `left`: how many pools
     # at the threshold are taken
     prefix = tl.zeros((), dtype=tl.uint32)
@@ -197,8 +222,17 @@ def select_take(
         took = up + tl.minimum(tl.maximum(left - eq_before, 0), eq)
         taken = tl.sum(tl.where(o_q < q, took, 0), axis=0)
         at = tl.sum(tl.where(o_q == q, eq_before, 0), axis=0)
-    # the part's pools taken, in pool order: every pool while P <= TOPP; else those above the threshold, and of
-    # those at it the first `left`
+    _take_part(scores, idx, n, P, q, prefix, left, taken, at, KP, TOPP, WIDTH, PART, BLOCK)
+
+
+@triton.jit
+def _take_part(scores, idx, n, P, q, prefix, left, taken, at, KP: tl.constexpr, TOPP: tl.constexpr,
+               WIDTH: tl.constexpr, PART: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    """Part q's pools taken into idx, in pool order, once the threshold is known (prefix: its key, `left`: how many
+    pools at it are taken; `taken` pools go before the part, `at` of them at the threshold): every pool while P <=
+    TOPP; else those above the threshold, and of those at it the first `left`. Part 0 also the tail and the -1s."""
+    lo = q * PART
+    o_b = tl.arange(0, BLOCK)
     for p0 in range(lo, tl.minimum(lo + PART, P), BLOCK):
         o_p = p0 + o_b
         m = o_p < tl.minimum(lo + PART, P)
@@ -212,6 +246,60 @@ def select_take(
         at += tl.sum(eq_p.to(tl.int32), axis=0)
     if q == 0:
         write_tail(idx, n, P, KP, TOPP, WIDTH, BLOCK)
+
+
+@triton.jit
+def _last_digit(scores, P, lo, prefix, left, ALL: tl.constexpr):
+    """The threshold's last digit (bits 7..0) over every pool's key (the row's P pools, ALL at a time), its first
+    three digits in prefix; and of the pools before lo, how many are above the threshold and how many at it, in the
+    same pass. Returns the threshold, `left` after it, the pools taken before lo (those above it, and as many of
+    those at it as `left` allows) and those at it before lo."""
+    counts = tl.zeros((256,), dtype=tl.int32)
+    before = tl.zeros((256,), dtype=tl.int32)
+    higher = 0 * P  # keys before lo whose first three digits are above prefix's
+    o_a = tl.arange(0, ALL)
+    for p0 in range(0, P, ALL):
+        o_p = p0 + o_a
+        m = o_p < P
+        key = score_key(tl.load(scores + o_p, mask=m, other=0.0))
+        match = m & ((key >> 8) == (prefix >> 8))
+        digit = (key & 255).to(tl.int32)
+        counts += tl.histogram(digit, 256, mask=match).to(tl.int32)
+        before += tl.histogram(digit, 256, mask=match & (o_p < lo)).to(tl.int32)
+        higher += tl.sum((m & (o_p < lo) & ((key >> 8) > (prefix >> 8))).to(tl.int32), axis=0)
+    d, prefix, left = _pick_counts(counts, prefix, left, 0)
+    o_d = tl.arange(0, 256)
+    at = tl.sum(tl.where(o_d == d, before, 0), axis=0)
+    above = higher + tl.sum(tl.where(o_d > d, before, 0), axis=0)
+    return prefix, left, above + tl.minimum(left, at), at
+
+
+@triton.jit
+def select_take_local(scores, idx, hist, state, n, q, KP: tl.constexpr, TOPP: tl.constexpr, WIDTH: tl.constexpr,
+                      PART: tl.constexpr, NQ: tl.constexpr, BLOCK: tl.constexpr, PASSES: tl.constexpr,
+                      ALL: tl.constexpr):  # fmt: skip
+    """`select_take` after PASSES < 4 passes (knob select_passes): part q picks pass PASSES - 1's digit from the
+    parts' histograms (none where PASSES is 0), then the threshold's other digits itself, each over every pool's
+    key (`_digit_counts` over the row, then `_last_digit`, which also counts the pools before the part), instead
+    of waiting for passes of their own; every part finds the same threshold. The same tokens in the same slots."""
+    P = n // KP
+    lo = q * PART
+    prefix = tl.zeros((), dtype=tl.uint32)
+    left = TOPP + 0 * P
+    taken = lo
+    at = 0 * P
+    if (P > TOPP) & (lo < P):
+        if PASSES > 0:
+            if PASSES > 1:
+                prefix = tl.load(state + (PASSES - 1) * 2).to(tl.uint32, bitcast=True)
+                left = tl.load(state + (PASSES - 1) * 2 + 1)
+            _, d, prefix, left = _pick(hist + (PASSES - 1) * NQ * 256, tl.cdiv(P, PART), prefix, left, 32 - 8 * PASSES,
+                                       NQ)  # fmt: skip
+        for i in tl.static_range(PASSES, 3):
+            counts = _digit_counts(scores, 0, P, prefix, 24 - 8 * i, ALL)
+            d, prefix, left = _pick_counts(counts, prefix, left, 24 - 8 * i)
+        prefix, left, taken, at = _last_digit(scores, P, lo, prefix, left, ALL)
+    _take_part(scores, idx, n, P, q, prefix, left, taken, at, KP, TOPP, WIDTH, PART, BLOCK)
 
 
 @triton.jit
@@ -232,20 +320,35 @@ def _take_kernel(scores, idx, hist, state, above, n, stride, KP: tl.constexpr, T
                 above + r * (4 * NQ), tl.load(n + r), q, KP, TOPP, WIDTH, PART, NQ, BLOCK)  # fmt: skip
 
 
-def select_launch(scores: torch.Tensor, n: torch.Tensor, spec, part: int | None = None) -> torch.Tensor:
+@triton.jit
+def _take_local_kernel(scores, idx, hist, state, n, stride, KP: tl.constexpr, TOPP: tl.constexpr,
+                       WIDTH: tl.constexpr, PART: tl.constexpr, NQ: tl.constexpr, BLOCK: tl.constexpr,
+                       PASSES: tl.constexpr, ALL: tl.constexpr):  # fmt: skip
+    """Program (part, row): `select_take_local`."""
+    q, r = tl.program_id(0), tl.program_id(1)
+    select_take_local(scores + r * stride, idx + r * WIDTH, hist + r * (4 * NQ * 256), state + r * 8, tl.load(n + r),
+                      q, KP, TOPP, WIDTH, PART, NQ, BLOCK, PASSES, ALL)  # fmt: skip
+
+
+def select_launch(
+    scores: torch.Tensor, n: torch.Tensor, spec, part: int | None = None, passes: int = 4
+) -> torch.Tensor:
     """Every row's selected tokens: scores [R, >= max P] fp32 (a row's pools past its P unread), n [R] cached
     tokens -> idx [R, index_width] int32, as the reference's `select_token_rows`; over parts of `part` pools
-    (`select_part` of the scores' width by default), a launch a pass. The buffers start as garbage: nothing read is
-    left from before."""
-    return select_runner(scores, n, spec, part)()
+    (`select_part` of the scores' width by default), a launch a pass (`passes` of them, knob select_passes, where
+    the width allows: `select_dims`), then the take. The buffers start as garbage: nothing read is left from
+    before."""
+    return select_runner(scores, n, spec, part, passes)()
 
 
-def select_runner(scores: torch.Tensor, n: torch.Tensor, spec, part: int | None = None) -> Callable[[], torch.Tensor]:
+def select_runner(
+    scores: torch.Tensor, n: torch.Tensor, spec, part: int | None = None, passes: int = 4
+) -> Callable[[], torch.Tensor]:
     """`select_launch` made once (its buffers, garbage to start with) and launched at each call into the same
     buffers, returning idx: what `bench --op select` times in a CUDA graph, allocating nothing per call."""
     R, width = scores.shape
     ix = spec.indexer
-    sel = select_dims(width, part)
+    sel = select_dims(width, part, passes)
     nq = sel.NQ
     dev = scores.device
     idx = torch.empty(R, spec.index_width, dtype=torch.int32, device=dev)
@@ -257,9 +360,13 @@ def select_runner(scores: torch.Tensor, n: torch.Tensor, spec, part: int | None 
     consts = dict(KP=ix.kpool, TOPP=spec.index_pools, PART=sel.PART, NQ=sel.NQ, BLOCK=sel.BLOCK)
 
     def run() -> torch.Tensor:
-        for i in range(4):
+        for i in range(sel.PASSES):
             _pass_kernel[(nq, R)](s, hist, state, above, nn, s.stride(0), I=i, **consts)
-        _take_kernel[(nq, R)](s, idx, hist, state, above, nn, s.stride(0), WIDTH=spec.index_width, **consts)
+        if sel.PASSES == 4:
+            _take_kernel[(nq, R)](s, idx, hist, state, above, nn, s.stride(0), WIDTH=spec.index_width, **consts)
+        else:
+            _take_local_kernel[(nq, R)](s, idx, hist, state, nn, s.stride(0), WIDTH=spec.index_width, PASSES=sel.PASSES,
+                                        ALL=sel.ALL, **consts)  # fmt: skip
         return idx
 
     return run
