@@ -200,6 +200,7 @@ def select_take(
     `SelectDims`'s fields."""
     P = n // KP
     lo = q * PART
+    o_b = tl.arange(0, BLOCK)
     # where this part's pools go: `taken` pools before it, `at` of them at the threshold; `left`: how many pools
     # at the threshold are taken
     prefix = tl.zeros((), dtype=tl.uint32)
@@ -222,17 +223,16 @@ def select_take(
         took = up + tl.minimum(tl.maximum(left - eq_before, 0), eq)
         taken = tl.sum(tl.where(o_q < q, took, 0), axis=0)
         at = tl.sum(tl.where(o_q == q, eq_before, 0), axis=0)
-    _take_part(scores, idx, n, P, q, prefix, left, taken, at, KP, TOPP, WIDTH, PART, BLOCK)
+    _take_part(scores, idx, n, P, q, lo, o_b, prefix, left, taken, at, KP, TOPP, WIDTH, PART, BLOCK)
 
 
 @triton.jit
-def _take_part(scores, idx, n, P, q, prefix, left, taken, at, KP: tl.constexpr, TOPP: tl.constexpr,
+def _take_part(scores, idx, n, P, q, lo, o_b, prefix, left, taken, at, KP: tl.constexpr, TOPP: tl.constexpr,
                WIDTH: tl.constexpr, PART: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
     """Part q's pools taken into idx, in pool order, once the threshold is known (prefix: its key, `left`: how many
     pools at it are taken; `taken` pools go before the part, `at` of them at the threshold): every pool while P <=
-    TOPP; else those above the threshold, and of those at it the first `left`. Part 0 also the tail and the -1s."""
-    lo = q * PART
-    o_b = tl.arange(0, BLOCK)
+    TOPP; else those above the threshold, and of those at it the first `left`. Part 0 also the tail and the -1s.
+    lo: the part's first pool; o_b: arange(BLOCK)."""
     for p0 in range(lo, tl.minimum(lo + PART, P), BLOCK):
         o_p = p0 + o_b
         m = o_p < tl.minimum(lo + PART, P)
@@ -284,6 +284,7 @@ def select_take_local(scores, idx, hist, state, n, q, KP: tl.constexpr, TOPP: tl
     of waiting for passes of their own; every part finds the same threshold. The same tokens in the same slots."""
     P = n // KP
     lo = q * PART
+    o_b = tl.arange(0, BLOCK)
     prefix = tl.zeros((), dtype=tl.uint32)
     left = TOPP + 0 * P
     taken = lo
@@ -299,7 +300,7 @@ def select_take_local(scores, idx, hist, state, n, q, KP: tl.constexpr, TOPP: tl
             counts = _digit_counts(scores, 0, P, prefix, 24 - 8 * i, ALL)
             d, prefix, left = _pick_counts(counts, prefix, left, 24 - 8 * i)
         prefix, left, taken, at = _last_digit(scores, P, lo, prefix, left, ALL)
-    _take_part(scores, idx, n, P, q, prefix, left, taken, at, KP, TOPP, WIDTH, PART, BLOCK)
+    _take_part(scores, idx, n, P, q, lo, o_b, prefix, left, taken, at, KP, TOPP, WIDTH, PART, BLOCK)
 
 
 @triton.jit
