@@ -20,7 +20,7 @@ def _check(scores: torch.Tensor, n: list[int], spec, parts: tuple[int, ...], pas
     nn = torch.tensor(n)
     want = select_token_rows(scores, nn, spec)
     for part in parts:
-        for k in passes:
+        for k in passes if part != 1 else (4, 0):  # a part a pool: many programs, each slow in the interpreter
             got = select_launch(scores, nn, spec, part=part, passes=k)
             assert torch.equal(got.long(), want), (part, k, got, want)
     return got
