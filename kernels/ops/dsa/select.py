@@ -180,6 +180,17 @@ def write_tail(idx, n, P, KP: tl.constexpr, TOPP: tl.constexpr, WIDTH: tl.conste
 
 
 @triton.jit
+def _take_start(n, q, KP: tl.constexpr, TOPP: tl.constexpr, PART: tl.constexpr, BLOCK: tl.constexpr):
+    """A take's start before the threshold is known: the row's P pools, its part's first pool lo, arange(BLOCK),
+    and where the part's pools go while P <= TOPP (every pool taken): the threshold's key (prefix), how many pools
+    at it are taken (left), the pools taken before the part and those of them at the threshold."""
+    P = n // KP
+    lo = q * PART
+    o_b = tl.arange(0, BLOCK)
+    return P, lo, o_b, tl.zeros((), dtype=tl.uint32), TOPP + 0 * P, lo, 0 * P
+
+
+@triton.jit
 def select_take(
     scores,
     idx,
@@ -198,15 +209,7 @@ def select_take(
     """Part q of a row's selected tokens into idx [WIDTH] int32 (n cached tokens), after its four passes
     (`select_pass`'s buffers). WIDTH: TOPP * KP + KP - 1, the most a row selects. PART, NQ, BLOCK:
     `SelectDims`'s fields."""
-    P = n // KP
-    lo = q * PART
-    o_b = tl.arange(0, BLOCK)
-    # where this part's pools go: `taken` pools before it, `at` of them at the threshold; `left`: how many pools
-    # at the threshold are taken
-    prefix = tl.zeros((), dtype=tl.uint32)
-    left = TOPP + 0 * P
-    taken = lo
-    at = 0 * P
+    P, lo, o_b, prefix, left, taken, at = _take_start(n, q, KP, TOPP, PART, BLOCK)
     if P > TOPP:
         n_parts = tl.cdiv(P, PART)
         prefix = tl.load(state + 3 * 2).to(tl.uint32, bitcast=True)
@@ -282,13 +285,7 @@ def select_take_local(scores, idx, hist, state, n, q, KP: tl.constexpr, TOPP: tl
     parts' histograms (none where PASSES is 0), then the threshold's other digits itself, each over every pool's
     key (`_digit_counts` over the row, then `_last_digit`, which also counts the pools before the part), instead
     of waiting for passes of their own; every part finds the same threshold. The same tokens in the same slots."""
-    P = n // KP
-    lo = q * PART
-    o_b = tl.arange(0, BLOCK)
-    prefix = tl.zeros((), dtype=tl.uint32)
-    left = TOPP + 0 * P
-    taken = lo
-    at = 0 * P
+    P, lo, o_b, prefix, left, taken, at = _take_start(n, q, KP, TOPP, PART, BLOCK)
     if (P > TOPP) & (lo < P):
         if PASSES > 0:
             if PASSES > 1:
