@@ -389,7 +389,7 @@ def _add_mla(
     """`sparse`'s attention half after the attention gates (kernels/ops/dsa/kernel.py has the steps): the fused A
     projection's tiles; per row q_a's norm, then its cache writes and head weights; q_b | the indexer's wq_b
     tiles; per head the absorb; per row the index scores in pool blocks, then its selection over parts of the pools
-    (four passes, then each part's tokens; knob select=row, where the pools fit one program: one task); per row,
+    (four passes, then each part's tokens; knob select_passes: fewer passes, or none); per row,
     head group and token block the attention partials, then per row, group and latent column chunk their combine;
     per head W_UV; o_proj. Returns the o_proj tiles."""
     a_tiles = [(n0, n0 + d.BN, add(dsa.MlaA(n0), waits=gates)) for n0 in range(0, d.NA, d.BN)]

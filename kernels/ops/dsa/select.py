@@ -21,6 +21,11 @@ result), and keeps the count of its own pools that the pick puts above the thres
 digits at pass i. The last step (`select_take`) picks the last digit, works out from the counts how many pools the
 parts before it take (so where its own go), and writes its part's tokens in pool order; part 0 also the tail and the
 -1s. Parts past a row's pools do nothing.
+
+With fewer passes as steps (knob select_passes, where the caches hold at most LOCAL_POOLS pools), the take
+(`select_take_local`) picks the last pass's digit and finds the others itself, each a histogram over every pool's
+key of the row (every part alike), the last one also counting the pools before its part: fewer hand-offs on the
+path, more keys read by each take.
 """
 
 from __future__ import annotations
