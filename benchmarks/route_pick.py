@@ -10,7 +10,8 @@ routed gate/up task pays before it can ask for its expert's weights (knob route=
     TRITON_INTERPRET=1 python benchmarks/route_pick.py --check   # on a CPU: the same picks, ties included
 
 H100, 2026-12-07: 1.83 µs a round (eight reductions) against 1.59 (bitonic), 0.24 µs off a decision; not built
-(docs/perf/path.md).
+(docs/perf/path.md). Those figures came from the same two picks timed by plain launches (their Python launch
+overhead in both counts, so it cancels in the difference); this script times CUDA graphs and was not rerun.
 """
 
 import sys
@@ -19,29 +20,22 @@ import torch
 import triton
 import triton.language as tl
 
+from glm53ctl.kernels.ops.ffn.moe import topk_row
+
 E, BLOCK_E, TOPK = 288, 512, 8
 
 
 @triton.jit
-def _packed(key, o_e, E: tl.constexpr, BLOCK_E: tl.constexpr):
-    bits = key.to(tl.int32, bitcast=True)
-    order = tl.where(o_e < E, bits ^ ((bits >> 31) & 0x7FFFFFFF), -(2**31))
-    return (order.to(tl.int64) << 32) | (BLOCK_E - 1 - o_e).to(tl.int64)
-
-
-@triton.jit
 def _pick(key, o_e, E: tl.constexpr, BLOCK_E: tl.constexpr, TOPK: tl.constexpr, BITONIC: tl.constexpr):
-    """Which of the experts the top-k chooses (1/0): as topk_row, or by the k-th largest packed value (the packed
-    values are distinct, so every one at or above it is chosen)."""
-    packed = _packed(key, o_e, E, BLOCK_E)
+    """Which of the experts the top-k chooses (1/0): the kernels' own `topk_row`, or the k-th largest of the same
+    packed values by `tl.topk` (they are distinct, so every one at or above it is chosen)."""
     if BITONIC:
+        bits = key.to(tl.int32, bitcast=True)
+        order = tl.where(o_e < E, bits ^ ((bits >> 31) & 0x7FFFFFFF), -(2**31))
+        packed = (order.to(tl.int64) << 32) | (BLOCK_E - 1 - o_e).to(tl.int64)
         chosen = (packed >= tl.min(tl.topk(packed, TOPK), axis=0)).to(tl.int32)
     else:
-        chosen = tl.zeros((BLOCK_E,), dtype=tl.int32)
-        for _ in tl.static_range(TOPK):
-            pick = BLOCK_E - 1 - (tl.max(packed, axis=0) & 0xFFFFFFFF).to(tl.int32)
-            chosen = tl.where(o_e == pick, 1, chosen)
-            packed = tl.where(o_e == pick, -(2**63), packed)
+        chosen, _ = topk_row(key, key, E, BLOCK_E, TOPK, 1.0)
     return chosen
 
 
